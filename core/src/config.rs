@@ -1,0 +1,112 @@
+//! Engine settings that are Spate's own: the execution backend and size parsing.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::error::SpateError;
+
+/// Where query operators run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Backend {
+    /// Use a CUDA GPU when one is present and usable, the CPU otherwise.
+    #[default]
+    Auto,
+    /// Real NVIDIA GPUs through the CUDA driver and NVRTC.
+    Cuda,
+    /// The GPU kernels compiled for the host and run by the emulator (for testing, not speed).
+    Emulated,
+    /// DataFusion's CPU operators only.
+    Cpu,
+}
+
+impl Backend {
+    /// All backends, in the order the CLI lists them.
+    pub const ALL: [Backend; 4] = [Backend::Auto, Backend::Cuda, Backend::Emulated, Backend::Cpu];
+
+    /// The name used on the command line and in settings.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Auto => "auto",
+            Backend::Cuda => "cuda",
+            Backend::Emulated => "emulated",
+            Backend::Cpu => "cpu",
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Backend {
+    type Err = SpateError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Backend::ALL
+            .into_iter()
+            .find(|b| b.as_str().eq_ignore_ascii_case(s.trim()))
+            .ok_or_else(|| SpateError::Config {
+                message: format!("unknown backend '{s}': expected one of auto, cuda, emulated, cpu"),
+            })
+    }
+}
+
+/// Parses a byte size such as `4G`, `512MiB`, `1.5GB` or `1048576`.
+///
+/// Suffixes are binary multiples (K = 1024) whether or not they carry an `i`, as memory limits
+/// conventionally are.
+pub fn parse_byte_size(text: &str) -> Result<usize, SpateError> {
+    let invalid = || SpateError::Config {
+        message: format!(
+            "invalid size '{text}': expected a number of bytes with an optional K, M, G or T \
+             suffix, e.g. 512M or 4G"
+        ),
+    };
+    let trimmed = text.trim();
+    let split = trimmed
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(trimmed.len());
+    let (number, suffix) = trimmed.split_at(split);
+    let number: f64 = number.parse().map_err(|_| invalid())?;
+    let multiplier: f64 = match suffix.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 1.0,
+        "K" | "KB" | "KIB" => 1024.0,
+        "M" | "MB" | "MIB" => 1024.0 * 1024.0,
+        "G" | "GB" | "GIB" => 1024.0 * 1024.0 * 1024.0,
+        "T" | "TB" | "TIB" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        _ => return Err(invalid()),
+    };
+    let bytes = number * multiplier;
+    if !bytes.is_finite() || bytes < 1.0 || bytes > usize::MAX as f64 {
+        return Err(invalid());
+    }
+    Ok(bytes as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backends_parse_case_insensitively() {
+        for b in Backend::ALL {
+            assert_eq!(b.as_str().to_uppercase().parse::<Backend>().unwrap(), b);
+        }
+        let err = "gpu".parse::<Backend>().unwrap_err().to_string();
+        assert!(err.contains("unknown backend 'gpu'"), "{err}");
+    }
+
+    #[test]
+    fn byte_sizes() {
+        assert_eq!(parse_byte_size("1024").unwrap(), 1024);
+        assert_eq!(parse_byte_size("4K").unwrap(), 4096);
+        assert_eq!(parse_byte_size("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_byte_size("1.5g").unwrap(), 3 << 29);
+        assert_eq!(parse_byte_size(" 2 GB ").unwrap(), 2 << 30);
+        for bad in ["", "G", "-1", "0", "12Q", "1..2M", "1e99T"] {
+            assert!(parse_byte_size(bad).is_err(), "{bad} should be rejected");
+        }
+    }
+}

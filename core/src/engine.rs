@@ -1,0 +1,539 @@
+//! The embeddable engine: a DataFusion session configured for Spate, table registration and SQL.
+//!
+//! ```text
+//!   SQL ─▶ DFParser ─▶ logical plan ─▶ DataFusion optimizer ─▶ physical plan
+//!          (statements)                 (+ Spate's offload slot, see crate::plan) ─▶ streams
+//! ```
+//!
+//! Contract: every method returns [`SpateError`] for bad input (SQL, paths, settings) and never
+//! panics on it. Row order of results is only defined where the query has an ORDER BY.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::catalog::MemTable;
+use datafusion::dataframe::DataFrame;
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::execution::session_state::SessionStateBuilder;
+use datafusion::prelude::{
+    ArrowReadOptions, CsvReadOptions, JsonReadOptions, ParquetReadOptions, SessionConfig,
+    SessionContext,
+};
+use datafusion::sql::TableReference;
+use datafusion::sql::parser::{DFParserBuilder, Statement};
+use datafusion::sql::sqlparser::dialect::dialect_from_str;
+
+use crate::config::Backend;
+use crate::device::BackendSelection;
+use crate::error::{Result, SpateError};
+use crate::plan::{PhysicalRule, physical_optimizer_rules};
+use crate::source::FileFormat;
+
+/// Configures and builds an [`Engine`].
+#[derive(Debug, Default)]
+pub struct EngineBuilder {
+    backend: Backend,
+    target_partitions: Option<usize>,
+    batch_size: Option<usize>,
+    memory_limit_bytes: Option<usize>,
+    options: Vec<(String, String)>,
+    offload_rule: Option<PhysicalRule>,
+}
+
+impl EngineBuilder {
+    /// Where operators run; `auto` (the default) picks a GPU when one is usable.
+    pub fn backend(mut self, backend: Backend) -> Self {
+        self.backend = backend;
+        self
+    }
+
+    /// How many partitions each query runs with; defaults to the number of CPU cores.
+    pub fn target_partitions(mut self, partitions: usize) -> Self {
+        self.target_partitions = Some(partitions);
+        self
+    }
+
+    /// Rows per batch that operators aim for; DataFusion's default is 8192.
+    pub fn batch_size(mut self, rows: usize) -> Self {
+        self.batch_size = Some(rows);
+        self
+    }
+
+    /// Caps the host memory that buffering operators (sort, aggregate, join) may reserve;
+    /// beyond it they spill or fail with an out-of-memory error.
+    pub fn memory_limit(mut self, bytes: usize) -> Self {
+        self.memory_limit_bytes = Some(bytes);
+        self
+    }
+
+    /// Sets any DataFusion configuration key, e.g. `datafusion.execution.batch_size`.
+    pub fn option(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.options.push((key.into(), value.into()));
+        self
+    }
+
+    /// Installs a physical optimizer rule in the GPU offload slot (see [`crate::plan`]).
+    pub fn offload_rule(mut self, rule: PhysicalRule) -> Self {
+        self.offload_rule = Some(rule);
+        self
+    }
+
+    /// Resolves the backend and builds the session.
+    pub fn build(self) -> Result<Engine> {
+        let selection = BackendSelection::resolve(self.backend)?;
+        if selection.uses_gpu() || self.backend != Backend::Auto {
+            log::info!("{selection}");
+        }
+
+        let mut config = SessionConfig::new().with_information_schema(true);
+        if let Some(partitions) = self.target_partitions {
+            if partitions == 0 {
+                return Err(config_error("target_partitions must be at least 1"));
+            }
+            config = config.with_target_partitions(partitions);
+        }
+        if let Some(rows) = self.batch_size {
+            if rows == 0 {
+                return Err(config_error("batch_size must be at least 1"));
+            }
+            config = config.with_batch_size(rows);
+        }
+        // Spans let planning errors point at the offending part of the statement.
+        config.options_mut().sql_parser.collect_spans = true;
+        for (key, value) in &self.options {
+            config
+                .options_mut()
+                .set(key, value)
+                .map_err(|e| config_error(&format!("{key} = {value}: {e}")))?;
+        }
+
+        let mut runtime = RuntimeEnvBuilder::new();
+        if let Some(bytes) = self.memory_limit_bytes {
+            runtime = runtime.with_memory_limit(bytes, 1.0);
+        }
+        let runtime = runtime.build_arc()?;
+
+        let state = SessionStateBuilder::new()
+            .with_config(config)
+            .with_runtime_env(runtime)
+            .with_default_features()
+            .with_physical_optimizer_rules(physical_optimizer_rules(self.offload_rule))
+            .build();
+        Ok(Engine {
+            ctx: SessionContext::new_with_state(state),
+            selection,
+        })
+    }
+}
+
+fn config_error(message: &str) -> SpateError {
+    SpateError::Config {
+        message: message.to_string(),
+    }
+}
+
+/// A Spate session: registered tables, settings and a chosen backend.
+///
+/// ```
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let engine = spate::Engine::builder().backend(spate::Backend::Cpu).build()?;
+/// let batches = engine.collect("SELECT 40 + 2 AS answer").await?;
+/// assert_eq!(batches[0].num_rows(), 1);
+/// # Ok::<(), spate::SpateError>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct Engine {
+    ctx: SessionContext,
+    selection: BackendSelection,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("session_id", &self.ctx.session_id())
+            .field("backend", &self.selection)
+            .finish()
+    }
+}
+
+impl Engine {
+    /// A builder with default settings (`auto` backend).
+    pub fn builder() -> EngineBuilder {
+        EngineBuilder::default()
+    }
+
+    /// An engine with default settings.
+    pub fn new() -> Result<Self> {
+        Self::builder().build()
+    }
+
+    /// The backend this engine resolved to, and why.
+    pub fn backend(&self) -> &BackendSelection {
+        &self.selection
+    }
+
+    /// The underlying DataFusion session, for anything Spate does not wrap.
+    pub fn context(&self) -> &SessionContext {
+        &self.ctx
+    }
+
+    /// Registers a file or folder under `name`, detecting the format from its extension.
+    pub async fn register(&self, name: &str, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let (format, extension) = FileFormat::detect(path)?;
+        self.register_detected(name, path, format, &extension).await
+    }
+
+    /// Registers a Parquet file or folder of Parquet files.
+    pub async fn register_parquet(&self, name: &str, path: impl AsRef<Path>) -> Result<()> {
+        self.register_as(name, path.as_ref(), FileFormat::Parquet).await
+    }
+
+    /// Registers a CSV file (with a header row) or folder of CSV files.
+    pub async fn register_csv(&self, name: &str, path: impl AsRef<Path>) -> Result<()> {
+        self.register_as(name, path.as_ref(), FileFormat::Csv).await
+    }
+
+    /// Registers a newline-delimited JSON file or folder.
+    pub async fn register_ndjson(&self, name: &str, path: impl AsRef<Path>) -> Result<()> {
+        self.register_as(name, path.as_ref(), FileFormat::NdJson).await
+    }
+
+    /// Registers an Arrow IPC file or folder.
+    pub async fn register_arrow(&self, name: &str, path: impl AsRef<Path>) -> Result<()> {
+        self.register_as(name, path.as_ref(), FileFormat::ArrowIpc).await
+    }
+
+    async fn register_as(&self, name: &str, path: &Path, format: FileFormat) -> Result<()> {
+        let (detected, extension) = FileFormat::detect(path)?;
+        // An explicit format wins over the extension, but only the matching extension's files
+        // are read from a folder, so keep the detected extension when the formats agree.
+        let extension = if detected == format {
+            extension
+        } else {
+            path.extension()
+                .map(|e| e.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        };
+        self.register_detected(name, path, format, &extension).await
+    }
+
+    async fn register_detected(
+        &self,
+        name: &str,
+        path: &Path,
+        format: FileFormat,
+        extension: &str,
+    ) -> Result<()> {
+        let table = table_reference(name)?;
+        let shown = path.display().to_string();
+        let location = path.to_str().ok_or_else(|| SpateError::Source {
+            path: shown.clone(),
+            message: "path is not valid UTF-8".to_string(),
+        })?;
+        let extension = format!(".{extension}");
+        let result = match format {
+            FileFormat::Parquet => {
+                let options = ParquetReadOptions::default().file_extension(&extension);
+                self.ctx.register_parquet(table, location, options).await
+            }
+            FileFormat::Csv => {
+                let mut options = CsvReadOptions::new()
+                    .has_header(true)
+                    .file_extension(&extension);
+                if extension.eq_ignore_ascii_case(".tsv") {
+                    options = options.delimiter(b'\t');
+                }
+                self.ctx.register_csv(table, location, options).await
+            }
+            FileFormat::NdJson => {
+                let options = JsonReadOptions::default().file_extension(&extension);
+                self.ctx.register_json(table, location, options).await
+            }
+            FileFormat::ArrowIpc => {
+                let options = ArrowReadOptions {
+                    file_extension: &extension,
+                    ..Default::default()
+                };
+                self.ctx.register_arrow(table, location, options).await
+            }
+        };
+        result.map_err(|e| match SpateError::source_read(&shown, e) {
+            SpateError::Source { path, message } => SpateError::Source {
+                path,
+                message: format!("{message} (is it a valid {format} file?)"),
+            },
+            other => other,
+        })
+    }
+
+    /// Registers in-memory batches as a table. All batches must share one schema; use
+    /// [`Engine::register_partitions`] for an empty table or to control partitioning.
+    pub fn register_batches(&self, name: &str, batches: Vec<RecordBatch>) -> Result<()> {
+        let schema = batches
+            .first()
+            .map(RecordBatch::schema)
+            .ok_or_else(|| SpateError::Config {
+                message: format!(
+                    "table '{name}': no batches given, so its schema is unknown; \
+                     use register_partitions with a schema for an empty table"
+                ),
+            })?;
+        self.register_partitions(name, schema, vec![batches])
+    }
+
+    /// Registers in-memory batches, one inner vector per partition, with an explicit schema.
+    pub fn register_partitions(
+        &self,
+        name: &str,
+        schema: SchemaRef,
+        partitions: Vec<Vec<RecordBatch>>,
+    ) -> Result<()> {
+        let table = table_reference(name)?;
+        let provider = MemTable::try_new(schema, partitions).map_err(|e| SpateError::Config {
+            message: format!("table '{name}': {}", SpateError::from(e)),
+        })?;
+        self.ctx.register_table(table, Arc::new(provider))?;
+        Ok(())
+    }
+
+    /// Removes a table; returns whether it existed.
+    pub fn deregister(&self, name: &str) -> Result<bool> {
+        Ok(self.ctx.deregister_table(table_reference(name)?)?.is_some())
+    }
+
+    /// Splits SQL text into statements, in the session's dialect.
+    pub fn parse(&self, sql: &str) -> Result<Vec<Statement>> {
+        let state = self.ctx.state();
+        let options = &state.config().options().sql_parser;
+        let dialect = dialect_from_str(options.dialect.as_ref()).ok_or_else(|| {
+            config_error(&format!("unsupported SQL dialect '{}'", options.dialect))
+        })?;
+        let statements = DFParserBuilder::new(sql)
+            .with_dialect(dialect.as_ref())
+            .with_recursion_limit(options.recursion_limit.get())
+            .build()?
+            .parse_statements()?;
+        Ok(statements.into())
+    }
+
+    /// Plans one parsed statement and returns it as a lazy DataFrame. DDL and `SET` take effect
+    /// here.
+    pub async fn execute_statement(&self, statement: Statement) -> Result<DataFrame> {
+        let plan = self.ctx.state().statement_to_plan(statement).await?;
+        Ok(self.ctx.execute_logical_plan(plan).await?)
+    }
+
+    /// Plans one SQL statement. Text with several statements is an error; use
+    /// [`Engine::parse`] and [`Engine::execute_statement`] for scripts.
+    pub async fn sql(&self, sql: &str) -> Result<DataFrame> {
+        let mut statements = self.parse(sql)?;
+        match statements.len() {
+            1 => self.execute_statement(statements.remove(0)).await,
+            0 => Err(SpateError::Sql {
+                message: "no SQL statement given".to_string(),
+                location: None,
+            }),
+            n => Err(SpateError::Sql {
+                message: format!(
+                    "expected one statement, found {n}; run them one at a time or use \
+                     Engine::parse with Engine::execute_statement"
+                ),
+                location: None,
+            }),
+        }
+    }
+
+    /// Runs one SQL statement and streams its result.
+    pub async fn sql_stream(&self, sql: &str) -> Result<SendableRecordBatchStream> {
+        Ok(self.sql(sql).await?.execute_stream().await?)
+    }
+
+    /// Runs one SQL statement and collects its result.
+    pub async fn collect(&self, sql: &str) -> Result<Vec<RecordBatch>> {
+        Ok(self.sql(sql).await?.collect().await?)
+    }
+
+    /// The tables in the current schema, sorted by name.
+    pub fn table_names(&self) -> Vec<String> {
+        let state = self.ctx.state();
+        let options = &state.config().options().catalog;
+        let mut names = self
+            .ctx
+            .catalog(&options.default_catalog)
+            .and_then(|c| c.schema(&options.default_schema))
+            .map(|s| s.table_names())
+            .unwrap_or_default();
+        names.sort();
+        names
+    }
+
+    /// The schema of a registered table.
+    pub async fn table_schema(&self, name: &str) -> Result<SchemaRef> {
+        let table = self.ctx.table_provider(table_reference(name)?).await?;
+        Ok(table.schema())
+    }
+}
+
+/// Validates a table name and turns it into a reference.
+///
+/// Names are plain SQL identifiers. They are stored lowercased because SQL folds unquoted
+/// identifiers to lower case: a table registered as `LineItem` is then found by
+/// `SELECT * FROM LineItem`.
+fn table_reference(name: &str) -> Result<TableReference> {
+    let valid = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !valid {
+        return Err(config_error(&format!(
+            "invalid table name '{name}': use letters, digits and underscores, starting with a \
+             letter or underscore"
+        )));
+    }
+    Ok(TableReference::bare(name.to_ascii_lowercase()))
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::array::{Int64Array, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+
+    use super::*;
+
+    fn cpu() -> Engine {
+        Engine::builder().backend(Backend::Cpu).build().unwrap()
+    }
+
+    fn batch() -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("name", DataType::Utf8, true),
+        ]));
+        RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int64Array::from(vec![1, 2, 3])),
+                Arc::new(StringArray::from(vec![Some("a"), None, Some("c")])),
+            ],
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn in_memory_batches_are_queryable() {
+        let engine = cpu();
+        engine.register_batches("T", vec![batch()]).unwrap();
+        assert_eq!(engine.table_names(), vec!["t".to_string()]);
+        let out = engine
+            .collect("SELECT count(name) AS n FROM t WHERE id > 1")
+            .await
+            .unwrap();
+        let n = out[0].column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+        assert_eq!(n.value(0), 1);
+        assert_eq!(engine.table_schema("t").await.unwrap().fields().len(), 2);
+        assert!(engine.deregister("t").unwrap());
+        assert!(!engine.deregister("t").unwrap());
+    }
+
+    #[tokio::test]
+    async fn empty_tables_need_a_schema() {
+        let engine = cpu();
+        assert!(engine.register_batches("e", vec![]).is_err());
+        engine
+            .register_partitions("e", batch().schema(), vec![vec![]])
+            .unwrap();
+        let out = engine.collect("SELECT * FROM e").await.unwrap();
+        assert_eq!(out.iter().map(RecordBatch::num_rows).sum::<usize>(), 0);
+    }
+
+    #[tokio::test]
+    async fn bad_sql_is_a_user_error_with_location() {
+        let engine = cpu();
+        let err = engine.sql("SELECT 1 FROM").await.unwrap_err();
+        assert!(matches!(err, SpateError::Sql { .. }), "{err:?}");
+        assert!(err.location().is_some(), "{err:?}");
+
+        let err = engine.sql("SELECT nope FROM (SELECT 1 AS a)").await.unwrap_err();
+        assert!(err.is_user_error());
+        assert!(err.to_string().contains("nope"), "{err}");
+
+        let err = engine.sql("SELECT 1; SELECT 2").await.unwrap_err();
+        assert!(err.to_string().contains("found 2"), "{err}");
+        assert!(engine.sql("  ").await.is_err());
+    }
+
+    #[tokio::test]
+    async fn scripts_run_statement_by_statement() {
+        let engine = cpu();
+        let statements = engine
+            .parse("CREATE TABLE x AS VALUES (1), (2); SELECT sum(column1) FROM x;")
+            .unwrap();
+        assert_eq!(statements.len(), 2);
+        let mut last = Vec::new();
+        for s in statements {
+            last = engine.execute_statement(s).await.unwrap().collect().await.unwrap();
+        }
+        let sum = last[0].column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+        assert_eq!(sum.value(0), 3);
+    }
+
+    #[tokio::test]
+    async fn settings_are_validated() {
+        assert!(Engine::builder().target_partitions(0).build().is_err());
+        assert!(Engine::builder().batch_size(0).build().is_err());
+        let err = Engine::builder()
+            .backend(Backend::Cpu)
+            .option("datafusion.no.such.key", "1")
+            .build()
+            .unwrap_err();
+        assert!(matches!(err, SpateError::Config { .. }), "{err:?}");
+        let engine = Engine::builder()
+            .backend(Backend::Cpu)
+            .target_partitions(3)
+            .batch_size(1024)
+            .memory_limit(64 << 20)
+            .option("datafusion.execution.coalesce_batches", "false")
+            .build()
+            .unwrap();
+        let options = engine.context().state().config().options().clone();
+        assert_eq!(options.execution.target_partitions, 3);
+        assert_eq!(options.execution.batch_size, 1024);
+        assert!(!options.execution.coalesce_batches);
+    }
+
+    #[tokio::test]
+    async fn files_register_by_extension_and_fail_clearly() {
+        let dir = tempfile::tempdir().unwrap();
+        let csv = dir.path().join("people.csv");
+        std::fs::write(&csv, "id,name\n1,ann\n2,bob\n").unwrap();
+        let json = dir.path().join("people.ndjson");
+        std::fs::write(&json, "{\"id\": 1}\n{\"id\": 5}\n").unwrap();
+        let engine = cpu();
+        engine.register("people", &csv).await.unwrap();
+        engine.register_ndjson("events", &json).await.unwrap();
+        let out = engine
+            .collect("SELECT sum(id) FROM people UNION ALL SELECT sum(id) FROM events")
+            .await
+            .unwrap();
+        assert_eq!(out.iter().map(RecordBatch::num_rows).sum::<usize>(), 2);
+
+        let err = engine.register("x", dir.path().join("missing.parquet")).await;
+        let err = err.unwrap_err().to_string();
+        assert!(err.contains("missing.parquet") && err.contains("no such file"), "{err}");
+
+        let corrupt = dir.path().join("corrupt.parquet");
+        std::fs::write(&corrupt, b"definitely not parquet").unwrap();
+        let err = engine.register("c", &corrupt).await.unwrap_err();
+        assert!(matches!(err, SpateError::Source { .. }), "{err:?}");
+        assert!(err.to_string().contains("corrupt.parquet"), "{err}");
+
+        let err = engine.register("bad name", &csv).await.unwrap_err();
+        assert!(err.to_string().contains("invalid table name"), "{err}");
+    }
+}
