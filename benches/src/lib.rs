@@ -43,7 +43,10 @@ pub mod tpch {
 
     /// The SQL of query `number` (1–22).
     pub fn query(number: usize) -> Option<&'static str> {
-        QUERIES.iter().find(|(n, _)| *n == number).map(|(_, sql)| *sql)
+        QUERIES
+            .iter()
+            .find(|(n, _)| *n == number)
+            .map(|(_, sql)| *sql)
     }
 
     #[cfg(test)]

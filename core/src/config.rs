@@ -21,7 +21,12 @@ pub enum Backend {
 
 impl Backend {
     /// All backends, in the order the CLI lists them.
-    pub const ALL: [Backend; 4] = [Backend::Auto, Backend::Cuda, Backend::Emulated, Backend::Cpu];
+    pub const ALL: [Backend; 4] = [
+        Backend::Auto,
+        Backend::Cuda,
+        Backend::Emulated,
+        Backend::Cpu,
+    ];
 
     /// The name used on the command line and in settings.
     pub fn as_str(self) -> &'static str {
@@ -48,7 +53,9 @@ impl FromStr for Backend {
             .into_iter()
             .find(|b| b.as_str().eq_ignore_ascii_case(s.trim()))
             .ok_or_else(|| SpateError::Config {
-                message: format!("unknown backend '{s}': expected one of auto, cuda, emulated, cpu"),
+                message: format!(
+                    "unknown backend '{s}': expected one of auto, cuda, emulated, cpu"
+                ),
             })
     }
 }

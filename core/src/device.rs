@@ -78,7 +78,10 @@ impl BackendSelection {
     }
 
     /// As [`BackendSelection::resolve`], with discovery supplied by the caller (for tests).
-    pub fn resolve_with(requested: Backend, discover: impl FnOnce() -> GpuInventory) -> Result<Self> {
+    pub fn resolve_with(
+        requested: Backend,
+        discover: impl FnOnce() -> GpuInventory,
+    ) -> Result<Self> {
         match requested {
             Backend::Cpu => Ok(BackendSelection {
                 requested,
@@ -177,7 +180,10 @@ mod tests {
         for b in [Backend::Cuda, Backend::Emulated] {
             let err = BackendSelection::resolve_with(b, one_gpu).unwrap_err();
             let msg = err.to_string();
-            assert!(msg.contains(&format!("backend '{b}' is not available")), "{msg}");
+            assert!(
+                msg.contains(&format!("backend '{b}' is not available")),
+                "{msg}"
+            );
             assert!(err.is_user_error());
         }
     }

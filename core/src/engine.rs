@@ -14,21 +14,21 @@ use std::sync::Arc;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::catalog::MemTable;
+use datafusion::common::TableReference;
 use datafusion::dataframe::DataFrame;
+use datafusion::datasource::file_format::options::ArrowReadOptions;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::prelude::{
-    ArrowReadOptions, CsvReadOptions, JsonReadOptions, ParquetReadOptions, SessionConfig,
-    SessionContext,
+    CsvReadOptions, JsonReadOptions, ParquetReadOptions, SessionConfig, SessionContext,
 };
-use datafusion::sql::TableReference;
 use datafusion::sql::parser::{DFParserBuilder, Statement};
 use datafusion::sql::sqlparser::dialect::dialect_from_str;
 
 use crate::config::Backend;
 use crate::device::BackendSelection;
-use crate::error::{Result, SpateError};
+use crate::error::{Location, Result, SpateError};
 use crate::plan::{PhysicalRule, physical_optimizer_rules};
 use crate::source::FileFormat;
 
@@ -190,7 +190,8 @@ impl Engine {
 
     /// Registers a Parquet file or folder of Parquet files.
     pub async fn register_parquet(&self, name: &str, path: impl AsRef<Path>) -> Result<()> {
-        self.register_as(name, path.as_ref(), FileFormat::Parquet).await
+        self.register_as(name, path.as_ref(), FileFormat::Parquet)
+            .await
     }
 
     /// Registers a CSV file (with a header row) or folder of CSV files.
@@ -200,12 +201,14 @@ impl Engine {
 
     /// Registers a newline-delimited JSON file or folder.
     pub async fn register_ndjson(&self, name: &str, path: impl AsRef<Path>) -> Result<()> {
-        self.register_as(name, path.as_ref(), FileFormat::NdJson).await
+        self.register_as(name, path.as_ref(), FileFormat::NdJson)
+            .await
     }
 
     /// Registers an Arrow IPC file or folder.
     pub async fn register_arrow(&self, name: &str, path: impl AsRef<Path>) -> Result<()> {
-        self.register_as(name, path.as_ref(), FileFormat::ArrowIpc).await
+        self.register_as(name, path.as_ref(), FileFormat::ArrowIpc)
+            .await
     }
 
     async fn register_as(&self, name: &str, path: &Path, format: FileFormat) -> Result<()> {
@@ -274,15 +277,16 @@ impl Engine {
     /// Registers in-memory batches as a table. All batches must share one schema; use
     /// [`Engine::register_partitions`] for an empty table or to control partitioning.
     pub fn register_batches(&self, name: &str, batches: Vec<RecordBatch>) -> Result<()> {
-        let schema = batches
-            .first()
-            .map(RecordBatch::schema)
-            .ok_or_else(|| SpateError::Config {
-                message: format!(
-                    "table '{name}': no batches given, so its schema is unknown; \
+        let schema =
+            batches
+                .first()
+                .map(RecordBatch::schema)
+                .ok_or_else(|| SpateError::Config {
+                    message: format!(
+                        "table '{name}': no batches given, so its schema is unknown; \
                      use register_partitions with a schema for an empty table"
-                ),
-            })?;
+                    ),
+                })?;
         self.register_partitions(name, schema, vec![batches])
     }
 
@@ -316,8 +320,9 @@ impl Engine {
         let statements = DFParserBuilder::new(sql)
             .with_dialect(dialect.as_ref())
             .with_recursion_limit(options.recursion_limit.get())
-            .build()?
-            .parse_statements()?;
+            .build()
+            .and_then(|mut parser| parser.parse_statements())
+            .map_err(|e| locate_end_of_input(SpateError::from(e), sql))?;
         Ok(statements.into())
     }
 
@@ -379,6 +384,28 @@ impl Engine {
     }
 }
 
+/// The parser reports no position when input ends too early; point at the end of the input.
+fn locate_end_of_input(err: SpateError, sql: &str) -> SpateError {
+    match err {
+        SpateError::Sql {
+            message,
+            location: None,
+        } if message.ends_with("found: EOF") => {
+            let trimmed = sql.trim_end();
+            let line = trimmed.lines().count().max(1);
+            let column = trimmed.lines().last().map_or(0, |l| l.chars().count()) + 1;
+            SpateError::Sql {
+                message,
+                location: Some(Location {
+                    line: line as u64,
+                    column: column as u64,
+                }),
+            }
+        }
+        other => other,
+    }
+}
+
 /// Validates a table name and turns it into a reference.
 ///
 /// Names are plain SQL identifiers. They are stored lowercased because SQL folds unquoted
@@ -434,7 +461,11 @@ mod tests {
             .collect("SELECT count(name) AS n FROM t WHERE id > 1")
             .await
             .unwrap();
-        let n = out[0].column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+        let n = out[0]
+            .column(0)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap();
         assert_eq!(n.value(0), 1);
         assert_eq!(engine.table_schema("t").await.unwrap().fields().len(), 2);
         assert!(engine.deregister("t").unwrap());
@@ -459,7 +490,10 @@ mod tests {
         assert!(matches!(err, SpateError::Sql { .. }), "{err:?}");
         assert!(err.location().is_some(), "{err:?}");
 
-        let err = engine.sql("SELECT nope FROM (SELECT 1 AS a)").await.unwrap_err();
+        let err = engine
+            .sql("SELECT nope FROM (SELECT 1 AS a)")
+            .await
+            .unwrap_err();
         assert!(err.is_user_error());
         assert!(err.to_string().contains("nope"), "{err}");
 
@@ -477,9 +511,19 @@ mod tests {
         assert_eq!(statements.len(), 2);
         let mut last = Vec::new();
         for s in statements {
-            last = engine.execute_statement(s).await.unwrap().collect().await.unwrap();
+            last = engine
+                .execute_statement(s)
+                .await
+                .unwrap()
+                .collect()
+                .await
+                .unwrap();
         }
-        let sum = last[0].column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+        let sum = last[0]
+            .column(0)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap();
         assert_eq!(sum.value(0), 3);
     }
 
@@ -503,7 +547,7 @@ mod tests {
             .unwrap();
         let options = engine.context().state().config().options().clone();
         assert_eq!(options.execution.target_partitions, 3);
-        assert_eq!(options.execution.batch_size, 1024);
+        assert_eq!(options.execution.batch_size.get(), 1024);
         assert!(!options.execution.coalesce_batches);
     }
 
@@ -523,9 +567,14 @@ mod tests {
             .unwrap();
         assert_eq!(out.iter().map(RecordBatch::num_rows).sum::<usize>(), 2);
 
-        let err = engine.register("x", dir.path().join("missing.parquet")).await;
+        let err = engine
+            .register("x", dir.path().join("missing.parquet"))
+            .await;
         let err = err.unwrap_err().to_string();
-        assert!(err.contains("missing.parquet") && err.contains("no such file"), "{err}");
+        assert!(
+            err.contains("missing.parquet") && err.contains("no such file"),
+            "{err}"
+        );
 
         let corrupt = dir.path().join("corrupt.parquet");
         std::fs::write(&corrupt, b"definitely not parquet").unwrap();

@@ -156,10 +156,13 @@ fn classify(err: DataFusionError, location: Option<Location>) -> SpateError {
         DataFusionError::Diagnostic(diagnostic, inner) => {
             let location = location.or_else(|| {
                 // sqlparser uses line 0 for empty spans.
-                diagnostic.span.filter(|span| span.start.line > 0).map(|span| Location {
-                    line: span.start.line,
-                    column: span.start.column,
-                })
+                diagnostic
+                    .span
+                    .filter(|span| span.start.line > 0)
+                    .map(|span| Location {
+                        line: span.start.line,
+                        column: span.start.column,
+                    })
             });
             classify(*inner, location)
         }
@@ -318,7 +321,10 @@ mod tests {
         assert_eq!(location_in_message("at Line: x, Column: 3"), None);
         assert_eq!(
             location_in_message("found: ) at Line: 1, Column: 15"),
-            Some(Location { line: 1, column: 15 })
+            Some(Location {
+                line: 1,
+                column: 15
+            })
         );
     }
 }

@@ -129,9 +129,18 @@ mod tests {
 
     #[test]
     fn extensions_select_formats() {
-        assert_eq!(FileFormat::from_extension("PARQUET"), Some(FileFormat::Parquet));
-        assert_eq!(FileFormat::from_extension("jsonl"), Some(FileFormat::NdJson));
-        assert_eq!(FileFormat::from_extension("feather"), Some(FileFormat::ArrowIpc));
+        assert_eq!(
+            FileFormat::from_extension("PARQUET"),
+            Some(FileFormat::Parquet)
+        );
+        assert_eq!(
+            FileFormat::from_extension("jsonl"),
+            Some(FileFormat::NdJson)
+        );
+        assert_eq!(
+            FileFormat::from_extension("feather"),
+            Some(FileFormat::ArrowIpc)
+        );
         assert_eq!(FileFormat::from_extension("xlsx"), None);
     }
 
@@ -139,7 +148,10 @@ mod tests {
     fn detection_reports_missing_unknown_and_mixed() {
         let dir = tempfile::tempdir().unwrap();
         let missing = FileFormat::detect(&dir.path().join("nope.parquet")).unwrap_err();
-        assert!(missing.to_string().ends_with("no such file or directory"), "{missing}");
+        assert!(
+            missing.to_string().ends_with("no such file or directory"),
+            "{missing}"
+        );
 
         let odd = dir.path().join("data.xlsx");
         std::fs::write(&odd, "x").unwrap();

@@ -307,19 +307,33 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let written = write_parquet(0.01, dir.path(), |_| {}).unwrap();
         assert_eq!(written.len(), 8);
-        let lineitem = written.iter().find(|w| w.table == TpchTable::Lineitem).unwrap();
+        let lineitem = written
+            .iter()
+            .find(|w| w.table == TpchTable::Lineitem)
+            .unwrap();
         assert_eq!(lineitem.num_rows, 60_175);
         assert!(!dir.path().join(".lineitem.parquet.partial").exists());
 
         let query = "SELECT count(*), sum(l_orderkey) FROM lineitem";
-        let on_disk = Engine::builder().backend(crate::Backend::Cpu).build().unwrap();
+        let on_disk = Engine::builder()
+            .backend(crate::Backend::Cpu)
+            .build()
+            .unwrap();
         register_parquet_dir(&on_disk, dir.path()).await.unwrap();
-        let in_memory = Engine::builder().backend(crate::Backend::Cpu).build().unwrap();
+        let in_memory = Engine::builder()
+            .backend(crate::Backend::Cpu)
+            .build()
+            .unwrap();
         register_tpch(&in_memory, 0.01).unwrap();
         let a = on_disk.collect(query).await.unwrap();
         let b = in_memory.collect(query).await.unwrap();
         let value = |batches: &[RecordBatch], col: usize| {
-            batches[0].column(col).as_any().downcast_ref::<Int64Array>().unwrap().value(0)
+            batches[0]
+                .column(col)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap()
+                .value(0)
         };
         assert_eq!(value(&a, 0), 60_175);
         assert_eq!(value(&a, 0), value(&b, 0));

@@ -32,7 +32,10 @@ fn main() -> ExitCode {
         eprintln!("cannot enter the workspace root: {e}");
         return ExitCode::FAILURE;
     }
-    let filters: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
     let backend: Backend = match std::env::var("SPATE_SLT_BACKEND") {
         Ok(name) => match name.parse() {
             Ok(b) => b,
@@ -98,5 +101,8 @@ async fn run_file(path: &Path, backend: Backend) -> Result<(), String> {
     runner.with_column_validator(strict_column_validator);
     runner.with_normalizer(value_normalizer);
     runner.with_validator(df_value_validator);
-    runner.run_file_async(path).await.map_err(|e| e.display(false).to_string())
+    runner
+        .run_file_async(path)
+        .await
+        .map_err(|e| e.display(false).to_string())
 }

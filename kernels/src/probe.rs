@@ -29,7 +29,10 @@ pub struct DeviceInfo {
 impl DeviceInfo {
     /// The architecture name NVRTC compiles for, e.g. `sm_90`.
     pub fn arch(&self) -> String {
-        format!("sm_{}{}", self.compute_capability.0, self.compute_capability.1)
+        format!(
+            "sm_{}{}",
+            self.compute_capability.0, self.compute_capability.1
+        )
     }
 }
 

@@ -35,7 +35,7 @@ pub struct ResultWriter<'a> {
     shown: Vec<RecordBatch>,
     shown_rows: usize,
     total_rows: usize,
-    csv: Option<arrow::csv::Writer<Vec<u8>>>,
+    csv_header_written: bool,
     json_rows: usize,
 }
 
@@ -55,7 +55,7 @@ impl<'a> ResultWriter<'a> {
             shown: Vec::new(),
             shown_rows: 0,
             total_rows: 0,
-            csv: None,
+            csv_header_written: false,
             json_rows: 0,
         }
     }
@@ -70,7 +70,9 @@ impl<'a> ResultWriter<'a> {
         self.total_rows += batch.num_rows();
         match self.format {
             OutputFormat::Table => {
-                let room = self.max_rows.map_or(usize::MAX, |m| m.saturating_sub(self.shown_rows));
+                let room = self
+                    .max_rows
+                    .map_or(usize::MAX, |m| m.saturating_sub(self.shown_rows));
                 let take = room.min(batch.num_rows());
                 if take > 0 {
                     self.shown.push(batch.slice(0, take));
@@ -79,12 +81,13 @@ impl<'a> ResultWriter<'a> {
                 Ok(())
             }
             OutputFormat::Csv => {
-                let csv = self.csv.get_or_insert_with(|| {
-                    arrow::csv::WriterBuilder::new().with_header(true).build(Vec::new())
-                });
+                // A writer per batch, borrowing the output; only the first writes the header.
+                let mut csv = arrow::csv::WriterBuilder::new()
+                    .with_header(!self.csv_header_written)
+                    .build(&mut *self.out);
                 csv.write(batch).map_err(std::io::Error::other)?;
-                let bytes = std::mem::take(csv.get_mut());
-                self.out.write_all(&bytes)
+                self.csv_header_written = true;
+                Ok(())
             }
             OutputFormat::Json | OutputFormat::Ndjson => {
                 if batch.num_rows() == 0 {
@@ -140,7 +143,7 @@ impl<'a> ResultWriter<'a> {
                 }
             }
             OutputFormat::Csv => {
-                if self.csv.is_none() && result_has_columns {
+                if !self.csv_header_written && result_has_columns {
                     // No batch arrived: still print the header.
                     let empty = RecordBatch::new_empty(std::sync::Arc::clone(&self.schema));
                     self.write(&empty)?;
@@ -216,6 +219,9 @@ mod tests {
         assert!(text.contains("NULL"), "{text}");
         assert!(text.contains("4 rows (showing the first 3"), "{text}");
         let empty = render(OutputFormat::Table, &[], None);
-        assert!(empty.contains("| a | b |") && empty.ends_with("0 rows\n"), "{empty}");
+        assert!(
+            empty.contains("| a | b |") && empty.ends_with("0 rows\n"),
+            "{empty}"
+        );
     }
 }

@@ -161,7 +161,12 @@ fn generate_tpch(sf: f64, out: &std::path::Path) -> Result<ExitCode, String> {
     let started = std::time::Instant::now();
     eprintln!("Writing TPC-H SF {sf} to {}", out.display());
     spate::tpch::write_parquet(sf, out, |table| {
-        eprintln!("  {:<9} {:>12} rows  {}", table.table.name(), table.num_rows, table.path.display());
+        eprintln!(
+            "  {:<9} {:>12} rows  {}",
+            table.table.name(),
+            table.num_rows,
+            table.path.display()
+        );
     })
     .map_err(|e| e.to_string())?;
     eprintln!("Done in {:.1} s", started.elapsed().as_secs_f64());
@@ -221,7 +226,11 @@ fn run(args: RunArgs) -> Result<ExitCode, String> {
     let failed = || String::new();
     if scripted {
         for command in &args.commands {
-            if session.run(command, &Origin::Inline).map_err(|_| failed())? == Flow::Quit {
+            if session
+                .run(command, &Origin::Inline)
+                .map_err(|_| failed())?
+                == Flow::Quit
+            {
                 return Ok(ExitCode::SUCCESS);
             }
         }

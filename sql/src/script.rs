@@ -67,9 +67,13 @@ pub fn split(input: &str) -> Split {
                 i += 1;
                 continue;
             }
-            let is_command = c == '\\' || (c == '.' && next.is_some_and(|n| n.is_ascii_alphabetic()));
+            let is_command =
+                c == '\\' || (c == '.' && next.is_some_and(|n| n.is_ascii_alphabetic()));
             if is_command {
-                let end = chars[i..].iter().position(|&c| c == '\n').map_or(chars.len(), |p| i + p);
+                let end = chars[i..]
+                    .iter()
+                    .position(|&c| c == '\n')
+                    .map_or(chars.len(), |p| i + p);
                 let text: String = chars[i..end].iter().collect();
                 out.items.push(Item::Command(text.trim().to_string()));
                 for &c in &chars[i..end] {
@@ -109,7 +113,11 @@ pub fn split(input: &str) -> Split {
             State::LineComment if c == '\n' => state = State::Code,
             State::BlockComment(depth) => match (c, next) {
                 ('*', Some('/')) => {
-                    state = if depth == 1 { State::Code } else { State::BlockComment(depth - 1) };
+                    state = if depth == 1 {
+                        State::Code
+                    } else {
+                        State::BlockComment(depth - 1)
+                    };
                     advance(c, &mut line, &mut column);
                     i += 1;
                 }
@@ -179,7 +187,7 @@ mod tests {
                 Item::Command(".tables".into()),
             ]
         );
-        assert_eq!(s.rest, Some(("select 2".into(), 4, 0)));
+        assert_eq!(s.rest, Some(("select 2".into(), 3, 0)));
     }
 
     #[test]

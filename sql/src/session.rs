@@ -6,6 +6,7 @@
 //! shell carries on). Nothing here panics on user input.
 
 use std::io::{IsTerminal, Write};
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -114,7 +115,10 @@ impl Session {
                 column_offset,
             } => {
                 let started = Instant::now();
-                let result = self.run_sql(&text);
+                // A panic is a bug (the panic hook has reported it); contain it so that the
+                // shell survives and scripts fail with an error instead of an abort.
+                let result = std::panic::catch_unwind(AssertUnwindSafe(|| self.run_sql(&text)))
+                    .unwrap_or(Err(RunError::Panicked));
                 if self.interactive {
                     self.refresh_completions();
                 }
@@ -135,6 +139,7 @@ impl Session {
                         eprintln!("Error: query cancelled");
                         Err(Reported)
                     }
+                    Err(RunError::Panicked) => Err(Reported),
                     Err(RunError::Engine(err)) => {
                         report(&err, &text, line_offset, column_offset, origin);
                         Err(Reported)
@@ -151,7 +156,7 @@ impl Session {
             for statement in statements {
                 let frame = self.engine.execute_statement(statement).await?;
                 let schema = Arc::clone(frame.schema().inner());
-                let mut stream = frame.execute_stream().await?;
+                let mut stream = frame.execute_stream().await.map_err(SpateError::from)?;
                 let mut stdout = std::io::stdout().lock();
                 let mut writer = ResultWriter::new(self.format, &mut stdout, schema, self.max_rows);
                 while let Some(batch) = stream.next().await {
@@ -259,7 +264,11 @@ impl Session {
         table.set_header(["column", "type", "nullable"]);
         for field in schema.fields() {
             let nullable = if field.is_nullable() { "YES" } else { "NO" };
-            table.add_row([field.name().clone(), field.data_type().to_string(), nullable.into()]);
+            table.add_row([
+                field.name().clone(),
+                field.data_type().to_string(),
+                nullable.into(),
+            ]);
         }
         self.print(&table.to_string())
     }
@@ -296,6 +305,8 @@ enum RunError {
     /// Standard output was closed (e.g. piped into `head`): stop quietly.
     Closed,
     Cancelled,
+    /// The statement panicked; the panic hook printed the report.
+    Panicked,
 }
 
 impl From<SpateError> for RunError {

@@ -75,7 +75,13 @@ fn candidates(word: &str, names: &Mutex<Vec<String>>) -> Vec<Pair> {
         ALL_KEYWORDS
             .iter()
             .filter(|k| k.to_ascii_lowercase().starts_with(&lower))
-            .map(|k| pair(if upper { k.to_string() } else { k.to_ascii_lowercase() })),
+            .map(|k| {
+                pair(if upper {
+                    k.to_string()
+                } else {
+                    k.to_ascii_lowercase()
+                })
+            }),
     );
     out
 }
@@ -153,11 +159,18 @@ mod tests {
     use super::*;
 
     fn names() -> Mutex<Vec<String>> {
-        Mutex::new(vec!["lineitem".into(), "l_orderkey".into(), "nation".into()])
+        Mutex::new(vec![
+            "lineitem".into(),
+            "l_orderkey".into(),
+            "nation".into(),
+        ])
     }
 
     fn replacements(word: &str) -> Vec<String> {
-        candidates(word, &names()).into_iter().map(|p| p.replacement).collect()
+        candidates(word, &names())
+            .into_iter()
+            .map(|p| p.replacement)
+            .collect()
     }
 
     #[test]

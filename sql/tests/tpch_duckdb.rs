@@ -114,7 +114,9 @@ fn run() -> Result<Outcome, String> {
     };
     let dir = data_dir()?;
     let query_dir = workspace_root().join("benches/queries/tpch");
-    let files: Vec<PathBuf> = (1..=22).map(|n| query_dir.join(format!("q{n:02}.sql"))).collect();
+    let files: Vec<PathBuf> = (1..=22)
+        .map(|n| query_dir.join(format!("q{n:02}.sql")))
+        .collect();
     let output = Command::new(&python)
         .arg(workspace_root().join("scripts/duckdb_queries.py"))
         .arg(&dir)
@@ -122,13 +124,19 @@ fn run() -> Result<Outcome, String> {
         .output()
         .map_err(|e| format!("cannot run DuckDB: {e}"))?;
     if !output.status.success() {
-        return Err(format!("DuckDB failed: {}", String::from_utf8_lossy(&output.stderr)));
+        return Err(format!(
+            "DuckDB failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        ));
     }
     let duckdb: Value =
         serde_json::from_slice(&output.stdout).map_err(|e| format!("bad DuckDB output: {e}"))?;
 
     let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
-    let engine = Engine::builder().backend(Backend::Cpu).build().map_err(|e| e.to_string())?;
+    let engine = Engine::builder()
+        .backend(Backend::Cpu)
+        .build()
+        .map_err(|e| e.to_string())?;
     runtime
         .block_on(spate::tpch::register_parquet_dir(&engine, &dir))
         .map_err(|e| e.to_string())?;
@@ -196,7 +204,11 @@ fn column_cells(array: &dyn Array) -> Result<Vec<Cell>, String> {
                 | DataType::UInt16
                 | DataType::UInt32
                 | DataType::UInt64 => Cell::Int(
-                    formatter.value(i).to_string().parse().map_err(|e| format!("{e}"))?,
+                    formatter
+                        .value(i)
+                        .to_string()
+                        .parse()
+                        .map_err(|e| format!("{e}"))?,
                 ),
                 DataType::Decimal128(_, scale) => Cell::Decimal(
                     array.as_primitive::<Decimal128Type>().value(i),
@@ -214,7 +226,9 @@ fn column_cells(array: &dyn Array) -> Result<Vec<Cell>, String> {
 }
 
 fn from_json(result: &Value) -> Result<Vec<Vec<Cell>>, String> {
-    let rows = result["rows"].as_array().ok_or("DuckDB result has no rows")?;
+    let rows = result["rows"]
+        .as_array()
+        .ok_or("DuckDB result has no rows")?;
     rows.iter()
         .map(|row| {
             row.as_array()
@@ -246,14 +260,21 @@ fn json_cell(value: &Value) -> Result<Cell, String> {
 fn parse_decimal(text: &str) -> Option<Cell> {
     let (int, frac) = text.split_once('.').unwrap_or((text, ""));
     let digits = format!("{int}{frac}");
-    Some(Cell::Decimal(digits.parse().ok()?, u32::try_from(frac.len()).ok()?))
+    Some(Cell::Decimal(
+        digits.parse().ok()?,
+        u32::try_from(frac.len()).ok()?,
+    ))
 }
 
 /// Rounds a scaled value to a smaller scale, half away from zero.
 fn rescale(value: i128, from: u32, to: u32) -> i128 {
     let divisor = 10i128.pow(from - to);
     let (q, r) = (value / divisor, value % divisor);
-    if r.abs() * 2 >= divisor { q + value.signum() } else { q }
+    if r.abs() * 2 >= divisor {
+        q + value.signum()
+    } else {
+        q
+    }
 }
 
 fn as_float(cell: &Cell) -> Option<f64> {
@@ -287,11 +308,19 @@ fn cells_match(spate: &Cell, duckdb: &Cell) -> bool {
 
 fn compare(spate: &[Vec<Cell>], duckdb: &[Vec<Cell>]) -> Result<usize, String> {
     if spate.len() != duckdb.len() {
-        return Err(format!("{} rows from Spate, {} from DuckDB", spate.len(), duckdb.len()));
+        return Err(format!(
+            "{} rows from Spate, {} from DuckDB",
+            spate.len(),
+            duckdb.len()
+        ));
     }
     for (i, (a, b)) in spate.iter().zip(duckdb).enumerate() {
         if a.len() != b.len() {
-            return Err(format!("row {i}: {} columns from Spate, {} from DuckDB", a.len(), b.len()));
+            return Err(format!(
+                "row {i}: {} columns from Spate, {} from DuckDB",
+                a.len(),
+                b.len()
+            ));
         }
         for (j, (x, y)) in a.iter().zip(b).enumerate() {
             if !cells_match(x, y) {

@@ -86,7 +86,10 @@ mod tests {
     #[test]
     fn offload_sits_just_before_ensure_cooperative() {
         let rules = physical_optimizer_rules(Some(Arc::new(CountingRule::default())));
-        let at = rules.iter().position(|r| r.name() == "TestOffload").unwrap();
+        let at = rules
+            .iter()
+            .position(|r| r.name() == "TestOffload")
+            .unwrap();
         assert_eq!(rules[at + 1].name(), OFFLOAD_ANCHOR_RULE);
         // Everything that places exchanges, sorts and limits runs before it.
         for earlier in ["EnsureRequirements", "LimitPushdown", "ProjectionPushdown"] {
