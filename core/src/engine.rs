@@ -545,7 +545,7 @@ mod tests {
             .option("datafusion.execution.coalesce_batches", "false")
             .build()
             .unwrap();
-        let options = engine.context().state().config().options().clone();
+        let options = Arc::clone(engine.context().state().config().options());
         assert_eq!(options.execution.target_partitions, 3);
         assert_eq!(options.execution.batch_size.get(), 1024);
         assert!(!options.execution.coalesce_batches);

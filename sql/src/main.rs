@@ -185,8 +185,12 @@ fn run(args: RunArgs) -> Result<ExitCode, String> {
         builder = builder.target_partitions(partitions as usize);
     }
     let engine = builder.build().map_err(|e| e.to_string())?;
-    if !args.quiet && (interactive || std::io::stderr().is_terminal()) {
-        eprintln!("{}", engine.backend());
+    if !args.quiet {
+        if interactive {
+            println!("{}", shell::banner(&engine));
+        } else if std::io::stderr().is_terminal() {
+            eprintln!("{}", engine.backend());
+        }
     }
 
     let runtime = runtime()?;
@@ -215,9 +219,6 @@ fn run(args: RunArgs) -> Result<ExitCode, String> {
     let mut session = Session::new(engine, runtime, args.format, max_rows, interactive);
 
     if interactive {
-        if !args.quiet {
-            println!("{}", shell::banner(&session));
-        }
         shell::run(&mut session).map_err(|e| format!("line editor failed: {e}"))?;
         return Ok(ExitCode::SUCCESS);
     }

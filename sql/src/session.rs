@@ -81,11 +81,6 @@ impl Session {
         Arc::clone(&self.completions)
     }
 
-    /// The engine this session runs on.
-    pub fn engine(&self) -> &Engine {
-        &self.engine
-    }
-
     /// Runs all of `input`, stopping at the first failure. Text after the last `;` runs as a
     /// final statement.
     pub fn run(&mut self, input: &str, origin: &Origin) -> Result<Flow, Reported> {
@@ -238,7 +233,7 @@ impl Session {
 
     fn list_tables(&self) -> Result<(), Reported> {
         let mut table = Table::new();
-        table.load_preset(comfy_table::presets::ASCII_FULL_CONDENSED);
+        table.load_preset(TABLE_STYLE);
         table.set_header(["table", "columns"]);
         for name in self.engine.table_names() {
             let columns = self
@@ -260,7 +255,7 @@ impl Session {
                 Reported
             })?;
         let mut table = Table::new();
-        table.load_preset(comfy_table::presets::ASCII_FULL_CONDENSED);
+        table.load_preset(TABLE_STYLE);
         table.set_header(["column", "type", "nullable"]);
         for field in schema.fields() {
             let nullable = if field.is_nullable() { "YES" } else { "NO" };
@@ -356,6 +351,9 @@ fn report(err: &SpateError, text: &str, line_offset: u64, column_offset: u64, or
     eprintln!("   | {source_line}");
     eprintln!("   | {pad}^");
 }
+
+/// The border style of arrow's result tables, so that listings look like results.
+const TABLE_STYLE: &str = "||--+-++|    ++++++";
 
 const HELP: &str = r"Statements end with ';' and may span lines.
 

@@ -10,6 +10,8 @@ use rustyline::history::DefaultHistory;
 use rustyline::validate::{ValidationContext, ValidationResult, Validator};
 use rustyline::{Config, Context, Editor, Helper, Highlighter, Hinter};
 
+use spate::Engine;
+
 use crate::script;
 use crate::session::{Flow, Origin, Session};
 
@@ -146,11 +148,11 @@ pub fn run(session: &mut Session) -> rustyline::Result<()> {
 }
 
 /// The greeting printed when the interactive shell starts: version and backend in use.
-pub fn banner(session: &Session) -> String {
+pub fn banner(engine: &Engine) -> String {
     format!(
         "Spate {} — {}\nType \\? for help, \\q to quit. Statements end with ';'.",
         env!("CARGO_PKG_VERSION"),
-        session.engine().backend()
+        engine.backend()
     )
 }
 
