@@ -212,15 +212,21 @@ impl Engine {
     }
 
     async fn register_as(&self, name: &str, path: &Path, format: FileFormat) -> Result<()> {
-        let (detected, extension) = FileFormat::detect(path)?;
-        // An explicit format wins over the extension, but only the matching extension's files
-        // are read from a folder, so keep the detected extension when the formats agree.
-        let extension = if detected == format {
-            extension
-        } else {
+        // An explicit format wins over a file's extension. A folder is read through the
+        // extension of its files, which must be of the requested format.
+        let extension = if path.is_file() {
             path.extension()
                 .map(|e| e.to_string_lossy().into_owned())
                 .unwrap_or_default()
+        } else {
+            let (detected, extension) = FileFormat::detect(path)?;
+            if detected != format {
+                return Err(SpateError::Source {
+                    path: path.display().to_string(),
+                    message: format!("folder holds {detected} files, not {format}"),
+                });
+            }
+            extension
         };
         self.register_detected(name, path, format, &extension).await
     }
@@ -238,7 +244,12 @@ impl Engine {
             path: shown.clone(),
             message: "path is not valid UTF-8".to_string(),
         })?;
-        let extension = format!(".{extension}");
+        // DataFusion reads the files whose names end with this suffix.
+        let extension = if extension.is_empty() {
+            String::new()
+        } else {
+            format!(".{extension}")
+        };
         let result = match format {
             FileFormat::Parquet => {
                 let options = ParquetReadOptions::default().file_extension(&extension);
@@ -581,6 +592,21 @@ mod tests {
         let err = engine.register("c", &corrupt).await.unwrap_err();
         assert!(matches!(err, SpateError::Source { .. }), "{err:?}");
         assert!(err.to_string().contains("corrupt.parquet"), "{err}");
+
+        // An explicit format reads a file whatever its extension.
+        let odd = dir.path().join("people.data");
+        std::fs::copy(&csv, &odd).unwrap();
+        engine.register_csv("people2", &odd).await.unwrap();
+        let out = engine
+            .collect("SELECT count(*) FROM people2")
+            .await
+            .unwrap();
+        assert_eq!(out[0].num_rows(), 1);
+        let csv_dir = dir.path().join("csvs");
+        std::fs::create_dir(&csv_dir).unwrap();
+        std::fs::copy(&csv, csv_dir.join("part-0.csv")).unwrap();
+        let err = engine.register_parquet("p", &csv_dir).await.unwrap_err();
+        assert!(err.to_string().contains("not Parquet"), "{err}");
 
         let err = engine.register("bad name", &csv).await.unwrap_err();
         assert!(err.to_string().contains("invalid table name"), "{err}");

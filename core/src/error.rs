@@ -67,7 +67,9 @@ pub enum SpateError {
         reason: String,
     },
     /// The query needed more memory than its limit allows.
-    #[error("out of memory: {message}")]
+    #[error(
+        "out of memory: {message}\nhint: raise the memory limit (`--memory-limit` in the shell)"
+    )]
     ResourcesExhausted {
         /// DataFusion's description, including which operator ran out.
         message: String,

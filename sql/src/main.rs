@@ -125,9 +125,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(message) => {
-            if !message.is_empty() {
-                eprintln!("Error: {message}");
-            }
+            eprintln!("Error: {message}");
             ExitCode::FAILURE
         }
     }
@@ -223,24 +221,22 @@ fn run(args: RunArgs) -> Result<ExitCode, String> {
         return Ok(ExitCode::SUCCESS);
     }
 
-    // Every failure below was reported by the session already.
-    let failed = || String::new();
+    // The session has already reported any failure on stderr.
     if scripted {
         for command in &args.commands {
-            if session
-                .run(command, &Origin::Inline)
-                .map_err(|_| failed())?
-                == Flow::Quit
-            {
-                return Ok(ExitCode::SUCCESS);
+            match session.run(command, &Origin::Inline) {
+                Ok(Flow::Continue) => {}
+                Ok(Flow::Quit) => return Ok(ExitCode::SUCCESS),
+                Err(_) => return Ok(ExitCode::FAILURE),
             }
         }
         for path in &args.files {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| format!("{}: cannot read script: {e}", path.display()))?;
-            let origin = Origin::File(path.display().to_string());
-            if session.run(&text, &origin).map_err(|_| failed())? == Flow::Quit {
-                return Ok(ExitCode::SUCCESS);
+            match session.run(&text, &Origin::File(path.display().to_string())) {
+                Ok(Flow::Continue) => {}
+                Ok(Flow::Quit) => return Ok(ExitCode::SUCCESS),
+                Err(_) => return Ok(ExitCode::FAILURE),
             }
         }
     } else {
@@ -249,7 +245,9 @@ fn run(args: RunArgs) -> Result<ExitCode, String> {
         std::io::stdin()
             .read_to_string(&mut text)
             .map_err(|e| format!("cannot read standard input: {e}"))?;
-        session.run(&text, &Origin::Inline).map_err(|_| failed())?;
+        if session.run(&text, &Origin::Inline).is_err() {
+            return Ok(ExitCode::FAILURE);
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
