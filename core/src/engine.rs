@@ -84,9 +84,7 @@ impl EngineBuilder {
     /// Resolves the backend and builds the session.
     pub fn build(self) -> Result<Engine> {
         let selection = BackendSelection::resolve(self.backend)?;
-        if selection.uses_gpu() || self.backend != Backend::Auto {
-            log::info!("{selection}");
-        }
+        log::info!("{selection}");
 
         let mut config = SessionConfig::new().with_information_schema(true);
         if let Some(partitions) = self.target_partitions {

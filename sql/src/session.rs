@@ -152,7 +152,7 @@ impl Session {
                 let frame = self.engine.execute_statement(statement).await?;
                 let schema = Arc::clone(frame.schema().inner());
                 let mut stream = frame.execute_stream().await.map_err(SpateError::from)?;
-                let mut stdout = std::io::stdout().lock();
+                let mut stdout = std::io::stdout();
                 let mut writer = ResultWriter::new(self.format, &mut stdout, schema, self.max_rows);
                 while let Some(batch) = stream.next().await {
                     let batch = batch.map_err(SpateError::from)?;
