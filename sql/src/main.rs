@@ -221,33 +221,48 @@ fn run(args: RunArgs) -> Result<ExitCode, String> {
         return Ok(ExitCode::SUCCESS);
     }
 
-    // The session has already reported any failure on stderr.
-    if scripted {
-        for command in &args.commands {
-            match session.run(command, &Origin::Inline) {
-                Ok(Flow::Continue) => {}
-                Ok(Flow::Quit) => return Ok(ExitCode::SUCCESS),
-                Err(_) => return Ok(ExitCode::FAILURE),
-            }
-        }
-        for path in &args.files {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| format!("{}: cannot read script: {e}", path.display()))?;
-            match session.run(&text, &Origin::File(path.display().to_string())) {
-                Ok(Flow::Continue) => {}
-                Ok(Flow::Quit) => return Ok(ExitCode::SUCCESS),
-                Err(_) => return Ok(ExitCode::FAILURE),
-            }
-        }
-    } else {
-        // Piped input: run it as a script.
-        let mut text = String::new();
-        std::io::stdin()
-            .read_to_string(&mut text)
-            .map_err(|e| format!("cannot read standard input: {e}"))?;
-        if session.run(&text, &Origin::Inline).is_err() {
-            return Ok(ExitCode::FAILURE);
+    // Inputs in order: `-c` texts, then `-f` files (each read only when its turn comes), or
+    // piped standard input when neither was given.
+    let mut inputs: Vec<Input> = args.commands.into_iter().map(Input::Text).collect();
+    inputs.extend(args.files.into_iter().map(Input::File));
+    if !scripted {
+        inputs.push(Input::Stdin);
+    }
+    for input in inputs {
+        let (text, origin) = input.read()?;
+        // The session has already reported any failure on stderr.
+        match session.run(&text, &origin) {
+            Ok(Flow::Continue) => {}
+            Ok(Flow::Quit) => break,
+            Err(_) => return Ok(ExitCode::FAILURE),
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// One piece of non-interactive input.
+enum Input {
+    Text(String),
+    File(PathBuf),
+    Stdin,
+}
+
+impl Input {
+    fn read(self) -> Result<(String, Origin), String> {
+        match self {
+            Input::Text(text) => Ok((text, Origin::Inline)),
+            Input::File(path) => {
+                let text = std::fs::read_to_string(&path)
+                    .map_err(|e| format!("{}: cannot read script: {e}", path.display()))?;
+                Ok((text, Origin::File(path.display().to_string())))
+            }
+            Input::Stdin => {
+                let mut text = String::new();
+                std::io::stdin()
+                    .read_to_string(&mut text)
+                    .map_err(|e| format!("cannot read standard input: {e}"))?;
+                Ok((text, Origin::Inline))
+            }
+        }
+    }
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use comfy_table::Table;
 use futures::StreamExt;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressFinish, ProgressStyle};
 use spate::{Engine, GpuInventory, SpateError};
 use tokio::runtime::Runtime;
 
@@ -145,10 +145,12 @@ impl Session {
     }
 
     fn run_sql(&self, text: &str) -> Result<(), RunError> {
-        let progress = self.progress();
         let work = async {
             let statements = self.engine.parse(text)?;
             for statement in statements {
+                // One spinner per statement; it clears itself when dropped, including when a
+                // cancelled query drops this future.
+                let progress = self.progress();
                 let frame = self.engine.execute_statement(statement).await?;
                 let schema = Arc::clone(frame.schema().inner());
                 let mut stream = frame.execute_stream().await.map_err(SpateError::from)?;
@@ -161,15 +163,13 @@ impl Session {
                         bar.set_message(format!("{} rows", writer.total_rows()));
                     }
                 }
-                if let Some(bar) = &progress {
-                    bar.finish_and_clear();
-                }
+                drop(progress);
                 writer.finish().map_err(output_error)?;
                 stdout.flush().map_err(output_error)?;
             }
             Ok(())
         };
-        let result = if self.interactive {
+        if self.interactive {
             self.runtime.block_on(async {
                 tokio::select! {
                     result = work => result,
@@ -178,11 +178,7 @@ impl Session {
             })
         } else {
             self.runtime.block_on(work)
-        };
-        if let Some(bar) = progress {
-            bar.finish_and_clear();
         }
-        result
     }
 
     /// A spinner on stderr for the interactive shell; none for scripts and pipes.
@@ -190,7 +186,8 @@ impl Session {
         if !self.interactive || !std::io::stderr().is_terminal() {
             return None;
         }
-        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr())
+            .with_finish(ProgressFinish::AndClear);
         bar.set_style(
             ProgressStyle::with_template("{spinner} running {elapsed} {msg}")
                 .unwrap_or_else(|_| ProgressStyle::default_spinner()),
