@@ -1,23 +1,49 @@
 //! `spate-kernels`: Spate's CUDA kernels and the runtime that compiles and launches them.
 //!
 //! ```text
-//!   spate (core) ── GPU operators ──▶ spate-kernels ──▶ cuda backend (cudarc: driver + NVRTC)
-//!                                                   └─▶ emulated backend (host C++ compiler)
+//!   spate (core) ── GPU operators ──▶ spate-kernels ── Device / Stream / DeviceBuffer / launch
+//!                                        │
+//!                                        ├─▶ cuda:     NVRTC → CUBIN (cached) → cudarc driver API
+//!                                        └─▶ emulated: the same .cu as host C++ → fiber emulator
 //! ```
 //!
-//! This crate is being built up in stages. Today it holds device discovery ([`probe`]), which
-//! must work (and never panic) on machines with no NVIDIA driver at all. The kernel sources,
-//! the two backends and the launchers arrive with the kernel runtime.
+//! The kernel sources live in `kernels/cuda/` and are embedded in the binary. Typed launchers
+//! ([`scan`], [`compact`], [`gather`], [`hash`], [`sort`], [`reduce`]) are what operators call;
+//! they run unchanged on a GPU and on the emulator, which is how CI tests every kernel.
 //!
 //! ```
-//! // On a machine without a GPU this reports why, instead of panicking.
-//! match spate_kernels::probe::discover() {
-//!     Ok(devices) => println!("{} CUDA device(s)", devices.len()),
-//!     Err(e) => println!("no GPU: {e}"),
-//! }
+//! use spate_kernels::{Device, DeviceOptions, scan};
+//!
+//! let device = Device::emulated(DeviceOptions::default())?;
+//! let stream = device.new_stream()?;
+//! let input = stream.from_host(&[3u32, 1, 4, 1, 5])?;
+//! let sums = scan::exclusive_sum(&stream, input.as_slice())?;
+//! assert_eq!(stream.to_vec(&sums)?, vec![0, 3, 4, 8, 9]);
+//! # Ok::<(), spate_kernels::KernelError>(())
 //! ```
 
+pub mod backend;
+pub mod compact;
+pub mod compile;
+pub mod device;
 pub mod error;
+pub mod gather;
+pub mod hash;
+pub mod launch;
+pub mod memory;
 pub mod probe;
+pub mod reduce;
+pub mod reference;
+pub mod scan;
+pub mod selftest;
+pub mod sort;
+pub mod source;
 
+pub use device::{
+    BackendKind, Device, DeviceDescription, DeviceOptions, Event, MemoryBudget, Stream,
+};
 pub use error::{KernelError, Result};
+pub use launch::{Kernel, KernelArg, LaunchConfig};
+pub use memory::{
+    DeviceBitmap, DeviceBuffer, DeviceCopy, DeviceSlice, MemoryStats, PinnedBuffer, Reservation,
+};

@@ -1,0 +1,210 @@
+// gather.cu: gather and scatter of fixed-width values, validity bitmaps and strings.
+//
+// Gather: out[i] = in[indices[i]]. Scatter: out[indices[i]] = in[i]. An index equal to
+// SPATE_NULL_INDEX means "no row": gathers write a zero value and a null validity bit, scatters
+// skip the row. Indices are u32 (a device batch holds at most 2^32 - 1 rows).
+#include "common/prelude.cuh"
+#include "common/bitmap.cuh"
+
+namespace spate {
+
+template <typename T>
+__device__ void gather_values(const T* __restrict__ in, const u32* __restrict__ indices, u64 n, T* __restrict__ out) {
+    for (u64 i = global_thread_index(); i < n; i += grid_stride()) {
+        u32 idx = indices[i];
+        T v{};
+        if (idx != SPATE_NULL_INDEX) v = in[idx];
+        out[i] = v;
+    }
+}
+
+template <typename T>
+__device__ void scatter_values(const T* __restrict__ in, const u32* __restrict__ indices, u64 n, T* __restrict__ out) {
+    for (u64 i = global_thread_index(); i < n; i += grid_stride()) {
+        u32 idx = indices[i];
+        if (idx != SPATE_NULL_INDEX) out[idx] = in[i];
+    }
+}
+
+}  // namespace spate
+
+/**
+ * @brief Gathers fixed-width values: out[i] = in[indices[i]].
+ *
+ * @param in       source values
+ * @param indices  `n` row indices into `in`; SPATE_NULL_INDEX writes zero
+ * @param n        number of output rows
+ * @param out      `n` output values
+ *
+ * Launch: SPATE_BLOCK_THREADS threads, grid-stride over `n`, no shared memory.
+ * Memory: caller allocates `out`; every index must be < len(in) or SPATE_NULL_INDEX.
+ * Nulls:  values only; validity is gathered by gather_bitmap.
+ * Stream: asynchronous on the launch stream.
+ */
+#define SPATE_GATHER(T)                                                                                              \
+    extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) gather_##T(const T* in, const u32* indices, u64 n, \
+                                                                                T* out) {                            \
+        spate::gather_values<T>(in, indices, n, out);                                                                \
+    }                                                                                                                \
+    SPATE_EXPORT(gather_##T)                                                                                         \
+    extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) scatter_##T(const T* in, const u32* indices, u64 n, \
+                                                                                 T* out) {                           \
+        spate::scatter_values<T>(in, indices, n, out);                                                               \
+    }                                                                                                                \
+    SPATE_EXPORT(scatter_##T)
+
+// scatter_T: out[indices[i]] = in[i] for the `n` input rows; SPATE_NULL_INDEX rows are skipped.
+// Launch, Memory, Nulls and Stream as gather_T; indices must be distinct (a permutation or an
+// injective map), otherwise which value lands is unspecified.
+SPATE_GATHER(u8)
+SPATE_GATHER(u16)
+SPATE_GATHER(u32)
+SPATE_GATHER(u64)
+SPATE_GATHER(u128)
+
+/**
+ * @brief Gathers a validity bitmap: bit i of `out` = bit indices[i] of `in`.
+ *
+ * @param in         source bitmap, or null when every source row is valid
+ * @param in_offset  bit offset of row 0 in `in`
+ * @param indices    `n` row indices; SPATE_NULL_INDEX gives a null (0) bit
+ * @param n          number of output rows
+ * @param out        output bitmap as ceil(n / 32) words, bit offset 0; bits past `n` are 0
+ *
+ * Launch: SPATE_BLOCK_THREADS threads, grid-stride over output words, no shared memory. Each
+ *         thread builds a whole word, so no atomics are needed.
+ * Memory: caller allocates `out` (a multiple of 4 bytes).
+ * Nulls:  this is the null propagation itself.
+ * Stream: asynchronous on the launch stream.
+ */
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) gather_bitmap(const u8* in, u64 in_offset, const u32* indices,
+                                                                              u64 n, u32* out) {
+    u64 words = (n + 31) / 32;
+    for (u64 w = spate::global_thread_index(); w < words; w += spate::grid_stride()) {
+        u32 word = 0;
+        u64 base = w * 32;
+        for (u32 b = 0; b < 32 && base + b < n; ++b) {
+            u32 idx = indices[base + b];
+            bool valid = idx != SPATE_NULL_INDEX && spate::row_is_valid(in, in_offset, idx);
+            word |= (u32)valid << b;
+        }
+        out[w] = word;
+    }
+}
+SPATE_EXPORT(gather_bitmap)
+
+/**
+ * @brief Scatters a validity bitmap: bit indices[i] of `out` = bit i of `in`.
+ *
+ * @param in         source bitmap, or null when every source row is valid
+ * @param in_offset  bit offset of row 0 in `in`
+ * @param indices    `n` destination rows; SPATE_NULL_INDEX rows are skipped
+ * @param n          number of source rows
+ * @param out        destination bitmap as words, bit offset 0; must start all zero (null)
+ *
+ * Launch: SPATE_BLOCK_THREADS threads, grid-stride over `n`; atomicOr on the output words.
+ * Memory: caller allocates and zeroes `out`.
+ * Nulls:  destination rows nobody writes stay null.
+ * Stream: asynchronous on the launch stream.
+ */
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) scatter_bitmap(const u8* in, u64 in_offset, const u32* indices,
+                                                                               u64 n, u32* out) {
+    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {
+        u32 idx = indices[i];
+        if (idx != SPATE_NULL_INDEX && spate::row_is_valid(in, in_offset, i)) atomicOr(&out[idx >> 5], 1u << (idx & 31));
+    }
+}
+SPATE_EXPORT(scatter_bitmap)
+
+namespace spate {
+
+template <typename Off>
+__device__ void string_lengths(const Off* __restrict__ offsets, const u32* __restrict__ indices, u64 n, u64* __restrict__ lengths) {
+    for (u64 i = global_thread_index(); i <= n; i += grid_stride()) {
+        u64 len = 0;
+        if (i < n) {
+            u32 idx = indices != nullptr ? indices[i] : (u32)i;
+            if (idx != SPATE_NULL_INDEX) len = (u64)(offsets[idx + 1] - offsets[idx]);
+        }
+        lengths[i] = len;
+    }
+}
+
+template <typename Off>
+__device__ void gather_bytes(const Off* __restrict__ in_offsets, const u8* __restrict__ in_bytes, const u32* __restrict__ indices,
+                             const u64* __restrict__ out_starts, u64 n, Off* __restrict__ out_offsets, u8* __restrict__ out_bytes) {
+    for (u64 i = global_thread_index(); i <= n; i += grid_stride()) {
+        u64 dst = out_starts[i];
+        out_offsets[i] = (Off)dst;
+        if (i == n) continue;
+        u32 idx = indices[i];
+        if (idx == SPATE_NULL_INDEX) continue;
+        u64 src = (u64)in_offsets[idx];
+        u64 len = out_starts[i + 1] - dst;
+        for (u64 b = 0; b < len; ++b) out_bytes[dst + b] = in_bytes[src + b];
+    }
+}
+
+template <typename Off>
+__device__ void scatter_bytes(const Off* __restrict__ in_offsets, const u8* __restrict__ in_bytes, const u32* __restrict__ indices,
+                              const u64* __restrict__ out_starts, u64 n, u64 n_out, Off* __restrict__ out_offsets,
+                              u8* __restrict__ out_bytes) {
+    u64 rows = n > n_out + 1 ? n : n_out + 1;
+    for (u64 i = global_thread_index(); i < rows; i += grid_stride()) {
+        if (i <= n_out) out_offsets[i] = (Off)out_starts[i];
+        if (i >= n) continue;
+        u32 idx = indices[i];
+        if (idx == SPATE_NULL_INDEX) continue;
+        u64 src = (u64)in_offsets[i];
+        u64 len = (u64)(in_offsets[i + 1] - in_offsets[i]);
+        u64 dst = out_starts[idx];
+        for (u64 b = 0; b < len; ++b) out_bytes[dst + b] = in_bytes[src + b];
+    }
+}
+
+}  // namespace spate
+
+/**
+ * @brief Step 1 of a string gather: the byte length of every gathered string.
+ *
+ * @param offsets  source offsets (len(source) + 1 of them)
+ * @param indices  `n` source rows (null: row i itself); SPATE_NULL_INDEX gives length 0
+ * @param n        number of output rows
+ * @param lengths  `n + 1` outputs; lengths[n] = 0 so an exclusive scan yields the total last
+ *
+ * Launch: SPATE_BLOCK_THREADS threads, grid-stride over `n + 1`, no shared memory.
+ * Memory: caller allocates `lengths`.
+ * Nulls:  a null row is an empty string; validity is gathered by gather_bitmap.
+ * Stream: asynchronous on the launch stream.
+ *
+ * Step 2 is an exclusive u64 scan of `lengths` (the output starts); step 3 is
+ * gather_string_bytes_*, which also writes the output offsets in the column's offset type.
+ */
+#define SPATE_STRINGS(Off)                                                                                           \
+    extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS)                                                 \
+        gather_string_lengths_##Off(const Off* offsets, const u32* indices, u64 n, u64* lengths) {                    \
+        spate::string_lengths<Off>(offsets, indices, n, lengths);                                                     \
+    }                                                                                                                 \
+    SPATE_EXPORT(gather_string_lengths_##Off)                                                                         \
+    extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS)                                                 \
+        gather_string_bytes_##Off(const Off* in_offsets, const u8* in_bytes, const u32* indices, const u64* out_starts, \
+                                  u64 n, Off* out_offsets, u8* out_bytes) {                                           \
+        spate::gather_bytes<Off>(in_offsets, in_bytes, indices, out_starts, n, out_offsets, out_bytes);               \
+    }                                                                                                                 \
+    SPATE_EXPORT(gather_string_bytes_##Off)                                                                           \
+    extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS)                                                 \
+        scatter_string_bytes_##Off(const Off* in_offsets, const u8* in_bytes, const u32* indices, const u64* out_starts, \
+                                   u64 n, u64 n_out, Off* out_offsets, u8* out_bytes) {                               \
+        spate::scatter_bytes<Off>(in_offsets, in_bytes, indices, out_starts, n, n_out, out_offsets, out_bytes);       \
+    }                                                                                                                 \
+    SPATE_EXPORT(scatter_string_bytes_##Off)
+
+// gather_string_bytes_Off: copies each gathered string to out_bytes[out_starts[i]..] and writes
+//   out_offsets[0..=n] = out_starts (narrowed to Off; the launcher checks the total fits).
+// scatter_string_bytes_Off: copies input string i to out_bytes[out_starts[indices[i]]..] and
+//   writes out_offsets[0..=n_out] = out_starts; the launcher computes out_starts by scattering
+//   the lengths (scatter_u64) and scanning them.
+// Launch: SPATE_BLOCK_THREADS threads, grid-stride over rows, one thread copies one string.
+// Memory: caller allocates every output. Nulls: null rows copy nothing. Stream: asynchronous.
+SPATE_STRINGS(i32)
+SPATE_STRINGS(i64)

@@ -1,0 +1,91 @@
+// hash_columns.cu: 64-bit row hashes over one or more columns.
+//
+// Call once per key column, left to right: the first call starts from `seed`, later calls pass
+// the previous call's output as `in_hashes` (it may alias `out_hashes`). common/hash.cuh
+// defines the hash; a NULL hashes to SPATE_NULL_HASH, so NULL keys group together.
+#include "common/prelude.cuh"
+#include "common/bitmap.cuh"
+#include "common/hash.cuh"
+
+namespace spate {
+
+__device__ __forceinline__ u64 hash_value(u8 v) { return xxh64_word(v, 1); }
+__device__ __forceinline__ u64 hash_value(u16 v) { return xxh64_word(v, 2); }
+__device__ __forceinline__ u64 hash_value(u32 v) { return xxh64_word(v, 4); }
+__device__ __forceinline__ u64 hash_value(u64 v) { return xxh64_word(v, 8); }
+__device__ __forceinline__ u64 hash_value(u128 v) { return xxh64_u128(v); }
+
+template <typename T>
+__device__ void hash_fixed(const T* __restrict__ values, const u8* __restrict__ validity, u64 validity_offset, u64 n,
+                           const u64* in_hashes, u64 seed, u64* out_hashes) {
+    for (u64 i = global_thread_index(); i < n; i += grid_stride()) {
+        u64 h = row_is_valid(validity, validity_offset, i) ? hash_value(values[i]) : SPATE_NULL_HASH;
+        u64 prev = in_hashes != nullptr ? in_hashes[i] : seed;
+        out_hashes[i] = hash_combine(prev, h);
+    }
+}
+
+template <typename Off>
+__device__ void hash_strings(const Off* __restrict__ offsets, const u8* __restrict__ bytes, const u8* __restrict__ validity,
+                             u64 validity_offset, u64 n, const u64* in_hashes, u64 seed, u64* out_hashes) {
+    for (u64 i = global_thread_index(); i < n; i += grid_stride()) {
+        u64 h = SPATE_NULL_HASH;
+        if (row_is_valid(validity, validity_offset, i)) {
+            u64 start = (u64)offsets[i];
+            h = xxh64_bytes(bytes + start, (u64)offsets[i + 1] - start);
+        }
+        u64 prev = in_hashes != nullptr ? in_hashes[i] : seed;
+        out_hashes[i] = hash_combine(prev, h);
+    }
+}
+
+}  // namespace spate
+
+/**
+ * @brief Hashes a fixed-width column into the running row hashes.
+ *
+ * @param values           `n` values (by element width: u8, u16, u32, u64, u128)
+ * @param validity         validity bitmap, or null when no value is null
+ * @param validity_offset  bit offset into `validity`
+ * @param n                number of rows
+ * @param in_hashes        running hashes from the previous column, or null to start at `seed`
+ * @param seed             starting hash for the first column
+ * @param out_hashes       `n` outputs (may alias `in_hashes`)
+ *
+ * Launch: SPATE_BLOCK_THREADS threads, grid-stride over `n`, no shared memory.
+ * Memory: caller allocates `out_hashes`.
+ * Nulls:  a NULL contributes SPATE_NULL_HASH.
+ * Stream: asynchronous on the launch stream.
+ */
+#define SPATE_HASH_FIXED(T)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS)                                       \
+        hash_##T(const T* values, const u8* validity, u64 validity_offset, u64 n, const u64* in_hashes,      \
+                 u64 seed, u64* out_hashes) {                                                               \
+        spate::hash_fixed<T>(values, validity, validity_offset, n, in_hashes, seed, out_hashes);            \
+    }                                                                                                       \
+    SPATE_EXPORT(hash_##T)
+
+SPATE_HASH_FIXED(u8)
+SPATE_HASH_FIXED(u16)
+SPATE_HASH_FIXED(u32)
+SPATE_HASH_FIXED(u64)
+SPATE_HASH_FIXED(u128)
+
+/**
+ * @brief Hashes a string column (Arrow offsets + bytes) into the running row hashes.
+ *
+ * @param offsets  `n + 1` offsets into `bytes` (i32 for Utf8, i64 for LargeUtf8)
+ * @param bytes    the UTF-8 data
+ *
+ * Other parameters, Launch, Memory, Nulls and Stream as hash_T; one thread hashes one string.
+ */
+#define SPATE_HASH_STRINGS(Off)                                                                             \
+    extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS)                                       \
+        hash_strings_##Off(const Off* offsets, const u8* bytes, const u8* validity, u64 validity_offset,     \
+                           u64 n, const u64* in_hashes, u64 seed, u64* out_hashes) {                        \
+        spate::hash_strings<Off>(offsets, bytes, validity, validity_offset, n, in_hashes, seed, out_hashes); \
+    }                                                                                                       \
+    SPATE_EXPORT(hash_strings_##Off)
+
+SPATE_HASH_STRINGS(i32)
+SPATE_HASH_STRINGS(i64)

@@ -1,0 +1,524 @@
+//! Gather and scatter: `kernels/cuda/gather/gather.cu`.
+//!
+//! Gather: `out[i] = in[indices[i]]`; scatter: `out[indices[i]] = in[i]`. The index
+//! [`NULL_INDEX`] means "no row": a gather writes a zero value and a NULL bit for it (what outer
+//! joins need), a scatter skips it. Fixed-width values move by their width, so every type of a
+//! width shares one kernel. Strings are Arrow offsets + bytes, with i32 (Utf8) or i64
+//! (LargeUtf8) offsets; the launcher checks the gathered bytes fit the offset type.
+
+use crate::device::Stream;
+use crate::error::{KernelError, Result, ensure_arg};
+use crate::launch::{KernelArg, LaunchConfig, NULL_INDEX};
+use crate::memory::{DeviceBitmap, DeviceBuffer, DeviceCopy, DeviceSlice};
+use crate::scan;
+
+/// Element types gathered and scattered by width.
+pub trait GatherElem: DeviceCopy {
+    #[doc(hidden)]
+    const GATHER: &'static str;
+    #[doc(hidden)]
+    const SCATTER: &'static str;
+}
+
+macro_rules! gather_elem {
+    ($g:literal, $s:literal: $($t:ty),*) => { $(
+        impl GatherElem for $t {
+            const GATHER: &'static str = $g;
+            const SCATTER: &'static str = $s;
+        }
+    )* };
+}
+gather_elem!("gather_u8", "scatter_u8": u8, i8);
+gather_elem!("gather_u16", "scatter_u16": u16, i16);
+gather_elem!("gather_u32", "scatter_u32": u32, i32, f32);
+gather_elem!("gather_u64", "scatter_u64": u64, i64, f64);
+gather_elem!("gather_u128", "scatter_u128": u128, i128);
+
+fn grid(stream: &Stream, n: usize) -> LaunchConfig {
+    LaunchConfig::blocks(stream.device().grid_stride_blocks(n))
+}
+
+/// `out[i] = values[indices[i]]` (zero for [`NULL_INDEX`]). Every other index must be less
+/// than `values.len()`; that is the caller's contract, as on a GPU nothing checks it cheaply.
+pub fn gather<T: GatherElem>(
+    stream: &Stream,
+    values: DeviceSlice<'_, T>,
+    indices: DeviceSlice<'_, u32>,
+) -> Result<DeviceBuffer<T>> {
+    let n = indices.len();
+    let out = stream.alloc::<T>(n)?;
+    if n == 0 {
+        return Ok(out);
+    }
+    let kernel = stream.device().kernel(T::GATHER)?;
+    // SAFETY: `out` and `indices` hold `n` elements; indices address `values` (contract above).
+    unsafe {
+        stream.launch(
+            &kernel,
+            grid(stream, n),
+            &[
+                values.into(),
+                indices.into(),
+                KernelArg::U64(n as u64),
+                (&out).into(),
+            ],
+        )?;
+    }
+    Ok(out)
+}
+
+/// `out[indices[i]] = values[i]`, skipping [`NULL_INDEX`]. Indices must be distinct and less
+/// than `out.len()`.
+pub fn scatter<T: GatherElem>(
+    stream: &Stream,
+    values: DeviceSlice<'_, T>,
+    indices: DeviceSlice<'_, u32>,
+    out: &mut DeviceBuffer<T>,
+) -> Result<()> {
+    let n = values.len();
+    ensure_arg!(
+        indices.len() == n,
+        "scatter of {n} values with {} indices",
+        indices.len()
+    );
+    if n == 0 {
+        return Ok(());
+    }
+    let kernel = stream.device().kernel(T::SCATTER)?;
+    // SAFETY: `values` and `indices` hold `n` elements; indices address `out` (contract above).
+    unsafe {
+        stream.launch(
+            &kernel,
+            grid(stream, n),
+            &[
+                values.into(),
+                indices.into(),
+                KernelArg::U64(n as u64),
+                out.into(),
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+/// Bytes of a bitmap for `rows` rows as the kernels write it: whole 32-bit words.
+pub fn bitmap_bytes(rows: usize) -> usize {
+    rows.div_ceil(32) * 4
+}
+
+/// Gathers validity: bit `i` of the result is the validity of row `indices[i]` (`None` means
+/// every source row is valid); [`NULL_INDEX`] gives NULL. The result starts at bit 0 and has
+/// [`bitmap_bytes`] bytes, bits past the last row zero.
+pub fn gather_bitmap(
+    stream: &Stream,
+    validity: Option<DeviceBitmap<'_>>,
+    indices: DeviceSlice<'_, u32>,
+) -> Result<DeviceBuffer<u8>> {
+    let n = indices.len();
+    let out = stream.alloc::<u8>(bitmap_bytes(n))?;
+    if n == 0 {
+        return Ok(out);
+    }
+    let kernel = stream.device().kernel("gather_bitmap")?;
+    // SAFETY: `out` has a word per 32 rows; indices address rows of `validity`.
+    unsafe {
+        stream.launch(
+            &kernel,
+            grid(stream, n.div_ceil(32)),
+            &[
+                validity.into(),
+                KernelArg::U64(validity.map_or(0, |v| v.offset as u64)),
+                indices.into(),
+                KernelArg::U64(n as u64),
+                (&out).into(),
+            ],
+        )?;
+    }
+    Ok(out)
+}
+
+/// Scatters validity into `out`, a zeroed (all NULL) bitmap of whole words: bit `indices[i]`
+/// becomes the validity of row `i`. Rows nobody scatters to stay NULL.
+pub fn scatter_bitmap(
+    stream: &Stream,
+    validity: Option<DeviceBitmap<'_>>,
+    indices: DeviceSlice<'_, u32>,
+    out: &mut DeviceBuffer<u8>,
+) -> Result<()> {
+    let n = indices.len();
+    ensure_arg!(
+        out.len() % 4 == 0,
+        "scatter_bitmap needs whole 32-bit words, got {} bytes",
+        out.len()
+    );
+    if let Some(v) = validity {
+        v.check_covers(n, "source validity")?;
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let kernel = stream.device().kernel("scatter_bitmap")?;
+    // SAFETY: `validity` covers `n` rows; indices address bits of `out` (caller's contract).
+    unsafe {
+        stream.launch(
+            &kernel,
+            grid(stream, n),
+            &[
+                validity.into(),
+                KernelArg::U64(validity.map_or(0, |v| v.offset as u64)),
+                indices.into(),
+                KernelArg::U64(n as u64),
+                out.into(),
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+/// Offset types of string columns.
+pub trait OffsetElem: DeviceCopy + Default + TryFrom<u64> {
+    #[doc(hidden)]
+    const SUFFIX: &'static str;
+    /// The largest byte length the offset type can address.
+    const MAX_BYTES: u64;
+}
+
+impl OffsetElem for i32 {
+    const SUFFIX: &'static str = "i32";
+    const MAX_BYTES: u64 = i32::MAX as u64;
+}
+
+impl OffsetElem for i64 {
+    const SUFFIX: &'static str = "i64";
+    const MAX_BYTES: u64 = i64::MAX as u64;
+}
+
+/// A string column in device memory: `rows + 1` offsets into `bytes`.
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceStrings<'a, O> {
+    /// Arrow offsets, one more than the rows.
+    pub offsets: DeviceSlice<'a, O>,
+    /// The UTF-8 data.
+    pub bytes: DeviceSlice<'a, u8>,
+}
+
+impl<O> DeviceStrings<'_, O> {
+    /// Number of strings.
+    pub fn rows(&self) -> usize {
+        self.offsets.len().saturating_sub(1)
+    }
+}
+
+/// An owned string column in device memory.
+#[derive(Debug)]
+pub struct StringBuffers<O: DeviceCopy> {
+    /// `rows + 1` offsets.
+    pub offsets: DeviceBuffer<O>,
+    /// The bytes.
+    pub bytes: DeviceBuffer<u8>,
+}
+
+impl<O: DeviceCopy> StringBuffers<O> {
+    /// A borrowed view.
+    pub fn as_strings(&self) -> DeviceStrings<'_, O> {
+        DeviceStrings {
+            offsets: self.offsets.as_slice(),
+            bytes: self.bytes.as_slice(),
+        }
+    }
+}
+
+fn string_entry<O: OffsetElem>(what: &str) -> String {
+    format!("{what}_{}", O::SUFFIX)
+}
+
+fn fits<O: OffsetElem>(total: u64) -> Result<()> {
+    if total > O::MAX_BYTES {
+        return Err(KernelError::InvalidArgument {
+            message: format!(
+                "the result holds {total} bytes of strings, more than {}-bit offsets address; \
+                 use LargeUtf8 (i64 offsets)",
+                size_of::<O>() * 8
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Gathers strings: row `i` of the result is row `indices[i]` of `strings` (empty for
+/// [`NULL_INDEX`]). Three steps: lengths, a u64 scan into output starts, then the copy.
+pub fn gather_strings<O: OffsetElem>(
+    stream: &Stream,
+    strings: DeviceStrings<'_, O>,
+    indices: DeviceSlice<'_, u32>,
+) -> Result<StringBuffers<O>> {
+    let n = indices.len();
+    let device = stream.device();
+    let lengths = stream.alloc::<u64>(n + 1)?;
+    let lengths_kernel = device.kernel(&string_entry::<O>("gather_string_lengths"))?;
+    // SAFETY: `lengths` holds n + 1 values; indices address rows of `strings`.
+    unsafe {
+        stream.launch(
+            &lengths_kernel,
+            grid(stream, n + 1),
+            &[
+                strings.offsets.into(),
+                indices.into(),
+                KernelArg::U64(n as u64),
+                (&lengths).into(),
+            ],
+        )?;
+    }
+    let (starts, total) = scan::exclusive_sum_with_total(stream, lengths.as_slice())?;
+    fits::<O>(total)?;
+    let offsets = stream.alloc::<O>(n + 1)?;
+    let bytes = stream.alloc::<u8>(total as usize)?;
+    let copy = device.kernel(&string_entry::<O>("gather_string_bytes"))?;
+    // SAFETY: `starts` has n + 1 entries whose last is `total`, the size of `bytes`.
+    unsafe {
+        stream.launch(
+            &copy,
+            grid(stream, n + 1),
+            &[
+                strings.offsets.into(),
+                strings.bytes.into(),
+                indices.into(),
+                (&starts).into(),
+                KernelArg::U64(n as u64),
+                (&offsets).into(),
+                (&bytes).into(),
+            ],
+        )?;
+    }
+    Ok(StringBuffers { offsets, bytes })
+}
+
+/// Scatters strings into a new column of `out_rows` rows: row `indices[i]` of the result is
+/// row `i` of `strings`; rows nobody scatters to are empty. Indices must be distinct.
+pub fn scatter_strings<O: OffsetElem>(
+    stream: &Stream,
+    strings: DeviceStrings<'_, O>,
+    indices: DeviceSlice<'_, u32>,
+    out_rows: usize,
+) -> Result<StringBuffers<O>> {
+    let n = strings.rows();
+    ensure_arg!(
+        indices.len() == n,
+        "scatter of {n} strings with {} indices",
+        indices.len()
+    );
+    let device = stream.device();
+    let in_lengths = stream.alloc::<u64>(n + 1)?;
+    let lengths_kernel = device.kernel(&string_entry::<O>("gather_string_lengths"))?;
+    // SAFETY: null indices make row i read itself; `in_lengths` holds n + 1 values.
+    unsafe {
+        stream.launch(
+            &lengths_kernel,
+            grid(stream, n + 1),
+            &[
+                strings.offsets.into(),
+                KernelArg::null(),
+                KernelArg::U64(n as u64),
+                (&in_lengths).into(),
+            ],
+        )?;
+    }
+    let mut out_lengths = stream.alloc_zeroed::<u64>(out_rows + 1)?;
+    scatter(stream, in_lengths.slice(..n)?, indices, &mut out_lengths)?;
+    let (starts, total) = scan::exclusive_sum_with_total(stream, out_lengths.as_slice())?;
+    fits::<O>(total)?;
+    let offsets = stream.alloc::<O>(out_rows + 1)?;
+    let bytes = stream.alloc::<u8>(total as usize)?;
+    let copy = device.kernel(&string_entry::<O>("scatter_string_bytes"))?;
+    // SAFETY: `starts` has out_rows + 1 entries ending at `total`; indices address output rows.
+    unsafe {
+        stream.launch(
+            &copy,
+            grid(stream, n.max(out_rows + 1)),
+            &[
+                strings.offsets.into(),
+                strings.bytes.into(),
+                indices.into(),
+                (&starts).into(),
+                KernelArg::U64(n as u64),
+                KernelArg::U64(out_rows as u64),
+                (&offsets).into(),
+                (&bytes).into(),
+            ],
+        )?;
+    }
+    Ok(StringBuffers { offsets, bytes })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reference::{self, bit};
+    use crate::selftest::{SIZES, test_device};
+
+    fn random_indices(n: usize, source: usize, seed: u64) -> Vec<u32> {
+        let mut r = reference::Rng::new(seed);
+        (0..n)
+            .map(|_| {
+                if source == 0 || r.chance(0.1) {
+                    NULL_INDEX
+                } else {
+                    r.below(source as u64) as u32
+                }
+            })
+            .collect()
+    }
+
+    fn permutation(n: usize, seed: u64) -> Vec<u32> {
+        let mut p: Vec<u32> = (0..n as u32).collect();
+        let mut r = reference::Rng::new(seed);
+        for i in (1..n).rev() {
+            p.swap(i, r.below(i as u64 + 1) as usize);
+        }
+        p
+    }
+
+    #[test]
+    fn fixed_width_gather_and_scatter() {
+        let device = test_device();
+        let stream = device.new_stream().unwrap();
+        for &n in SIZES {
+            let src = reference::random_i64(n.max(1), n as u64);
+            let idx = random_indices(n, src.len(), 3);
+            let d_src = stream.from_host(&src).unwrap();
+            let d_idx = stream.from_host(&idx).unwrap();
+            let got = gather(&stream, d_src.as_slice(), d_idx.as_slice()).unwrap();
+            assert_eq!(
+                stream.to_vec(&got).unwrap(),
+                reference::gather(&src, &idx),
+                "n={n}"
+            );
+
+            let src16: Vec<u128> = src.iter().map(|v| (*v as u128) << 64 | 7).collect();
+            let d16 = stream.from_host(&src16).unwrap();
+            let got = gather(&stream, d16.as_slice(), d_idx.as_slice()).unwrap();
+            assert_eq!(
+                stream.to_vec(&got).unwrap(),
+                reference::gather(&src16, &idx)
+            );
+
+            let perm = permutation(n, 4);
+            let vals: Vec<u16> = (0..n).map(|i| i as u16 ^ 0x5a5a).collect();
+            let d_vals = stream.from_host(&vals).unwrap();
+            let d_perm = stream.from_host(&perm).unwrap();
+            let mut out = stream.alloc_zeroed::<u16>(n).unwrap();
+            scatter(&stream, d_vals.as_slice(), d_perm.as_slice(), &mut out).unwrap();
+            let mut want = vec![0u16; n];
+            for (i, p) in perm.iter().enumerate() {
+                want[*p as usize] = vals[i];
+            }
+            assert_eq!(stream.to_vec(&out).unwrap(), want);
+        }
+    }
+
+    #[test]
+    fn bitmaps_gather_and_scatter_with_offsets() {
+        let device = test_device();
+        let stream = device.new_stream().unwrap();
+        for &n in SIZES {
+            let rows = n.max(1);
+            let offset = 5;
+            let valid = reference::random_bitmap(rows, offset, n as u64, 0.7);
+            let d_valid = stream.from_host(&valid).unwrap();
+            let bitmap = DeviceBitmap::new(&d_valid).with_offset(offset);
+            let idx = random_indices(n, rows, 8);
+            let d_idx = stream.from_host(&idx).unwrap();
+            let got = gather_bitmap(&stream, Some(bitmap), d_idx.as_slice()).unwrap();
+            let got = stream.to_vec(&got).unwrap();
+            let want = reference::gather_validity(Some(&valid), offset, &idx);
+            let got_bits: Vec<bool> = (0..n).map(|i| bit(Some(&got), 0, i)).collect();
+            assert_eq!(got_bits, want, "n={n}");
+            assert!(
+                (n..got.len() * 8).all(|i| !bit(Some(&got), 0, i)),
+                "padding bits set"
+            );
+
+            let perm = permutation(rows, 9);
+            let d_perm = stream.from_host(&perm).unwrap();
+            let mut out = stream.alloc_zeroed::<u8>(bitmap_bytes(rows)).unwrap();
+            scatter_bitmap(&stream, Some(bitmap), d_perm.as_slice(), &mut out).unwrap();
+            let out = stream.to_vec(&out).unwrap();
+            for (i, p) in perm.iter().enumerate() {
+                assert_eq!(
+                    bit(Some(&out), 0, *p as usize),
+                    bit(Some(&valid), offset, i)
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn strings_gather_and_scatter() {
+        let device = test_device();
+        let stream = device.new_stream().unwrap();
+        for &n in SIZES {
+            let (offsets, bytes) = reference::random_strings(n.max(1), n as u64, 40);
+            let rows = offsets.len() - 1;
+            let d_off = stream.from_host(&offsets).unwrap();
+            let d_bytes = stream.from_host(&bytes).unwrap();
+            let strings = DeviceStrings {
+                offsets: d_off.as_slice(),
+                bytes: d_bytes.as_slice(),
+            };
+            let string = |i: usize| &bytes[offsets[i] as usize..offsets[i + 1] as usize];
+            let idx = random_indices(n, rows, 10);
+            let d_idx = stream.from_host(&idx).unwrap();
+            let got = gather_strings(&stream, strings, d_idx.as_slice()).unwrap();
+            let got_off = stream.to_vec(&got.offsets).unwrap();
+            let got_bytes = stream.to_vec(&got.bytes).unwrap();
+            assert_eq!(got_off.len(), n + 1);
+            for (i, ix) in idx.iter().enumerate() {
+                let want: &[u8] = if *ix == NULL_INDEX {
+                    b""
+                } else {
+                    string(*ix as usize)
+                };
+                assert_eq!(
+                    &got_bytes[got_off[i] as usize..got_off[i + 1] as usize],
+                    want
+                );
+            }
+
+            let perm = permutation(rows, 11);
+            let d_perm = stream.from_host(&perm).unwrap();
+            let out = scatter_strings(&stream, strings, d_perm.as_slice(), rows + 2).unwrap();
+            let o_off = stream.to_vec(&out.offsets).unwrap();
+            let o_bytes = stream.to_vec(&out.bytes).unwrap();
+            for (i, p) in perm.iter().enumerate() {
+                let p = *p as usize;
+                assert_eq!(
+                    &o_bytes[o_off[p] as usize..o_off[p + 1] as usize],
+                    string(i)
+                );
+            }
+            assert_eq!(o_off[rows], o_off[rows + 2], "unwritten rows are empty");
+        }
+    }
+
+    #[test]
+    fn large_offsets_gather_with_i64() {
+        let device = test_device();
+        let stream = device.new_stream().unwrap();
+        let (offsets, bytes) = reference::random_strings(300, 1, 70);
+        let offsets: Vec<i64> = offsets.iter().map(|o| i64::from(*o)).collect();
+        let d_off = stream.from_host(&offsets).unwrap();
+        let d_bytes = stream.from_host(&bytes).unwrap();
+        let idx: Vec<u32> = (0..300).rev().collect();
+        let d_idx = stream.from_host(&idx).unwrap();
+        let strings = DeviceStrings {
+            offsets: d_off.as_slice(),
+            bytes: d_bytes.as_slice(),
+        };
+        let got = gather_strings(&stream, strings, d_idx.as_slice()).unwrap();
+        assert_eq!(stream.to_vec(&got.bytes).unwrap().len(), bytes.len());
+        assert_eq!(
+            *stream.to_vec(&got.offsets).unwrap().last().unwrap(),
+            bytes.len() as i64
+        );
+    }
+}

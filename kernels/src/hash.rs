@@ -1,0 +1,263 @@
+//! Row hashing over one or more columns: `kernels/cuda/hash/hash_columns.cu`.
+//!
+//! A value hashes as XXH64 (seed 0) of its little-endian bytes; floats hash by bit pattern,
+//! matching Arrow's total-order equality (NaN equals NaN, -0.0 differs from 0.0). Columns fold
+//! left to right with `hash_combine`, starting from a seed; a NULL contributes
+//! [`crate::reference::NULL_HASH`], so NULL keys group together.
+
+use crate::device::Stream;
+use crate::error::{Result, ensure_arg};
+use crate::gather::{DeviceStrings, OffsetElem};
+use crate::launch::{KernelArg, LaunchConfig};
+use crate::memory::{DeviceBitmap, DeviceBuffer, DeviceCopy, DeviceSlice};
+
+/// The seed row hashes start from.
+pub const DEFAULT_SEED: u64 = 0;
+
+/// Fixed-width types, hashed by their bytes.
+pub trait HashElem: DeviceCopy {
+    #[doc(hidden)]
+    const ENTRY: &'static str;
+}
+
+macro_rules! hash_elem {
+    ($entry:literal: $($t:ty),*) => { $(
+        impl HashElem for $t {
+            const ENTRY: &'static str = $entry;
+        }
+    )* };
+}
+hash_elem!("hash_u8": u8, i8);
+hash_elem!("hash_u16": u16, i16);
+hash_elem!("hash_u32": u32, i32, f32);
+hash_elem!("hash_u64": u64, i64, f64);
+hash_elem!("hash_u128": u128, i128);
+
+/// One key column to hash.
+#[derive(Debug, Clone, Copy)]
+pub enum HashColumn<'a> {
+    /// Fixed-width values of `width` bytes, by entry point.
+    Fixed {
+        /// Entry point for the width.
+        entry: &'static str,
+        /// Device address of the values.
+        address: u64,
+        /// Rows.
+        rows: usize,
+        /// Validity.
+        validity: Option<DeviceBitmap<'a>>,
+    },
+    /// Strings with i32 offsets.
+    Utf8(DeviceStrings<'a, i32>, Option<DeviceBitmap<'a>>),
+    /// Strings with i64 offsets.
+    LargeUtf8(DeviceStrings<'a, i64>, Option<DeviceBitmap<'a>>),
+}
+
+impl<'a> HashColumn<'a> {
+    /// A fixed-width column.
+    pub fn fixed<T: HashElem>(
+        values: DeviceSlice<'a, T>,
+        validity: Option<DeviceBitmap<'a>>,
+    ) -> Self {
+        HashColumn::Fixed {
+            entry: T::ENTRY,
+            address: values.address(),
+            rows: values.len(),
+            validity,
+        }
+    }
+
+    fn rows(&self) -> usize {
+        match self {
+            HashColumn::Fixed { rows, .. } => *rows,
+            HashColumn::Utf8(s, _) => s.rows(),
+            HashColumn::LargeUtf8(s, _) => s.rows(),
+        }
+    }
+}
+
+fn launch_strings<O: OffsetElem>(
+    stream: &Stream,
+    strings: DeviceStrings<'_, O>,
+    validity: Option<DeviceBitmap<'_>>,
+    previous: Option<&DeviceBuffer<u64>>,
+    seed: u64,
+    out: &DeviceBuffer<u64>,
+) -> Result<()> {
+    let n = strings.rows();
+    let kernel = stream
+        .device()
+        .kernel(&format!("hash_strings_{}", O::SUFFIX))?;
+    // SAFETY: `strings` has n + 1 offsets into its bytes; `out` and `previous` hold n hashes.
+    unsafe {
+        stream.launch(
+            &kernel,
+            LaunchConfig::blocks(stream.device().grid_stride_blocks(n)),
+            &[
+                strings.offsets.into(),
+                strings.bytes.into(),
+                validity.into(),
+                KernelArg::U64(validity.map_or(0, |v| v.offset as u64)),
+                KernelArg::U64(n as u64),
+                previous.into(),
+                KernelArg::U64(seed),
+                out.into(),
+            ],
+        )
+    }
+}
+
+/// Hashes rows over `columns` (all of the same length), left to right, from `seed`.
+pub fn hash_columns(
+    stream: &Stream,
+    columns: &[HashColumn<'_>],
+    seed: u64,
+) -> Result<DeviceBuffer<u64>> {
+    ensure_arg!(!columns.is_empty(), "hashing needs at least one column");
+    let n = columns[0].rows();
+    for c in columns {
+        ensure_arg!(
+            c.rows() == n,
+            "hash key columns have {} and {n} rows",
+            c.rows()
+        );
+    }
+    let out = stream.alloc::<u64>(n)?;
+    if n == 0 {
+        return Ok(out);
+    }
+    for (i, c) in columns.iter().enumerate() {
+        // The first column starts from the seed; later ones fold into `out` in place.
+        let previous = (i > 0).then_some(&out);
+        match *c {
+            HashColumn::Fixed {
+                entry,
+                address,
+                validity,
+                ..
+            } => {
+                if let Some(v) = validity {
+                    v.check_covers(n, "key validity")?;
+                }
+                let kernel = stream.device().kernel(entry)?;
+                // SAFETY: `address` holds n values of the entry's width; `out` holds n hashes
+                // and may alias `previous` (the kernel reads a row's hash before writing it).
+                unsafe {
+                    stream.launch(
+                        &kernel,
+                        LaunchConfig::blocks(stream.device().grid_stride_blocks(n)),
+                        &[
+                            KernelArg::Ptr(address),
+                            validity.into(),
+                            KernelArg::U64(validity.map_or(0, |v| v.offset as u64)),
+                            KernelArg::U64(n as u64),
+                            previous.into(),
+                            KernelArg::U64(seed),
+                            (&out).into(),
+                        ],
+                    )?;
+                }
+            }
+            HashColumn::Utf8(s, v) => launch_strings(stream, s, v, previous, seed, &out)?,
+            HashColumn::LargeUtf8(s, v) => launch_strings(stream, s, v, previous, seed, &out)?,
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reference::{self, NULL_HASH, bit, hash_combine, xxh64};
+    use crate::selftest::{SIZES, test_device};
+
+    #[test]
+    fn matches_independent_xxh64_over_three_columns_with_nulls() {
+        let device = test_device();
+        let stream = device.new_stream().unwrap();
+        for &n in SIZES {
+            let a = reference::random_i64(n, 1);
+            let b = reference::random_u32(n, 2, 7);
+            let (offs, bytes) = reference::random_strings(n, 3, 70);
+            let va = reference::random_bitmap(n, 2, 4, 0.8);
+            let vs = reference::random_bitmap(n, 0, 5, 0.7);
+            let d_a = stream.from_host(&a).unwrap();
+            let d_b = stream.from_host(&b).unwrap();
+            let d_off = stream.from_host(&offs).unwrap();
+            let d_bytes = stream.from_host(&bytes).unwrap();
+            let d_va = stream.from_host(&va).unwrap();
+            let d_vs = stream.from_host(&vs).unwrap();
+            let cols = [
+                HashColumn::fixed(
+                    d_a.as_slice(),
+                    Some(DeviceBitmap::new(&d_va).with_offset(2)),
+                ),
+                HashColumn::fixed(d_b.as_slice(), None),
+                HashColumn::Utf8(
+                    DeviceStrings {
+                        offsets: d_off.as_slice(),
+                        bytes: d_bytes.as_slice(),
+                    },
+                    Some(DeviceBitmap::new(&d_vs)),
+                ),
+            ];
+            let got = stream
+                .to_vec(&hash_columns(&stream, &cols, 42).unwrap())
+                .unwrap();
+            for i in 0..n {
+                let ha = if bit(Some(&va), 2, i) {
+                    xxh64(&a[i].to_le_bytes())
+                } else {
+                    NULL_HASH
+                };
+                let hb = xxh64(&b[i].to_le_bytes());
+                let hs = if bit(Some(&vs), 0, i) {
+                    xxh64(&bytes[offs[i] as usize..offs[i + 1] as usize])
+                } else {
+                    NULL_HASH
+                };
+                let want = hash_combine(hash_combine(hash_combine(42, ha), hb), hs);
+                assert_eq!(got[i], want, "row {i} of {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_width_hashes_its_bytes() {
+        let device = test_device();
+        let stream = device.new_stream().unwrap();
+        let v8: Vec<u8> = (0..100).collect();
+        let v16: Vec<i16> = (0..100).map(|i| i * -300).collect();
+        let v128: Vec<u128> = (0..100).map(|i| u128::MAX / (i + 1)).collect();
+        let d8 = stream.from_host(&v8).unwrap();
+        let d16 = stream.from_host(&v16).unwrap();
+        let d128 = stream.from_host(&v128).unwrap();
+        let h8 = stream
+            .to_vec(&hash_columns(&stream, &[HashColumn::fixed(d8.as_slice(), None)], 0).unwrap())
+            .unwrap();
+        let h16 = stream
+            .to_vec(&hash_columns(&stream, &[HashColumn::fixed(d16.as_slice(), None)], 0).unwrap())
+            .unwrap();
+        let h128 = stream
+            .to_vec(&hash_columns(&stream, &[HashColumn::fixed(d128.as_slice(), None)], 0).unwrap())
+            .unwrap();
+        for i in 0..100 {
+            assert_eq!(h8[i], hash_combine(0, xxh64(&v8[i].to_le_bytes())));
+            assert_eq!(h16[i], hash_combine(0, xxh64(&v16[i].to_le_bytes())));
+            assert_eq!(h128[i], hash_combine(0, xxh64(&v128[i].to_le_bytes())));
+        }
+    }
+
+    #[test]
+    fn mismatched_lengths_are_rejected() {
+        let device = test_device();
+        let stream = device.new_stream().unwrap();
+        let a = stream.from_host(&[1u32, 2]).unwrap();
+        let b = stream.from_host(&[1u64]).unwrap();
+        let cols = [
+            HashColumn::fixed(a.as_slice(), None),
+            HashColumn::fixed(b.as_slice(), None),
+        ];
+        assert!(hash_columns(&stream, &cols, 0).is_err());
+    }
+}

@@ -1,0 +1,202 @@
+//! Prefix sums of u32 and u64 columns: `kernels/cuda/scan/prefix_sum.cu`.
+//!
+//! Reduce-then-scan over tiles of [`TILE`] values: sum each tile, scan the tile sums (with this
+//! same routine, recursively), then scan each tile from its offset. Sums wrap like unsigned
+//! integer arithmetic. Output order is input order; no nulls.
+
+use crate::device::Stream;
+use crate::error::Result;
+use crate::launch::{KernelArg, LaunchConfig, TILE};
+use crate::memory::{DeviceBuffer, DeviceCopy, DeviceSlice};
+
+/// Element types the scan kernels support.
+pub trait ScanElem: DeviceCopy + Default + sealed::Sealed {
+    #[doc(hidden)]
+    const TILE_SUMS: &'static str;
+    #[doc(hidden)]
+    const SCAN_TILES: &'static str;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for u32 {}
+    impl Sealed for u64 {}
+}
+
+impl ScanElem for u32 {
+    const TILE_SUMS: &'static str = "scan_tile_sums_u32";
+    const SCAN_TILES: &'static str = "scan_tiles_u32";
+}
+
+impl ScanElem for u64 {
+    const TILE_SUMS: &'static str = "scan_tile_sums_u64";
+    const SCAN_TILES: &'static str = "scan_tiles_u64";
+}
+
+/// Exclusive prefix sum: `out[i] = in[0] + ... + in[i - 1]`, `out[0] = 0`.
+pub fn exclusive_sum<T: ScanElem>(
+    stream: &Stream,
+    input: DeviceSlice<'_, T>,
+) -> Result<DeviceBuffer<T>> {
+    let out = stream.alloc::<T>(input.len())?;
+    scan_raw::<T>(stream, input.address(), input.len(), out.address(), false)?;
+    Ok(out)
+}
+
+/// Inclusive prefix sum: `out[i] = in[0] + ... + in[i]`.
+pub fn inclusive_sum<T: ScanElem>(
+    stream: &Stream,
+    input: DeviceSlice<'_, T>,
+) -> Result<DeviceBuffer<T>> {
+    let out = stream.alloc::<T>(input.len())?;
+    scan_raw::<T>(stream, input.address(), input.len(), out.address(), true)?;
+    Ok(out)
+}
+
+/// Exclusive prefix sum in place.
+pub fn exclusive_sum_in_place<T: ScanElem>(
+    stream: &Stream,
+    data: &mut DeviceBuffer<T>,
+) -> Result<()> {
+    scan_raw::<T>(stream, data.address(), data.len(), data.address(), false)
+}
+
+/// Exclusive prefix sum of `input`, plus the total (read back to the host, so this waits for
+/// the stream). Compaction and string gathers use the total to size their output.
+pub fn exclusive_sum_with_total<T: ScanElem + std::ops::Add<Output = T>>(
+    stream: &Stream,
+    input: DeviceSlice<'_, T>,
+) -> Result<(DeviceBuffer<T>, T)> {
+    let out = exclusive_sum(stream, input)?;
+    let total = if input.is_empty() {
+        T::default()
+    } else {
+        let n = input.len();
+        let last_in = stream.to_vec(input.slice(n - 1..)?)?;
+        let last_out = stream.to_vec(out.slice(n - 1..)?)?;
+        last_in[0] + last_out[0]
+    };
+    Ok((out, total))
+}
+
+/// Scans `n` values at `input` into `output` (which may equal `input`).
+pub(crate) fn scan_raw<T: ScanElem>(
+    stream: &Stream,
+    input: u64,
+    n: usize,
+    output: u64,
+    inclusive: bool,
+) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let device = stream.device();
+    let tiles = n.div_ceil(TILE);
+    let scan_tiles = device.kernel(T::SCAN_TILES)?;
+    let offsets = if tiles > 1 {
+        let sums = stream.alloc::<T>(tiles)?;
+        let tile_sums = device.kernel(T::TILE_SUMS)?;
+        // SAFETY: `input` holds `n` values of T; `sums` holds one value per tile.
+        unsafe {
+            stream.launch(
+                &tile_sums,
+                LaunchConfig::tiles(tiles)?,
+                &[
+                    KernelArg::Ptr(input),
+                    KernelArg::U64(n as u64),
+                    (&sums).into(),
+                ],
+            )?;
+        }
+        scan_raw::<T>(stream, sums.address(), tiles, sums.address(), false)?;
+        Some(sums)
+    } else {
+        None
+    };
+    // SAFETY: `input` and `output` hold `n` values; `offsets` one per tile (or null for one tile).
+    unsafe {
+        stream.launch(
+            &scan_tiles,
+            LaunchConfig::tiles(tiles)?,
+            &[
+                KernelArg::Ptr(input),
+                KernelArg::U64(n as u64),
+                offsets.as_ref().into(),
+                KernelArg::Ptr(output),
+                KernelArg::U32(u32::from(inclusive)),
+            ],
+        )?;
+    }
+    // `offsets` is freed on the stream after the launch that reads it (stream-ordered).
+    drop(offsets);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reference;
+    use crate::selftest::{SIZES, test_device};
+
+    fn check<T: ScanElem + std::fmt::Debug + PartialEq>(
+        values: &dyn Fn(usize) -> Vec<T>,
+        cpu: &dyn Fn(&[T], bool) -> Vec<T>,
+    ) {
+        let device = test_device();
+        let stream = device.new_stream().unwrap();
+        for &n in SIZES {
+            let host = values(n);
+            let input = stream.from_host(&host).unwrap();
+            let ex = stream
+                .to_vec(&exclusive_sum(&stream, input.as_slice()).unwrap())
+                .unwrap();
+            assert_eq!(ex, cpu(&host, false), "exclusive n={n}");
+            let inc = stream
+                .to_vec(&inclusive_sum(&stream, input.as_slice()).unwrap())
+                .unwrap();
+            assert_eq!(inc, cpu(&host, true), "inclusive n={n}");
+        }
+    }
+
+    #[test]
+    fn u32_matches_cpu_at_edge_sizes() {
+        check::<u32>(
+            &|n| reference::random_u32(n, 1, 1 << 20),
+            &reference::prefix_sum_u32,
+        );
+    }
+
+    #[test]
+    fn u64_matches_cpu_at_edge_sizes_and_wraps() {
+        check::<u64>(&|n| reference::random_u64(n, 2), &reference::prefix_sum_u64);
+    }
+
+    #[test]
+    fn in_place_and_total() {
+        let device = test_device();
+        let stream = device.new_stream().unwrap();
+        let host = reference::random_u32(5000, 3, 1000);
+        let mut buf = stream.from_host(&host).unwrap();
+        exclusive_sum_in_place(&stream, &mut buf).unwrap();
+        assert_eq!(
+            stream.to_vec(&buf).unwrap(),
+            reference::prefix_sum_u32(&host, false)
+        );
+        let input = stream.from_host(&host).unwrap();
+        let (_, total) = exclusive_sum_with_total(&stream, input.as_slice()).unwrap();
+        assert_eq!(total, host.iter().sum::<u32>());
+    }
+
+    #[test]
+    fn slices_scan_only_their_range() {
+        let device = test_device();
+        let stream = device.new_stream().unwrap();
+        let host: Vec<u64> = (1..=100).collect();
+        let buf = stream.from_host(&host).unwrap();
+        let out = exclusive_sum(&stream, buf.slice(10..20).unwrap()).unwrap();
+        assert_eq!(
+            stream.to_vec(&out).unwrap(),
+            reference::prefix_sum_u64(&host[10..20], false)
+        );
+    }
+}

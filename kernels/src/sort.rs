@@ -1,0 +1,337 @@
+//! Stable LSD radix sort of (key, row index) pairs: `kernels/cuda/sort/radix_sort.cu`.
+//!
+//! Keys are u32 or u64; [`sort_keys`] turns a column of signed integers or floats (or unsigned,
+//! optionally descending) into keys whose unsigned order is the column's SQL order. Floats use
+//! IEEE total order (`-NaN < -inf < ... < -0.0 < +0.0 < ... < +inf < +NaN`), which is how
+//! Arrow's sort kernels, and so DataFusion, order them. Nulls are not keys: the sort operator
+//! places them first or last by partitioning the rows before sorting.
+//!
+//! Multi-column sorts are successive stable sorts from the least significant column to the
+//! most significant, passing each pass's row indices (gathered keys) to the next.
+
+use crate::device::Stream;
+use crate::error::{Result, ensure_arg};
+use crate::launch::{KernelArg, LaunchConfig, TILE};
+use crate::memory::{DeviceBuffer, DeviceCopy, DeviceSlice};
+use crate::scan;
+
+/// Radix key types.
+pub trait RadixKey: DeviceCopy + Default {
+    /// Bits in the key (passes = BITS / 8).
+    const BITS: u32;
+    #[doc(hidden)]
+    const HISTOGRAM: &'static str;
+    #[doc(hidden)]
+    const SCATTER: &'static str;
+}
+
+impl RadixKey for u32 {
+    const BITS: u32 = 32;
+    const HISTOGRAM: &'static str = "radix_histogram_u32";
+    const SCATTER: &'static str = "radix_scatter_u32";
+}
+
+impl RadixKey for u64 {
+    const BITS: u32 = 64;
+    const HISTOGRAM: &'static str = "radix_histogram_u64";
+    const SCATTER: &'static str = "radix_scatter_u64";
+}
+
+/// Column types with a key transform, and the key type each maps to.
+pub trait SortKeySource: DeviceCopy {
+    /// The radix key type.
+    type Key: RadixKey;
+    #[doc(hidden)]
+    const ENTRY: &'static str;
+}
+
+macro_rules! key_source {
+    ($($t:ty => $k:ty, $entry:literal);*) => { $(
+        impl SortKeySource for $t {
+            type Key = $k;
+            const ENTRY: &'static str = $entry;
+        }
+    )* };
+}
+key_source!(
+    i32 => u32, "radix_key_i32";
+    u32 => u32, "radix_key_u32";
+    f32 => u32, "radix_key_f32";
+    i64 => u64, "radix_key_i64";
+    u64 => u64, "radix_key_u64";
+    f64 => u64, "radix_key_f64"
+);
+
+/// Radix keys for `values` in ascending or descending order.
+pub fn sort_keys<T: SortKeySource>(
+    stream: &Stream,
+    values: DeviceSlice<'_, T>,
+    descending: bool,
+) -> Result<DeviceBuffer<T::Key>> {
+    let n = values.len();
+    let out = stream.alloc::<T::Key>(n)?;
+    if n == 0 {
+        return Ok(out);
+    }
+    let kernel = stream.device().kernel(T::ENTRY)?;
+    // SAFETY: `values` and `out` hold n elements of the kernel's types.
+    unsafe {
+        stream.launch(
+            &kernel,
+            LaunchConfig::blocks(stream.device().grid_stride_blocks(n)),
+            &[
+                values.into(),
+                KernelArg::U64(n as u64),
+                KernelArg::U32(u32::from(descending)),
+                (&out).into(),
+            ],
+        )?;
+    }
+    Ok(out)
+}
+
+/// Sorted keys and the row indices that moved with them.
+#[derive(Debug)]
+pub struct SortedPairs<K: DeviceCopy> {
+    /// Keys in ascending unsigned order.
+    pub keys: DeviceBuffer<K>,
+    /// `values[i]`: the row index that came with `keys[i]`.
+    pub values: DeviceBuffer<u32>,
+}
+
+/// Stable sort of `keys` with their row indices. `values` gives the indices (e.g. the previous
+/// pass of a multi-column sort); `None` uses `0..n`. Only the low `key_bits` bits are sorted
+/// (rounded up to whole 8-bit digits); pass `K::BITS` for all.
+pub fn sort_pairs<K: RadixKey>(
+    stream: &Stream,
+    keys: DeviceSlice<'_, K>,
+    values: Option<DeviceSlice<'_, u32>>,
+    key_bits: u32,
+) -> Result<SortedPairs<K>> {
+    let n = keys.len();
+    ensure_arg!(
+        n < u32::MAX as usize,
+        "{n} rows exceed a device batch's limit of 2^32 - 1"
+    );
+    if let Some(v) = values {
+        ensure_arg!(
+            v.len() == n,
+            "sort of {n} keys with {} row indices",
+            v.len()
+        );
+    }
+    ensure_arg!(
+        key_bits <= K::BITS,
+        "{key_bits} key bits for a {}-bit key",
+        K::BITS
+    );
+    let device = stream.device();
+    let tiles = n.div_ceil(TILE).max(1);
+    let passes = key_bits.div_ceil(8);
+    let mut keys_a = stream.alloc::<K>(n)?;
+    let mut vals_a = stream.alloc::<u32>(n)?;
+    if n == 0 {
+        return Ok(SortedPairs {
+            keys: keys_a,
+            values: vals_a,
+        });
+    }
+    let mut keys_b = stream.alloc::<K>(n)?;
+    let mut vals_b = stream.alloc::<u32>(n)?;
+    let mut hist = stream.alloc::<u32>(256 * tiles)?;
+    let histogram = device.kernel(K::HISTOGRAM)?;
+    let scatter = device.kernel(K::SCATTER)?;
+    // The first pass reads the caller's buffers; later passes ping-pong between a and b.
+    let mut src_keys = keys.address();
+    let mut src_vals = values.map_or(0, |v| v.address());
+    if passes == 0 {
+        stream.copy_device(keys, &mut keys_a, 0)?;
+        match values {
+            Some(v) => stream.copy_device(v, &mut vals_a, 0)?,
+            None => {
+                let iota: Vec<u32> = (0..n as u32).collect();
+                stream.copy_from_host(&iota, &mut vals_a, 0)?;
+            }
+        }
+        return Ok(SortedPairs {
+            keys: keys_a,
+            values: vals_a,
+        });
+    }
+    for pass in 0..passes {
+        let shift = pass * 8;
+        let (dst_keys, dst_vals) = if pass % 2 == 0 {
+            (&mut keys_a, &mut vals_a)
+        } else {
+            (&mut keys_b, &mut vals_b)
+        };
+        // SAFETY: the source holds n keys (and n indices, or null for 0..n); `hist` holds
+        // 256 counts per tile; the destination holds n of each and does not alias the source.
+        unsafe {
+            stream.launch(
+                &histogram,
+                LaunchConfig::tiles(tiles)?,
+                &[
+                    KernelArg::Ptr(src_keys),
+                    KernelArg::U64(n as u64),
+                    KernelArg::U32(shift),
+                    KernelArg::U32(tiles as u32),
+                    (&hist).into(),
+                ],
+            )?;
+        }
+        scan::exclusive_sum_in_place(stream, &mut hist)?;
+        unsafe {
+            stream.launch(
+                &scatter,
+                LaunchConfig::tiles(tiles)?,
+                &[
+                    KernelArg::Ptr(src_keys),
+                    KernelArg::Ptr(src_vals),
+                    KernelArg::U64(n as u64),
+                    KernelArg::U32(shift),
+                    KernelArg::U32(tiles as u32),
+                    (&hist).into(),
+                    (&*dst_keys).into(),
+                    (&*dst_vals).into(),
+                ],
+            )?;
+        }
+        src_keys = dst_keys.address();
+        src_vals = dst_vals.address();
+    }
+    Ok(if passes % 2 == 1 {
+        SortedPairs {
+            keys: keys_a,
+            values: vals_a,
+        }
+    } else {
+        SortedPairs {
+            keys: keys_b,
+            values: vals_b,
+        }
+    })
+}
+
+/// The permutation that sorts `values` (stable): `result[i]` is the row at position `i`.
+pub fn argsort<T: SortKeySource>(
+    stream: &Stream,
+    values: DeviceSlice<'_, T>,
+    descending: bool,
+) -> Result<DeviceBuffer<u32>> {
+    let keys = sort_keys(stream, values, descending)?;
+    Ok(sort_pairs(stream, keys.as_slice(), None, T::Key::BITS)?.values)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reference::{self, order_key_f32, order_key_f64};
+    use crate::selftest::{SIZES, test_device};
+
+    fn expect_stable<T: Copy>(values: &[T], key: impl Fn(T) -> u64) -> Vec<u32> {
+        let mut idx: Vec<u32> = (0..values.len() as u32).collect();
+        idx.sort_by_key(|i| key(values[*i as usize])); // stable
+        idx
+    }
+
+    #[test]
+    fn u32_pairs_sort_stably_with_many_duplicates() {
+        let device = test_device();
+        let stream = device.new_stream().unwrap();
+        for &n in SIZES {
+            let keys = reference::random_u32(n, n as u64, 50);
+            let d = stream.from_host(&keys).unwrap();
+            let sorted = sort_pairs(&stream, d.as_slice(), None, 32).unwrap();
+            let got = stream.to_vec(&sorted.values).unwrap();
+            assert_eq!(got, expect_stable(&keys, u64::from), "n={n}");
+            let mut want_keys = keys.clone();
+            want_keys.sort();
+            assert_eq!(stream.to_vec(&sorted.keys).unwrap(), want_keys);
+        }
+    }
+
+    #[test]
+    fn u64_pairs_with_given_indices() {
+        let device = test_device();
+        let stream = device.new_stream().unwrap();
+        let n = 7000;
+        let keys = reference::random_u64(n, 3);
+        let vals: Vec<u32> = (0..n as u32).map(|i| i * 3 + 1).collect();
+        let dk = stream.from_host(&keys).unwrap();
+        let dv = stream.from_host(&vals).unwrap();
+        let sorted = sort_pairs(&stream, dk.as_slice(), Some(dv.as_slice()), 64).unwrap();
+        let order = expect_stable(&keys, |k| k);
+        let want: Vec<u32> = order.iter().map(|i| vals[*i as usize]).collect();
+        assert_eq!(stream.to_vec(&sorted.values).unwrap(), want);
+    }
+
+    #[test]
+    fn signed_float_and_descending_orders() {
+        let device = test_device();
+        let stream = device.new_stream().unwrap();
+        for &n in SIZES {
+            let i = reference::random_i32(n, 1);
+            let d = stream.from_host(&i).unwrap();
+            let got = stream
+                .to_vec(&argsort(&stream, d.as_slice(), false).unwrap())
+                .unwrap();
+            assert_eq!(
+                got,
+                expect_stable(&i, |v| (v as i64 - i64::from(i32::MIN)) as u64)
+            );
+            let got = stream
+                .to_vec(&argsort(&stream, d.as_slice(), true).unwrap())
+                .unwrap();
+            assert_eq!(
+                got,
+                expect_stable(&i, |v| (i64::from(i32::MAX) - v as i64) as u64)
+            );
+
+            let l = reference::random_i64(n, 2);
+            let d = stream.from_host(&l).unwrap();
+            let got = stream
+                .to_vec(&argsort(&stream, d.as_slice(), false).unwrap())
+                .unwrap();
+            assert_eq!(got, expect_stable(&l, |v| (v as u64) ^ (1 << 63)));
+
+            let f = reference::random_f64(n, 3);
+            let d = stream.from_host(&f).unwrap();
+            let got = stream
+                .to_vec(&argsort(&stream, d.as_slice(), false).unwrap())
+                .unwrap();
+            assert_eq!(got, expect_stable(&f, order_key_f64));
+            let got = stream
+                .to_vec(&argsort(&stream, d.as_slice(), true).unwrap())
+                .unwrap();
+            assert_eq!(got, expect_stable(&f, |v| !order_key_f64(v)));
+
+            let g = reference::random_f32(n, 4);
+            let d = stream.from_host(&g).unwrap();
+            let got = stream
+                .to_vec(&argsort(&stream, d.as_slice(), false).unwrap())
+                .unwrap();
+            assert_eq!(got, expect_stable(&g, |v| u64::from(order_key_f32(v))));
+
+            let u = reference::random_u64(n, 5);
+            let d = stream.from_host(&u).unwrap();
+            let got = stream
+                .to_vec(&argsort(&stream, d.as_slice(), true).unwrap())
+                .unwrap();
+            assert_eq!(got, expect_stable(&u, |v| !v));
+        }
+    }
+
+    #[test]
+    fn fewer_key_bits_sort_only_low_digits() {
+        let device = test_device();
+        let stream = device.new_stream().unwrap();
+        let keys: Vec<u32> = (0..3000u32).map(|i| (i * 7919) % 256 | (i << 8)).collect();
+        let d = stream.from_host(&keys).unwrap();
+        let got = sort_pairs(&stream, d.as_slice(), None, 8).unwrap();
+        assert_eq!(
+            stream.to_vec(&got.values).unwrap(),
+            expect_stable(&keys, |k| u64::from(k & 0xff))
+        );
+    }
+}
