@@ -89,9 +89,26 @@ impl BackendSelection {
                 reason: "CPU backend requested: running on CPU".to_string(),
                 inventory: None,
             }),
-            Backend::Cuda | Backend::Emulated => Err(SpateError::BackendUnavailable {
+            Backend::Cuda => {
+                let inventory = discover();
+                let reason = match &inventory.absent_reason {
+                    Some(why) => format!("{why}; use --backend cpu or --backend auto"),
+                    None => format!(
+                        "found {} and its kernels can be checked with `spate selftest --backend \
+                         cuda`, but the GPU SQL operators are not part of this build yet; use \
+                         --backend cpu or --backend auto",
+                        device_summary(&inventory.devices)
+                    ),
+                };
+                Err(SpateError::BackendUnavailable {
+                    backend: requested.to_string(),
+                    reason,
+                })
+            }
+            Backend::Emulated => Err(SpateError::BackendUnavailable {
                 backend: requested.to_string(),
-                reason: "the GPU kernel runtime is not part of this build yet; \
+                reason: "the emulated kernels can be checked with `spate selftest --backend \
+                         emulated`, but the GPU SQL operators are not part of this build yet; \
                          use --backend cpu or --backend auto"
                     .to_string(),
             }),
@@ -186,6 +203,14 @@ mod tests {
             );
             assert!(err.is_user_error());
         }
+    }
+
+    #[test]
+    fn cuda_without_a_device_gives_the_reason() {
+        let err = BackendSelection::resolve_with(Backend::Cuda, no_driver).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("no CUDA driver found"), "{msg}");
+        assert!(msg.contains("--backend cpu"), "{msg}");
     }
 
     #[test]

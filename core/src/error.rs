@@ -144,6 +144,14 @@ impl From<spate_kernels::KernelError> for SpateError {
                 backend: "cuda".to_string(),
                 reason,
             },
+            e @ spate_kernels::KernelError::OutOfMemory { .. } => SpateError::ResourcesExhausted {
+                message: e.to_string(),
+            },
+            // A launcher refusing its arguments, or a broken runtime invariant, is our bug.
+            e @ (spate_kernels::KernelError::Internal { .. }
+            | spate_kernels::KernelError::InvalidArgument { .. }) => SpateError::Internal {
+                message: e.to_string(),
+            },
             other => SpateError::Execution {
                 message: other.to_string(),
             },

@@ -42,3 +42,5 @@ pub use source::FileFormat;
 /// Re-exported so that embedders use exactly the DataFusion and Arrow versions Spate is built on.
 pub use datafusion;
 pub use datafusion::arrow;
+/// The kernel runtime: devices, streams, device memory and the primitive kernels.
+pub use spate_kernels as kernels;

@@ -493,6 +493,9 @@ inline int run_grid(const unsigned* dims, void (*invoke)(void**), void** params,
                             unsigned(b / (size_t(l.grid[0]) * l.grid[1]))};
             blk.failed = false;
             blk.error[0] = 0;
+            // Shared memory starts as garbage on a GPU; make that visible to kernels that
+            // forget to initialise the dynamic part.
+            std::memset(blk.dyn_shared, 0xcd, l.shared_mem_bytes);
             if (!run_block(blk)) {
                 if (!error_taken.exchange(true))
                     std::snprintf(first_error.data(), first_error.size(), "block (%u,%u,%u): %s", blk.idx.x,

@@ -1,14 +1,14 @@
 //! Gather and scatter: `kernels/cuda/gather/gather.cu`.
 //!
 //! Gather: `out[i] = in[indices[i]]`; scatter: `out[indices[i]] = in[i]`. The index
-//! [`NULL_INDEX`] means "no row": a gather writes a zero value and a NULL bit for it (what outer
+//! [`NULL_INDEX`](crate::launch::NULL_INDEX) means "no row": a gather writes a zero value and a NULL bit for it (what outer
 //! joins need), a scatter skips it. Fixed-width values move by their width, so every type of a
 //! width shares one kernel. Strings are Arrow offsets + bytes, with i32 (Utf8) or i64
 //! (LargeUtf8) offsets; the launcher checks the gathered bytes fit the offset type.
 
 use crate::device::Stream;
 use crate::error::{KernelError, Result, ensure_arg};
-use crate::launch::{KernelArg, LaunchConfig, NULL_INDEX};
+use crate::launch::{KernelArg, LaunchConfig};
 use crate::memory::{DeviceBitmap, DeviceBuffer, DeviceCopy, DeviceSlice};
 use crate::scan;
 
@@ -38,7 +38,7 @@ fn grid(stream: &Stream, n: usize) -> LaunchConfig {
     LaunchConfig::blocks(stream.device().grid_stride_blocks(n))
 }
 
-/// `out[i] = values[indices[i]]` (zero for [`NULL_INDEX`]). Every other index must be less
+/// `out[i] = values[indices[i]]` (zero for [`NULL_INDEX`](crate::launch::NULL_INDEX)). Every other index must be less
 /// than `values.len()`; that is the caller's contract, as on a GPU nothing checks it cheaply.
 pub fn gather<T: GatherElem>(
     stream: &Stream,
@@ -67,7 +67,7 @@ pub fn gather<T: GatherElem>(
     Ok(out)
 }
 
-/// `out[indices[i]] = values[i]`, skipping [`NULL_INDEX`]. Indices must be distinct and less
+/// `out[indices[i]] = values[i]`, skipping [`NULL_INDEX`](crate::launch::NULL_INDEX). Indices must be distinct and less
 /// than `out.len()`.
 pub fn scatter<T: GatherElem>(
     stream: &Stream,
@@ -107,7 +107,7 @@ pub fn bitmap_bytes(rows: usize) -> usize {
 }
 
 /// Gathers validity: bit `i` of the result is the validity of row `indices[i]` (`None` means
-/// every source row is valid); [`NULL_INDEX`] gives NULL. The result starts at bit 0 and has
+/// every source row is valid); [`NULL_INDEX`](crate::launch::NULL_INDEX) gives NULL. The result starts at bit 0 and has
 /// [`bitmap_bytes`] bytes, bits past the last row zero.
 pub fn gather_bitmap(
     stream: &Stream,
@@ -147,7 +147,7 @@ pub fn scatter_bitmap(
 ) -> Result<()> {
     let n = indices.len();
     ensure_arg!(
-        out.len() % 4 == 0,
+        out.len().is_multiple_of(4),
         "scatter_bitmap needs whole 32-bit words, got {} bytes",
         out.len()
     );
@@ -246,7 +246,7 @@ fn fits<O: OffsetElem>(total: u64) -> Result<()> {
 }
 
 /// Gathers strings: row `i` of the result is row `indices[i]` of `strings` (empty for
-/// [`NULL_INDEX`]). Three steps: lengths, a u64 scan into output starts, then the copy.
+/// [`NULL_INDEX`](crate::launch::NULL_INDEX)). Three steps: lengths, a u64 scan into output starts, then the copy.
 pub fn gather_strings<O: OffsetElem>(
     stream: &Stream,
     strings: DeviceStrings<'_, O>,
@@ -353,6 +353,7 @@ pub fn scatter_strings<O: OffsetElem>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::launch::NULL_INDEX;
     use crate::reference::{self, bit};
     use crate::selftest::{SIZES, test_device};
 

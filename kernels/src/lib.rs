@@ -38,6 +38,7 @@ pub mod scan;
 pub mod selftest;
 pub mod sort;
 pub mod source;
+pub mod throughput;
 
 pub use device::{
     BackendKind, Device, DeviceDescription, DeviceOptions, Event, MemoryBudget, Stream,

@@ -326,7 +326,9 @@ mod tests {
     fn fewer_key_bits_sort_only_low_digits() {
         let device = test_device();
         let stream = device.new_stream().unwrap();
-        let keys: Vec<u32> = (0..3000u32).map(|i| (i * 7919) % 256 | (i << 8)).collect();
+        let keys: Vec<u32> = (0..3000u32)
+            .map(|i| ((i * 7919) % 256) | (i << 8))
+            .collect();
         let d = stream.from_host(&keys).unwrap();
         let got = sort_pairs(&stream, d.as_slice(), None, 8).unwrap();
         assert_eq!(

@@ -6,6 +6,11 @@
 //! by the emulated build). Without NVRTC the test reports itself skipped, unless
 //! `SPATE_REQUIRE_NVRTC=1` (set by `scripts/test`), which makes a missing NVRTC a failure.
 
+#![allow(
+    clippy::unwrap_used,
+    reason = "test helpers: a failed unwrap is a failed test"
+)]
+
 use spate_kernels::{compile, source};
 
 const ARCHS: &[&str] = &["sm_80", "sm_90"];

@@ -3,10 +3,12 @@
 //! ```text
 //! spate [--tpch SF] [--table NAME=PATH]... [-c SQL | -f FILE]   run SQL, or open the shell
 //! spate gen tpch --sf SF --out DIR                             write TPC-H as Parquet
+//! spate selftest [--backend cuda|emulated] [--bench]          check every kernel on a device
 //! ```
 
 mod format;
 mod script;
+mod selftest;
 mod session;
 mod shell;
 
@@ -71,6 +73,8 @@ enum Command {
         #[command(subcommand)]
         dataset: Dataset,
     },
+    /// Check every primitive kernel against its CPU reference on a GPU or the emulator.
+    Selftest(selftest::SelftestArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -120,6 +124,7 @@ fn main() -> ExitCode {
         Some(Command::Gen {
             dataset: Dataset::Tpch { sf, out },
         }) => generate_tpch(sf, &out),
+        Some(Command::Selftest(args)) => selftest::run(args),
         None => run(cli.run),
     };
     match result {

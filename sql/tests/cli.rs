@@ -307,6 +307,41 @@ fn gpu_backends_fail_clearly_until_they_exist() {
 }
 
 #[test]
+fn selftest_checks_every_kernel_on_the_emulator() {
+    let o = spate(&["selftest", "--backend", "emulated"]);
+    let out = stdout(&o);
+    assert!(o.status.success(), "{out}\n{}", stderr(&o));
+    assert!(out.starts_with("device: emulator"), "{out}");
+    for check in [
+        "scan exclusive u32",
+        "radix sort u64 pairs",
+        "gather strings",
+    ] {
+        assert!(out.contains(check), "{check} missing from:\n{out}");
+    }
+    let last = out.lines().last().unwrap();
+    assert!(
+        last.starts_with("selftest: ") && last.ends_with(" passed, 0 failed"),
+        "{last}"
+    );
+    assert!(!out.contains("FAIL"), "{out}");
+}
+
+#[test]
+fn selftest_on_cuda_without_a_gpu_is_a_clean_error() {
+    if spate_kernels_probe_finds_a_gpu() {
+        println!("SKIPPED: a GPU is present, so there is no missing-GPU error to check");
+        return;
+    }
+    let o = spate(&["selftest", "--backend", "cuda"]);
+    assert_clean_failure(&o, 1, "cannot open the cuda backend");
+}
+
+fn spate_kernels_probe_finds_a_gpu() -> bool {
+    spate::kernels::probe::discover().is_ok()
+}
+
+#[test]
 fn memory_limits_are_enforced_cleanly() {
     let o = spate(&[
         "--memory-limit",
