@@ -59,6 +59,23 @@ pub(crate) fn open(ordinal: usize) -> Result<Opened> {
                 ),
             });
         }
+        // Code from a newer NVRTC major than the driver's does not load (PTX ISA too new, and
+        // CUBINs outside minor-version compatibility); say so before anything is compiled.
+        if nvrtc_version.0 > driver_version / 1000 {
+            return Err(KernelError::NoDevice {
+                reason: format!(
+                    "NVRTC {}.{} generates code for CUDA {} drivers, but this driver supports \
+                     CUDA {}.{}; set {} to the folder of a CUDA {} libnvrtc",
+                    nvrtc_version.0,
+                    nvrtc_version.1,
+                    nvrtc_version.0,
+                    driver_version / 1000,
+                    (driver_version % 1000) / 10,
+                    compile::NVRTC_DIR_ENV,
+                    driver_version / 1000
+                ),
+            });
+        }
         if ctx.has_async_alloc() {
             // Keep freed memory in the stream-ordered pool instead of returning it to the
             // driver at every synchronisation: allocation then costs no driver round trip.
