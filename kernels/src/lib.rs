@@ -48,3 +48,21 @@ pub use launch::{Kernel, KernelArg, LaunchConfig};
 pub use memory::{
     DeviceBitmap, DeviceBuffer, DeviceCopy, DeviceSlice, MemoryStats, PinnedBuffer, Reservation,
 };
+
+#[cfg(test)]
+mod tests {
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn handles_cross_threads() {
+        // Operators run on tokio worker threads; every handle must move and be shared.
+        assert_send_sync::<crate::Device>();
+        assert_send_sync::<crate::Stream>();
+        assert_send_sync::<crate::DeviceBuffer<u64>>();
+        assert_send_sync::<crate::Kernel>();
+        assert_send_sync::<crate::Event>();
+        assert_send_sync::<crate::Reservation>();
+        fn assert_send<T: Send>() {}
+        assert_send::<crate::PinnedBuffer>();
+    }
+}
