@@ -137,6 +137,12 @@ impl From<SpateError> for DataFusionError {
     }
 }
 
+impl From<arrow::error::ArrowError> for SpateError {
+    fn from(err: arrow::error::ArrowError) -> Self {
+        SpateError::from(DataFusionError::ArrowError(Box::new(err), None))
+    }
+}
+
 impl From<spate_kernels::KernelError> for SpateError {
     fn from(err: spate_kernels::KernelError) -> Self {
         match err {

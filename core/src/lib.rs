@@ -25,6 +25,7 @@
 //! # }).unwrap();
 //! ```
 
+pub mod column;
 pub mod config;
 pub mod device;
 pub mod engine;

@@ -682,6 +682,45 @@ impl Stream {
         Ok(())
     }
 
+    /// Asynchronously copies `src` into a pinned staging buffer at byte `dst_offset`. Several
+    /// such copies may be in flight into one buffer; reading it waits for the last one (stream
+    /// order makes that cover the earlier ones).
+    pub fn download_pinned_at<T: DeviceCopy>(
+        &self,
+        src: DeviceSlice<'_, T>,
+        dst: &mut PinnedBuffer,
+        dst_offset: usize,
+    ) -> Result<()> {
+        let bytes = src.len() * size_of::<T>();
+        ensure_arg!(
+            dst_offset
+                .checked_add(bytes)
+                .is_some_and(|end| end <= dst.len()),
+            "pinned download of {bytes} bytes at {dst_offset} overflows a staging buffer of {}",
+            dst.len()
+        );
+        self.bind()?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: bounds checked; the block outlives the copy (reads wait for the event).
+        let out = unsafe { dst.raw_ptr().add(dst_offset) };
+        match &self.imp {
+            // SAFETY: bounds checked; both are host memory.
+            StreamImpl::Emulated => unsafe {
+                std::ptr::copy_nonoverlapping(src.address() as *const u8, out, bytes)
+            },
+            StreamImpl::Cuda(s) => {
+                // SAFETY: as above; the host reads only after the recorded event.
+                let out = unsafe { std::slice::from_raw_parts_mut(out, bytes) };
+                unsafe { cu::memcpy_dtoh_async(out, src.address(), s.cu_stream()) }
+                    .map_err(|e| self.health().driver("cuMemcpyDtoHAsync", e))?;
+            }
+        }
+        dst.set_pending(self.record_event()?);
+        Ok(())
+    }
+
     /// Records an event after all work issued so far.
     pub fn record_event(&self) -> Result<Event> {
         self.bind()?;

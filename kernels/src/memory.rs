@@ -338,6 +338,52 @@ impl<T: DeviceCopy> DeviceBuffer<T> {
     pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<DeviceSlice<'_, T>> {
         self.as_slice().slice(range)
     }
+
+    /// The same memory as raw bytes (columns store values untyped, by width).
+    pub fn into_bytes(self) -> DeviceBuffer<u8> {
+        let len = self.num_bytes();
+        DeviceBuffer::from_raw(self.raw, len)
+    }
+}
+
+impl DeviceBuffer<u8> {
+    /// The bytes as elements of `T`; fails when the length is not a whole number of elements.
+    pub fn into_typed<T: DeviceCopy>(self) -> Result<DeviceBuffer<T>> {
+        if !self.len.is_multiple_of(size_of::<T>()) {
+            return Err(KernelError::InvalidArgument {
+                message: format!(
+                    "{} bytes are not a whole number of {}-byte elements",
+                    self.len,
+                    size_of::<T>()
+                ),
+            });
+        }
+        let len = self.len / size_of::<T>();
+        Ok(DeviceBuffer::from_raw(self.raw, len))
+    }
+}
+
+impl<'a> DeviceSlice<'a, u8> {
+    /// The bytes viewed as elements of `T` (any bit pattern is a valid `T`); fails when the
+    /// address is misaligned for `T` or the length is not a whole number of elements.
+    pub fn cast<T: DeviceCopy>(self) -> Result<DeviceSlice<'a, T>> {
+        let size = size_of::<T>();
+        if !self.len.is_multiple_of(size) || !self.address.is_multiple_of(align_of::<T>() as u64) {
+            return Err(KernelError::InvalidArgument {
+                message: format!(
+                    "{} bytes at {:#x} cannot be viewed as {}",
+                    self.len,
+                    self.address,
+                    std::any::type_name::<T>()
+                ),
+            });
+        }
+        Ok(DeviceSlice {
+            address: self.address,
+            len: self.len / size,
+            _marker: PhantomData,
+        })
+    }
 }
 
 /// A borrowed, typed range of device memory: what launchers take as input.
@@ -454,6 +500,8 @@ const PINNED_MIN_BYTES: usize = 64 << 10;
 #[derive(Debug, Default)]
 pub struct PinnedPool {
     free: Mutex<Vec<PinnedBlock>>,
+    /// Blocks dropped while a copy still used them, with that copy's event.
+    retired: Mutex<Vec<(PinnedBlock, Event)>>,
     cached_bytes: AtomicUsize,
 }
 
@@ -498,6 +546,7 @@ impl PinnedPool {
         cuda: Option<&Arc<CudaContext>>,
     ) -> Result<PinnedBuffer> {
         let capacity = bytes.max(1).next_power_of_two().max(PINNED_MIN_BYTES);
+        self.reclaim();
         let reused = {
             let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
             free.iter()
@@ -562,6 +611,20 @@ impl PinnedPool {
             pending: None,
             pool: Arc::clone(self),
         })
+    }
+
+    /// Moves retired blocks whose copies have finished back to the free list.
+    fn reclaim(&self) {
+        let done: Vec<PinnedBlock> = {
+            let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
+            let (done, pending): (Vec<_>, Vec<_>) =
+                retired.drain(..).partition(|(_, e)| e.is_complete());
+            *retired = pending;
+            done.into_iter().map(|(b, _)| b).collect()
+        };
+        for b in done {
+            self.give_back(b);
+        }
     }
 
     fn give_back(&self, block: PinnedBlock) {
@@ -645,15 +708,19 @@ impl PinnedBuffer {
 
 impl Drop for PinnedBuffer {
     fn drop(&mut self) {
-        // A block still used by an in-flight copy must not be handed out again.
-        if let Some(e) = self.pending.take()
-            && e.synchronize().is_err()
-        {
-            // The device failed; the copy's state is unknown, so leak nothing back to the pool.
+        let Some(block) = self.block.take() else {
             return;
-        }
-        if let Some(b) = self.block.take() {
-            self.pool.give_back(b);
+        };
+        // A block still used by an in-flight copy must not be handed out again: it waits in
+        // the retired list (without blocking this thread) until its copy's event completes.
+        match self.pending.take() {
+            Some(e) if !e.is_complete() => self
+                .pool
+                .retired
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((block, e)),
+            _ => self.pool.give_back(block),
         }
     }
 }

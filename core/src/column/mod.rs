@@ -1,0 +1,291 @@
+//! Device columns and batches: Arrow data held in device memory, and the transfers both ways.
+//!
+//! Contracts:
+//! - Every supported type round-trips exactly, nulls included: Int8–64, UInt8–64,
+//!   Float16/32/64, Boolean, Date32/64, Time, Duration, Timestamp (any unit and zone),
+//!   Decimal128 (full 128-bit), Utf8, LargeUtf8 and Utf8View. Anything else is
+//!   `SpateError::Unsupported`, naming the column and its type.
+//! - Sliced arrays upload only their rows. Validity keeps its bit offset on the device (kernels
+//!   take bitmaps with offsets); string offsets are rebased to start at 0.
+//! - Utf8View is stored as offsets + bytes on the device (what the kernels read) and turned
+//!   back into Utf8View on download, so the schema DataFusion planned with holds.
+//! - An upload stages the whole batch in one pinned buffer and copies it with one asynchronous
+//!   transfer into one device allocation (the batch's arena); columns are views into it. Many
+//!   small transfers are what makes GPU engines slow, so batches should be coalesced (in bytes)
+//!   before they are uploaded.
+
+mod transfer;
+
+use std::sync::Arc;
+
+use arrow::datatypes::{DataType, SchemaRef};
+use spate_kernels::{DeviceBitmap, DeviceBuffer, DeviceSlice};
+
+use crate::error::{Result, SpateError};
+
+pub use transfer::{download_batch, download_column, upload_batch, upload_column};
+
+/// A range of bytes in a shared device allocation (a batch's arena, or an operator's output).
+#[derive(Debug, Clone)]
+pub struct DeviceBytes {
+    buffer: Arc<DeviceBuffer<u8>>,
+    offset: usize,
+    len: usize,
+}
+
+impl DeviceBytes {
+    /// All of `buffer`.
+    pub fn new(buffer: DeviceBuffer<u8>) -> Self {
+        let len = buffer.len();
+        DeviceBytes {
+            buffer: Arc::new(buffer),
+            offset: 0,
+            len,
+        }
+    }
+
+    pub(crate) fn range(buffer: &Arc<DeviceBuffer<u8>>, offset: usize, len: usize) -> Self {
+        DeviceBytes {
+            buffer: Arc::clone(buffer),
+            offset,
+            len,
+        }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes as a device slice.
+    pub fn as_slice(&self) -> DeviceSlice<'_, u8> {
+        // The range was checked when the DeviceBytes was made.
+        self.buffer
+            .slice(self.offset..self.offset + self.len)
+            .unwrap_or_else(|_| self.buffer.as_slice())
+    }
+
+    /// The bytes viewed as elements of `T`.
+    pub fn typed<T: spate_kernels::DeviceCopy>(&self) -> Result<DeviceSlice<'_, T>> {
+        Ok(self.as_slice().cast::<T>()?)
+    }
+}
+
+/// A validity bitmap on the device, with the bit offset of row 0.
+#[derive(Debug, Clone)]
+pub struct DeviceValidity {
+    /// The bitmap bytes.
+    pub bytes: DeviceBytes,
+    /// Bit index of row 0.
+    pub offset: usize,
+}
+
+impl DeviceValidity {
+    /// The bitmap as kernels take it.
+    pub fn bitmap(&self) -> DeviceBitmap<'_> {
+        DeviceBitmap::new(self.bytes.as_slice()).with_offset(self.offset)
+    }
+}
+
+/// How a column's values are laid out on the device.
+#[derive(Debug, Clone)]
+pub enum DeviceValues {
+    /// Fixed-width values, `width` bytes each, packed from row 0.
+    Fixed {
+        /// The values.
+        bytes: DeviceBytes,
+        /// Bytes per value.
+        width: usize,
+    },
+    /// Booleans as an Arrow bitmap starting at bit `offset`.
+    Bits {
+        /// The bitmap.
+        bytes: DeviceBytes,
+        /// Bit index of row 0.
+        offset: usize,
+    },
+    /// Strings with 32-bit offsets (`rows + 1` of them, starting at 0) into `bytes`.
+    Utf8 {
+        /// Offsets, as i32.
+        offsets: DeviceBytes,
+        /// The UTF-8 data.
+        bytes: DeviceBytes,
+    },
+    /// Strings with 64-bit offsets.
+    LargeUtf8 {
+        /// Offsets, as i64.
+        offsets: DeviceBytes,
+        /// The UTF-8 data.
+        bytes: DeviceBytes,
+    },
+}
+
+/// One column in device memory.
+#[derive(Debug, Clone)]
+pub struct DeviceColumn {
+    data_type: DataType,
+    len: usize,
+    null_count: usize,
+    validity: Option<DeviceValidity>,
+    values: DeviceValues,
+}
+
+impl DeviceColumn {
+    /// A column from its parts. `validity` is `None` when no row is null.
+    pub fn new(
+        data_type: DataType,
+        len: usize,
+        null_count: usize,
+        validity: Option<DeviceValidity>,
+        values: DeviceValues,
+    ) -> Self {
+        DeviceColumn {
+            data_type,
+            len,
+            null_count,
+            validity,
+            values,
+        }
+    }
+
+    /// The Arrow type the column downloads as.
+    pub fn data_type(&self) -> &DataType {
+        &self.data_type
+    }
+
+    /// Rows.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when the column has no rows.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Null rows.
+    pub fn null_count(&self) -> usize {
+        self.null_count
+    }
+
+    /// The validity bitmap, when some row is null.
+    pub fn validity(&self) -> Option<&DeviceValidity> {
+        self.validity.as_ref()
+    }
+
+    /// The values.
+    pub fn values(&self) -> &DeviceValues {
+        &self.values
+    }
+
+    /// Device bytes the column references (values, offsets and validity).
+    pub fn device_bytes(&self) -> usize {
+        let values = match &self.values {
+            DeviceValues::Fixed { bytes, .. } | DeviceValues::Bits { bytes, .. } => bytes.len(),
+            DeviceValues::Utf8 { offsets, bytes } | DeviceValues::LargeUtf8 { offsets, bytes } => {
+                offsets.len() + bytes.len()
+            }
+        };
+        values + self.validity.as_ref().map_or(0, |v| v.bytes.len())
+    }
+}
+
+/// A batch of device columns with the Arrow schema it downloads as.
+#[derive(Debug, Clone)]
+pub struct DeviceBatch {
+    schema: SchemaRef,
+    columns: Vec<DeviceColumn>,
+    num_rows: usize,
+}
+
+impl DeviceBatch {
+    /// A batch from columns that match `schema` (types and row counts are checked).
+    pub fn try_new(schema: SchemaRef, columns: Vec<DeviceColumn>, num_rows: usize) -> Result<Self> {
+        if schema.fields().len() != columns.len() {
+            return Err(SpateError::Internal {
+                message: format!(
+                    "device batch has {} columns for a schema of {}",
+                    columns.len(),
+                    schema.fields().len()
+                ),
+            });
+        }
+        for (field, column) in schema.fields().iter().zip(&columns) {
+            if field.data_type() != column.data_type() || column.len() != num_rows {
+                return Err(SpateError::Internal {
+                    message: format!(
+                        "device column `{}` is {} x {} rows, the schema wants {} x {num_rows}",
+                        field.name(),
+                        column.data_type(),
+                        column.len(),
+                        field.data_type()
+                    ),
+                });
+            }
+        }
+        Ok(DeviceBatch {
+            schema,
+            columns,
+            num_rows,
+        })
+    }
+
+    /// The schema.
+    pub fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    /// The columns, in schema order.
+    pub fn columns(&self) -> &[DeviceColumn] {
+        &self.columns
+    }
+
+    /// Rows.
+    pub fn num_rows(&self) -> usize {
+        self.num_rows
+    }
+
+    /// Device bytes the batch references.
+    pub fn device_bytes(&self) -> usize {
+        self.columns.iter().map(DeviceColumn::device_bytes).sum()
+    }
+}
+
+/// How a type is stored on the device, or `None` when it is not supported.
+pub fn device_layout(data_type: &DataType) -> Option<Layout> {
+    use DataType::*;
+    Some(match data_type {
+        Boolean => Layout::Bits,
+        Int8 | UInt8 => Layout::Fixed(1),
+        Int16 | UInt16 | Float16 => Layout::Fixed(2),
+        Int32 | UInt32 | Float32 | Date32 | Time32(_) => Layout::Fixed(4),
+        Int64 | UInt64 | Float64 | Date64 | Time64(_) | Timestamp(_, _) | Duration(_) => {
+            Layout::Fixed(8)
+        }
+        Decimal128(_, _) => Layout::Fixed(16),
+        Utf8 | Utf8View => Layout::Strings,
+        LargeUtf8 => Layout::LargeStrings,
+        _ => return None,
+    })
+}
+
+/// Device storage classes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// Packed values of this many bytes.
+    Fixed(usize),
+    /// A bitmap.
+    Bits,
+    /// Offsets (i32, or i64 when the bytes need it) and bytes.
+    Strings,
+    /// i64 offsets and bytes.
+    LargeStrings,
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,232 @@
+//! Round trips of every supported type through device memory, with nulls, slices and empties.
+
+use std::sync::Arc;
+
+use arrow::array::{
+    ArrayRef, BooleanArray, Date32Array, Date64Array, Decimal128Array, Float16Array, Float32Array,
+    Float64Array, Int8Array, Int16Array, Int32Array, Int64Array, LargeStringArray, StringArray,
+    StringViewArray, TimestampMicrosecondArray, TimestampNanosecondArray, UInt8Array, UInt16Array,
+    UInt32Array, UInt64Array,
+};
+use arrow::datatypes::{DataType, Field, Schema};
+use arrow::record_batch::RecordBatch;
+use half::f16;
+use spate_kernels::reference::Rng;
+use spate_kernels::{Device, DeviceOptions};
+
+use super::*;
+
+fn opt<T>(r: &mut Rng, v: T) -> Option<T> {
+    if r.chance(0.2) { None } else { Some(v) }
+}
+
+/// One array of every supported type, `n` rows, about 20% nulls, random values with extremes.
+fn arrays(n: usize, seed: u64) -> Vec<ArrayRef> {
+    let mut r = Rng::new(seed);
+    let ints = |r: &mut Rng| -> Vec<Option<i64>> {
+        (0..n)
+            .map(|_| {
+                let v = match r.below(8) {
+                    0 => i64::MIN,
+                    1 => i64::MAX,
+                    _ => r.next_u64() as i64,
+                };
+                opt(r, v)
+            })
+            .collect()
+    };
+    let i = ints(&mut r);
+    let floats: Vec<Option<f64>> = (0..n)
+        .map(|k| {
+            let v = match k % 7 {
+                0 => f64::NAN,
+                1 => -0.0,
+                2 => f64::NEG_INFINITY,
+                _ => (r.next_u64() as i64) as f64 / 1e6,
+            };
+            opt(&mut r, v)
+        })
+        .collect();
+    let strings: Vec<Option<String>> = (0..n)
+        .map(|k| {
+            let len = (r.below(40)) as usize;
+            let s: String = (0..len)
+                .map(|j| char::from(b'a' + ((k + j) % 26) as u8))
+                .chain(if k % 5 == 0 { Some('é') } else { None })
+                .collect();
+            opt(&mut r, s)
+        })
+        .collect();
+    let bools: Vec<Option<bool>> = (0..n)
+        .map(|_| {
+            let b = r.chance(0.5);
+            opt(&mut r, b)
+        })
+        .collect();
+    vec![
+        Arc::new(Int8Array::from_iter(i.iter().map(|v| v.map(|x| x as i8)))),
+        Arc::new(Int16Array::from_iter(i.iter().map(|v| v.map(|x| x as i16)))),
+        Arc::new(Int32Array::from_iter(i.iter().map(|v| v.map(|x| x as i32)))),
+        Arc::new(Int64Array::from_iter(i.iter().copied())),
+        Arc::new(UInt8Array::from_iter(i.iter().map(|v| v.map(|x| x as u8)))),
+        Arc::new(UInt16Array::from_iter(
+            i.iter().map(|v| v.map(|x| x as u16)),
+        )),
+        Arc::new(UInt32Array::from_iter(
+            i.iter().map(|v| v.map(|x| x as u32)),
+        )),
+        Arc::new(UInt64Array::from_iter(
+            i.iter().map(|v| v.map(|x| x as u64)),
+        )),
+        Arc::new(Float16Array::from_iter(
+            floats.iter().map(|v| v.map(f16::from_f64)),
+        )),
+        Arc::new(Float32Array::from_iter(
+            floats.iter().map(|v| v.map(|x| x as f32)),
+        )),
+        Arc::new(Float64Array::from_iter(floats.iter().copied())),
+        Arc::new(BooleanArray::from_iter(bools.iter().copied())),
+        Arc::new(Date32Array::from_iter(
+            i.iter().map(|v| v.map(|x| (x % 100_000) as i32)),
+        )),
+        Arc::new(Date64Array::from_iter(i.iter().copied())),
+        Arc::new(TimestampMicrosecondArray::from_iter(i.iter().copied())),
+        Arc::new(TimestampNanosecondArray::from_iter(i.iter().copied()).with_timezone("+05:30")),
+        Arc::new(
+            Decimal128Array::from_iter(i.iter().map(|v| v.map(|x| i128::from(x) * 1_000_003)))
+                .with_precision_and_scale(38, 4)
+                .unwrap(),
+        ),
+        Arc::new(
+            Decimal128Array::from_iter(i.iter().map(|v| v.map(|x| i128::from(x % 1_000_000))))
+                .with_precision_and_scale(15, 2)
+                .unwrap(),
+        ),
+        Arc::new(StringArray::from_iter(strings.iter().cloned())),
+        Arc::new(LargeStringArray::from_iter(strings.iter().cloned())),
+        Arc::new(StringViewArray::from_iter(strings.iter().cloned())),
+    ]
+}
+
+fn batch_of(arrays: Vec<ArrayRef>) -> RecordBatch {
+    let fields: Vec<Field> = arrays
+        .iter()
+        .enumerate()
+        .map(|(k, a)| Field::new(format!("c{k}"), a.data_type().clone(), true))
+        .collect();
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).unwrap()
+}
+
+fn stream() -> spate_kernels::Stream {
+    Device::emulated(DeviceOptions::default())
+        .unwrap()
+        .new_stream()
+        .unwrap()
+}
+
+#[test]
+fn every_type_round_trips_with_nulls() {
+    let stream = stream();
+    for n in [0usize, 1, 7, 33, 1000] {
+        let batch = batch_of(arrays(n, n as u64));
+        let device = upload_batch(&stream, &batch).unwrap();
+        assert_eq!(device.num_rows(), n);
+        let back = download_batch(&stream, &device).unwrap();
+        assert_eq!(back.schema(), batch.schema());
+        for (k, (a, b)) in batch.columns().iter().zip(back.columns()).enumerate() {
+            assert_eq!(
+                a.as_ref(),
+                b.as_ref(),
+                "column {k} ({}) n={n}",
+                a.data_type()
+            );
+            assert_eq!(a.null_count(), b.null_count());
+        }
+    }
+}
+
+#[test]
+fn sliced_arrays_upload_only_their_rows() {
+    let stream = stream();
+    let full = arrays(500, 9);
+    for (offset, len) in [(3usize, 100usize), (13, 0), (64, 300), (499, 1)] {
+        let sliced: Vec<ArrayRef> = full.iter().map(|a| a.slice(offset, len)).collect();
+        let batch = batch_of(sliced);
+        let device = upload_batch(&stream, &batch).unwrap();
+        let back = download_batch(&stream, &device).unwrap();
+        for (a, b) in batch.columns().iter().zip(back.columns()) {
+            assert_eq!(
+                a.as_ref(),
+                b.as_ref(),
+                "{} at {offset}+{len}",
+                a.data_type()
+            );
+        }
+        // Strings are rebased: offsets on the device start at 0 and hold only the slice's bytes.
+        let s = &device.columns()[18];
+        if let DeviceValues::Utf8 { offsets, bytes } = s.values() {
+            let host: Vec<i32> = stream.to_vec(offsets.typed::<i32>().unwrap()).unwrap();
+            assert_eq!(host.first().copied(), Some(0));
+            assert_eq!(*host.last().unwrap() as usize, bytes.len());
+        } else {
+            panic!("Utf8 column stored as {:?}", s.values());
+        }
+    }
+}
+
+#[test]
+fn all_null_and_no_null_columns() {
+    let stream = stream();
+    let none: ArrayRef = Arc::new(Int32Array::from(vec![None::<i32>; 70]));
+    let all: ArrayRef = Arc::new(Int32Array::from((0..70).collect::<Vec<i32>>()));
+    let up = upload_column(&stream, &none).unwrap();
+    assert_eq!(up.null_count(), 70);
+    assert_eq!(
+        download_column(&stream, &up).unwrap().as_ref(),
+        none.as_ref()
+    );
+    let up = upload_column(&stream, &all).unwrap();
+    assert!(up.validity().is_none());
+    assert_eq!(
+        download_column(&stream, &up).unwrap().as_ref(),
+        all.as_ref()
+    );
+}
+
+#[test]
+fn one_allocation_per_batch_and_staging_is_reused() {
+    let device = Device::emulated(DeviceOptions::default()).unwrap();
+    let stream = device.new_stream().unwrap();
+    let batch = batch_of(arrays(300, 4));
+    let up = upload_batch(&stream, &batch).unwrap();
+    let stats = device.memory_stats();
+    assert!(stats.allocated_bytes >= up.device_bytes());
+    // Every column of the batch shares the one arena.
+    assert!(stats.allocated_bytes < up.device_bytes() + 64 * 3 * batch.num_columns() + 64);
+    drop(up);
+    assert_eq!(device.memory_stats().allocated_bytes, 0);
+    assert!(device.pinned_pool().cached_bytes() > 0);
+}
+
+#[test]
+fn unsupported_types_name_the_column() {
+    let stream = stream();
+    let list: ArrayRef = Arc::new(arrow::array::ListArray::from_iter_primitive::<
+        arrow::datatypes::Int32Type,
+        _,
+        _,
+    >(vec![Some(vec![Some(1)])]));
+    let batch = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![Field::new(
+            "tags",
+            list.data_type().clone(),
+            true,
+        )])),
+        vec![list],
+    )
+    .unwrap();
+    let err = upload_batch(&stream, &batch).unwrap_err();
+    assert!(matches!(err, SpateError::Unsupported { .. }), "{err}");
+    assert!(err.to_string().contains("column `tags`"), "{err}");
+    assert!(device_layout(&DataType::Utf8View).is_some());
+}
