@@ -10,17 +10,9 @@
 #include "common/prelude.cuh"
 #include "common/bitmap.cuh"
 #include "common/block_scan.cuh"
+#include "common/order.cuh"
 
 namespace spate {
-
-__device__ __forceinline__ u32 total_order(f32 v) {
-    u32 b = __float_as_uint(v);
-    return (b & 0x80000000u) ? ~b : b | 0x80000000u;
-}
-__device__ __forceinline__ u64 total_order(f64 v) {
-    u64 b = (u64)__double_as_longlong(v);
-    return (b & 0x8000000000000000ull) ? ~b : b | 0x8000000000000000ull;
-}
 
 template <typename T>
 struct Less {

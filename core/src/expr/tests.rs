@@ -1,0 +1,240 @@
+//! The predicate JIT against DataFusion's own evaluation of the same expression, on the
+//! emulated backend, over random data with nulls, NaN, ±0.0 and extremes.
+
+use std::sync::Arc;
+
+use arrow::array::{
+    Array, ArrayRef, BooleanArray, Date32Array, Decimal128Array, Float64Array, Int32Array,
+    Int64Array, UInt8Array,
+};
+use arrow::datatypes::{DataType, Field, Schema};
+use arrow::record_batch::RecordBatch;
+use datafusion::common::ScalarValue;
+use datafusion::logical_expr::Operator;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::{
+    BinaryExpr, Column, IsNotNullExpr, IsNullExpr, Literal, NotExpr,
+};
+use spate_kernels::reference::Rng;
+use spate_kernels::{Device, DeviceOptions};
+
+use super::*;
+use crate::column::upload_batch;
+
+fn batch(n: usize, seed: u64) -> RecordBatch {
+    let mut r = Rng::new(seed);
+    let null = |r: &mut Rng| r.chance(0.15);
+    let i32s: Vec<Option<i32>> = (0..n)
+        .map(|_| (!null(&mut r)).then(|| r.below(21) as i32 - 10))
+        .collect();
+    let i64s: Vec<Option<i64>> = (0..n)
+        .map(|k| {
+            (!null(&mut r)).then(|| match k % 9 {
+                0 => i64::MAX,
+                1 => i64::MIN,
+                _ => r.below(1000) as i64 - 500,
+            })
+        })
+        .collect();
+    let f64s: Vec<Option<f64>> = (0..n)
+        .map(|k| {
+            (!null(&mut r)).then(|| match k % 11 {
+                0 => f64::NAN,
+                1 => -0.0,
+                2 => 0.0,
+                3 => f64::INFINITY,
+                _ => (r.below(200) as f64 - 100.0) / 8.0,
+            })
+        })
+        .collect();
+    let bools: Vec<Option<bool>> = (0..n)
+        .map(|_| (!null(&mut r)).then(|| r.chance(0.5)))
+        .collect();
+    let dates: Vec<Option<i32>> = (0..n)
+        .map(|_| (!null(&mut r)).then(|| 10_000 + r.below(30) as i32))
+        .collect();
+    let decs: Vec<Option<i128>> = (0..n)
+        .map(|_| (!null(&mut r)).then(|| r.below(20) as i128 - 3))
+        .collect();
+    let u8s: Vec<Option<u8>> = (0..n)
+        .map(|_| (!null(&mut r)).then(|| r.below(256) as u8))
+        .collect();
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(Int32Array::from(i32s)),
+        Arc::new(Int64Array::from(i64s)),
+        Arc::new(Float64Array::from(f64s)),
+        Arc::new(BooleanArray::from(bools)),
+        Arc::new(Date32Array::from(dates)),
+        Arc::new(
+            Decimal128Array::from(decs)
+                .with_precision_and_scale(15, 2)
+                .unwrap(),
+        ),
+        Arc::new(UInt8Array::from(u8s)),
+    ];
+    let schema = Schema::new(vec![
+        Field::new("a", DataType::Int32, true),
+        Field::new("b", DataType::Int64, true),
+        Field::new("f", DataType::Float64, true),
+        Field::new("p", DataType::Boolean, true),
+        Field::new("d", DataType::Date32, true),
+        Field::new("m", DataType::Decimal128(15, 2), true),
+        Field::new("u", DataType::UInt8, true),
+    ]);
+    RecordBatch::try_new(Arc::new(schema), columns).unwrap()
+}
+
+type E = Arc<dyn PhysicalExpr>;
+
+fn col(schema: &Schema, name: &str) -> E {
+    Arc::new(Column::new_with_schema(name, schema).unwrap())
+}
+
+fn lit(v: ScalarValue) -> E {
+    Arc::new(Literal::new(v))
+}
+
+fn bin(l: E, op: Operator, r: E) -> E {
+    Arc::new(BinaryExpr::new(l, op, r))
+}
+
+fn predicates(s: &Schema) -> Vec<E> {
+    let a = || col(s, "a");
+    let b = || col(s, "b");
+    let f = || col(s, "f");
+    let p = || col(s, "p");
+    vec![
+        bin(a(), Operator::Gt, lit(ScalarValue::Int32(Some(2)))),
+        bin(a(), Operator::Eq, lit(ScalarValue::Int32(None))),
+        bin(
+            bin(a(), Operator::LtEq, lit(ScalarValue::Int32(Some(0)))),
+            Operator::And,
+            p(),
+        ),
+        bin(
+            bin(a(), Operator::LtEq, lit(ScalarValue::Int32(Some(0)))),
+            Operator::Or,
+            p(),
+        ),
+        Arc::new(NotExpr::new(bin(
+            p(),
+            Operator::Or,
+            bin(b(), Operator::NotEq, lit(ScalarValue::Int64(Some(3)))),
+        ))),
+        bin(f(), Operator::Gt, lit(ScalarValue::Float64(Some(1.5)))),
+        bin(f(), Operator::Eq, lit(ScalarValue::Float64(Some(f64::NAN)))),
+        bin(f(), Operator::Lt, lit(ScalarValue::Float64(Some(0.0)))),
+        bin(f(), Operator::GtEq, lit(ScalarValue::Float64(Some(-0.0)))),
+        bin(
+            bin(b(), Operator::Multiply, b()),
+            Operator::Gt,
+            bin(b(), Operator::Plus, lit(ScalarValue::Int64(Some(i64::MAX)))),
+        ),
+        bin(
+            bin(f(), Operator::Minus, f()),
+            Operator::Eq,
+            lit(ScalarValue::Float64(Some(0.0))),
+        ),
+        Arc::new(IsNullExpr::new(b())),
+        Arc::new(IsNotNullExpr::new(f())),
+        bin(
+            bin(
+                col(s, "d"),
+                Operator::GtEq,
+                lit(ScalarValue::Date32(Some(10_010))),
+            ),
+            Operator::And,
+            bin(
+                col(s, "d"),
+                Operator::Lt,
+                lit(ScalarValue::Date32(Some(10_020))),
+            ),
+        ),
+        bin(
+            col(s, "m"),
+            Operator::LtEq,
+            lit(ScalarValue::Decimal128(Some(7), 15, 2)),
+        ),
+        bin(
+            col(s, "u"),
+            Operator::Gt,
+            lit(ScalarValue::UInt8(Some(200))),
+        ),
+        bin(
+            bin(
+                col(s, "u"),
+                Operator::Plus,
+                lit(ScalarValue::UInt8(Some(100))),
+            ),
+            Operator::Lt,
+            lit(ScalarValue::UInt8(Some(50))),
+        ),
+        lit(ScalarValue::Boolean(Some(true))),
+    ]
+}
+
+#[test]
+fn generated_predicates_match_datafusion() {
+    let device = Device::emulated(DeviceOptions::default()).unwrap();
+    let stream = device.new_stream().unwrap();
+    for n in [0usize, 1, 33, 2000] {
+        let host = batch(n, n as u64 + 1);
+        let schema = host.schema();
+        let on_device = upload_batch(&stream, &host).unwrap();
+        for pred in predicates(&schema) {
+            let pk =
+                predicate_kernel(pred.as_ref(), &schema).unwrap_or_else(|e| panic!("{pred}: {e}"));
+            if n == 0 && spate_kernels::compile::nvrtc_version().is_ok() {
+                // The same source must also compile for a GPU.
+                let resolved =
+                    spate_kernels::source::resolve(&pk.entry, &pk.source, false).unwrap();
+                spate_kernels::compile::nvrtc_compile(&pk.entry, &resolved, "sm_90", &[])
+                    .unwrap_or_else(|e| panic!("{pred}: {e}"));
+            }
+            let kernel = device
+                .compile_generated(&pk.entry, &pk.source, &[&pk.entry])
+                .unwrap()
+                .remove(0);
+            let mask = evaluate_predicate(&stream, &kernel, &pk, &on_device).unwrap();
+            let got = stream.to_vec(&mask).unwrap();
+            let want = pred.evaluate(&host).unwrap().into_array(n).unwrap();
+            let want = want.as_any().downcast_ref::<BooleanArray>().unwrap();
+            for i in 0..n {
+                let keep = want.is_valid(i) && want.value(i);
+                assert_eq!(got[i] == 1, keep, "`{pred}` row {i} of {n}");
+            }
+        }
+    }
+}
+
+#[test]
+fn unsupported_expressions_say_what() {
+    let host = batch(1, 1);
+    let s = host.schema();
+    let div = bin(
+        col(&s, "a"),
+        Operator::Divide,
+        lit(ScalarValue::Int32(Some(2))),
+    );
+    let pred = bin(div, Operator::Gt, lit(ScalarValue::Int32(Some(1))));
+    let err = predicate_kernel(pred.as_ref(), &s).unwrap_err();
+    assert!(err.0.contains("operator /"), "{err}");
+    let mixed = bin(col(&s, "a"), Operator::Gt, col(&s, "b"));
+    assert!(predicate_kernel(mixed.as_ref(), &s).is_err());
+}
+
+#[test]
+fn the_same_predicate_generates_the_same_entry() {
+    let host = batch(1, 1);
+    let s = host.schema();
+    let p1 = predicate_kernel(predicates(&s)[2].as_ref(), &s).unwrap();
+    let p2 = predicate_kernel(predicates(&s)[2].as_ref(), &s).unwrap();
+    assert_eq!(p1.entry, p2.entry);
+    assert_ne!(
+        p1.entry,
+        predicate_kernel(predicates(&s)[3].as_ref(), &s)
+            .unwrap()
+            .entry
+    );
+    assert_eq!(p1.inputs.len(), 2);
+}
