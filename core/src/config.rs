@@ -1,7 +1,12 @@
-//! Engine settings that are Spate's own: the execution backend and size parsing.
+//! Engine settings that are Spate's own: the execution backend, the `spate.*` session options
+//! (GPU fallback policy, upload batch size) and size parsing.
 
 use std::fmt;
 use std::str::FromStr;
+
+use datafusion::common::config::{ConfigExtension, ConfigField, Visit};
+use datafusion::common::{config_namespace, extensions_options};
+use datafusion::error::DataFusionError;
 
 use crate::error::SpateError;
 
@@ -92,6 +97,79 @@ pub fn parse_byte_size(text: &str) -> Result<usize, SpateError> {
     Ok(bytes as usize)
 }
 
+/// What a GPU backend does with an expression, type or operator it cannot run
+/// (`SET spate.gpu.fallback = 'cpu' | 'warn' | 'error'`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FallbackPolicy {
+    /// Run it on the CPU quietly.
+    #[default]
+    Cpu,
+    /// Run it on the CPU and log the reason as a warning.
+    Warn,
+    /// Fail the query, naming what is unsupported.
+    Error,
+}
+
+impl fmt::Display for FallbackPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FallbackPolicy::Cpu => "cpu",
+            FallbackPolicy::Warn => "warn",
+            FallbackPolicy::Error => "error",
+        })
+    }
+}
+
+impl FromStr for FallbackPolicy {
+    type Err = SpateError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "cpu" => Ok(FallbackPolicy::Cpu),
+            "warn" => Ok(FallbackPolicy::Warn),
+            "error" => Ok(FallbackPolicy::Error),
+            _ => Err(SpateError::Config {
+                message: format!("unknown fallback policy '{s}': expected one of cpu, warn, error"),
+            }),
+        }
+    }
+}
+
+impl ConfigField for FallbackPolicy {
+    fn visit<V: Visit>(&self, v: &mut V, key: &str, description: &'static str) {
+        v.some(key, self, description)
+    }
+
+    fn set(&mut self, _key: &str, value: &str) -> datafusion::error::Result<()> {
+        *self = value
+            .parse()
+            .map_err(|e: SpateError| DataFusionError::Configuration(e.to_string()))?;
+        Ok(())
+    }
+}
+
+config_namespace! {
+    /// GPU settings (`spate.gpu.*`).
+    pub struct GpuOptions {
+        /// What to do with an unsupported expression, type or operator: cpu, warn or error.
+        pub fallback: FallbackPolicy, default = FallbackPolicy::Cpu
+        /// Host batches are coalesced to about this many bytes before they are uploaded.
+        pub batch_bytes: usize, default = 128 * 1024 * 1024
+    }
+}
+
+extensions_options! {
+    /// Spate's own session settings, set with `SET spate.<name> = <value>`.
+    pub struct SpateOptions {
+        /// GPU settings.
+        pub gpu: GpuOptions, default = GpuOptions::default()
+    }
+}
+
+impl ConfigExtension for SpateOptions {
+    const PREFIX: &'static str = "spate";
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,6 +181,22 @@ mod tests {
         }
         let err = "gpu".parse::<Backend>().unwrap_err().to_string();
         assert!(err.contains("unknown backend 'gpu'"), "{err}");
+    }
+
+    #[test]
+    fn spate_options_set_through_datafusion_config() {
+        let mut options = datafusion::common::config::ConfigOptions::default();
+        options.extensions.insert(SpateOptions::default());
+        options.set("spate.gpu.fallback", "WARN").unwrap();
+        options.set("spate.gpu.batch_bytes", "1048576").unwrap();
+        let spate = options.extensions.get::<SpateOptions>().unwrap();
+        assert_eq!(spate.gpu.fallback, FallbackPolicy::Warn);
+        assert_eq!(spate.gpu.batch_bytes, 1 << 20);
+        let err = options.set("spate.gpu.fallback", "gpu").unwrap_err();
+        assert!(
+            err.to_string().contains("expected one of cpu, warn, error"),
+            "{err}"
+        );
     }
 
     #[test]

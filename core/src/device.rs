@@ -1,12 +1,16 @@
-//! Backend selection: which backend a session runs on, and why.
+//! Backend selection (which backend a session runs on, and why) and the session's GPU state.
 //!
 //! Contract: selection never panics. `auto` always resolves to something that works and says
 //! why it chose it; an explicit `cuda` or `emulated` that cannot run fails with
 //! [`SpateError::BackendUnavailable`].
 
+use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 pub use spate_kernels::probe::DeviceInfo;
+use spate_kernels::{BackendKind, Device, DeviceOptions, Kernel, KernelArg, LaunchConfig};
 
 use crate::config::Backend;
 use crate::error::{Result, SpateError};
@@ -91,47 +95,62 @@ impl BackendSelection {
             }),
             Backend::Cuda => {
                 let inventory = discover();
-                let reason = match &inventory.absent_reason {
-                    Some(why) => format!("{why}; use --backend cpu or --backend auto"),
-                    None => format!(
-                        "found {} and its kernels can be checked with `spate selftest --backend \
-                         cuda`, but the GPU SQL operators are not part of this build yet; use \
-                         --backend cpu or --backend auto",
-                        device_summary(&inventory.devices)
-                    ),
-                };
-                Err(SpateError::BackendUnavailable {
-                    backend: requested.to_string(),
-                    reason,
-                })
+                match &inventory.absent_reason {
+                    Some(why) => Err(SpateError::BackendUnavailable {
+                        backend: requested.to_string(),
+                        reason: format!("{why}; use --backend cpu or --backend auto"),
+                    }),
+                    None => Ok(BackendSelection {
+                        requested,
+                        resolved: Backend::Cuda,
+                        reason: format!(
+                            "running on {}; {GPU_SCOPE}",
+                            device_summary(&inventory.devices)
+                        ),
+                        inventory: Some(inventory),
+                    }),
+                }
             }
-            Backend::Emulated => Err(SpateError::BackendUnavailable {
-                backend: requested.to_string(),
-                reason: "the emulated kernels can be checked with `spate selftest --backend \
-                         emulated`, but the GPU SQL operators are not part of this build yet; \
-                         use --backend cpu or --backend auto"
-                    .to_string(),
+            Backend::Emulated => Ok(BackendSelection {
+                requested,
+                resolved: Backend::Emulated,
+                reason: format!(
+                    "GPU kernels on the host emulator, for testing, not speed; {GPU_SCOPE}"
+                ),
+                inventory: None,
             }),
             Backend::Auto => {
                 let inventory = discover();
-                // Until the GPU operators land, `auto` runs on the CPU even with a device
-                // present, and says so.
-                let reason = match &inventory.absent_reason {
-                    Some(why) => format!("{why}: running on CPU"),
-                    None => format!(
-                        "found {}, but GPU operators are not part of this build yet: \
-                         running on CPU",
-                        device_summary(&inventory.devices)
-                    ),
-                };
-                Ok(BackendSelection {
-                    requested,
-                    resolved: Backend::Cpu,
-                    reason,
-                    inventory: Some(inventory),
+                Ok(match &inventory.absent_reason {
+                    Some(why) => BackendSelection {
+                        requested,
+                        resolved: Backend::Cpu,
+                        reason: format!("{why}: running on CPU"),
+                        inventory: Some(inventory),
+                    },
+                    None => BackendSelection {
+                        requested,
+                        resolved: Backend::Cuda,
+                        reason: format!(
+                            "found {}; {GPU_SCOPE}",
+                            device_summary(&inventory.devices)
+                        ),
+                        inventory: Some(inventory),
+                    },
                 })
             }
         }
+    }
+
+    /// After the chosen GPU failed to start: `auto` falls back to the CPU with the reason, an
+    /// explicit GPU backend fails.
+    pub fn after_gpu_failure(mut self, error: SpateError) -> Result<Self> {
+        if self.requested != Backend::Auto {
+            return Err(error);
+        }
+        self.reason = format!("the GPU could not run kernels ({error}): running on CPU");
+        self.resolved = Backend::Cpu;
+        Ok(self)
     }
 
     /// True when operators may run on a GPU backend (real or emulated).
@@ -146,10 +165,121 @@ impl fmt::Display for BackendSelection {
     }
 }
 
+/// What runs where with a GPU backend, for the selection's reason line.
+const GPU_SCOPE: &str = "filters run on the GPU, other operators on the CPU for now";
+
 fn device_summary(devices: &[DeviceInfo]) -> String {
     match devices {
         [one] => format!("{} ({})", one.name, one.arch()),
         many => format!("{} CUDA devices", many.len()),
+    }
+}
+
+/// A generated kernel for `GpuContext::smoke_test`.
+const SMOKE_SOURCE: &str = r#"#include "common/prelude.cuh"
+extern "C" __global__ void spate_smoke(u64 n, u32* out) {
+    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) out[i] = (u32)i * 2u;
+}
+SPATE_EXPORT(spate_smoke)
+"#;
+
+/// A session's GPU: the device operators run on, the generated kernels compiled for it, and
+/// counters. Stored in the session config (`SessionConfig::with_extension`) and read by GPU
+/// operators in `execute`; the offload rule holds it too, to count fallbacks.
+pub struct GpuContext {
+    device: Device,
+    generated: Mutex<HashMap<String, Kernel>>,
+    fallbacks: AtomicU64,
+}
+
+impl fmt::Debug for GpuContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GpuContext")
+            .field("device", self.device.description())
+            .field("fallbacks", &self.fallbacks())
+            .finish()
+    }
+}
+
+impl GpuContext {
+    /// Opens the device of a GPU backend (`Cuda` or `Emulated`).
+    pub fn open(backend: Backend) -> Result<Arc<Self>> {
+        let kind = match backend {
+            Backend::Cuda => BackendKind::Cuda,
+            Backend::Emulated => BackendKind::Emulated,
+            other => {
+                return Err(SpateError::Internal {
+                    message: format!("GpuContext::open called for the {other} backend"),
+                });
+            }
+        };
+        let device = Device::open(kind, DeviceOptions::default())?;
+        Ok(Arc::new(GpuContext {
+            device,
+            generated: Mutex::new(HashMap::new()),
+            fallbacks: AtomicU64::new(0),
+        }))
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// A generated kernel, compiled once per session (and cached on disk across sessions).
+    pub fn generated_kernel(&self, source: &str, entry: &str) -> Result<Kernel> {
+        let mut cache = self.generated.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(k) = cache.get(entry) {
+            return Ok(k.clone());
+        }
+        let kernel = self
+            .device
+            .compile_generated(entry, source, &[entry])?
+            .pop()
+            .ok_or_else(|| SpateError::Internal {
+                message: format!("compiling {entry} returned no kernel"),
+            })?;
+        cache.insert(entry.to_string(), kernel.clone());
+        Ok(kernel)
+    }
+
+    /// Counts one operator or expression left on the CPU.
+    pub fn record_fallback(&self) {
+        self.fallbacks.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Operators and expressions left on the CPU so far in this session.
+    pub fn fallbacks(&self) -> u64 {
+        self.fallbacks.load(Ordering::Relaxed)
+    }
+
+    /// Runs one small kernel and checks its result: a device that opens but cannot run kernels
+    /// (a broken driver, a missing NVRTC) is caught when the session starts, not mid-query.
+    pub fn smoke_test(&self) -> Result<()> {
+        let stream = self.device.new_stream()?;
+        let input = stream.from_host(&[3u32, 1, 4, 1, 5])?;
+        let sums = spate_kernels::scan::exclusive_sum(&stream, input.as_slice())?;
+        let got = stream.to_vec(&sums)?;
+        let wrong = |what: String| SpateError::BackendUnavailable {
+            backend: self.device.kind().to_string(),
+            reason: what,
+        };
+        if got != [0, 3, 4, 8, 9] {
+            return Err(wrong(format!(
+                "the device computed a wrong prefix sum: {got:?}"
+            )));
+        }
+        // The run-time compile path (NVRTC, or the host compiler on the emulator) too.
+        let kernel = self.generated_kernel(SMOKE_SOURCE, "spate_smoke")?;
+        let out = stream.alloc::<u32>(1000)?;
+        let cfg = LaunchConfig::blocks(self.device.grid_stride_blocks(1000));
+        // SAFETY: spate_smoke takes (u64 n, u32* out) and writes n values into `out`.
+        unsafe { stream.launch(&kernel, cfg, &[KernelArg::U64(1000), (&out).into()])? };
+        let got = stream.to_vec(&out)?;
+        if got.iter().enumerate().any(|(i, v)| *v != 2 * i as u32) {
+            return Err(wrong("a generated kernel computed wrong results".into()));
+        }
+        Ok(())
     }
 }
 
@@ -186,23 +316,32 @@ mod tests {
     }
 
     #[test]
-    fn auto_with_gpu_names_the_device() {
+    fn auto_with_gpu_picks_cuda_and_names_the_device() {
         let s = BackendSelection::resolve_with(Backend::Auto, one_gpu).unwrap();
-        assert_eq!(s.resolved, Backend::Cpu);
+        assert_eq!(s.resolved, Backend::Cuda);
         assert!(s.reason.contains("NVIDIA H200 (sm_90)"), "{}", s.reason);
+        let err = SpateError::BackendUnavailable {
+            backend: "cuda".into(),
+            reason: "broken".into(),
+        };
+        let s = s.after_gpu_failure(err).unwrap();
+        assert_eq!(s.resolved, Backend::Cpu);
+        assert!(s.reason.ends_with("running on CPU"), "{}", s.reason);
     }
 
     #[test]
-    fn explicit_gpu_backends_fail_clearly() {
-        for b in [Backend::Cuda, Backend::Emulated] {
-            let err = BackendSelection::resolve_with(b, one_gpu).unwrap_err();
-            let msg = err.to_string();
-            assert!(
-                msg.contains(&format!("backend '{b}' is not available")),
-                "{msg}"
-            );
-            assert!(err.is_user_error());
-        }
+    fn explicit_gpu_backends_resolve_or_fail_clearly() {
+        let s = BackendSelection::resolve_with(Backend::Emulated, no_driver).unwrap();
+        assert_eq!(s.resolved, Backend::Emulated);
+        assert!(s.uses_gpu());
+        let s = BackendSelection::resolve_with(Backend::Cuda, one_gpu).unwrap();
+        assert_eq!(s.resolved, Backend::Cuda);
+        let err = s
+            .after_gpu_failure(SpateError::Config {
+                message: "x".into(),
+            })
+            .unwrap_err();
+        assert!(err.is_user_error());
     }
 
     #[test]
@@ -223,7 +362,7 @@ mod tests {
     #[test]
     fn real_discovery_does_not_panic() {
         let s = BackendSelection::resolve(Backend::Auto).unwrap();
-        assert!(s.reason.ends_with("running on CPU"), "{}", s.reason);
+        assert!(!s.reason.is_empty());
         assert!(!GpuInventory::discover().describe().is_empty());
     }
 }

@@ -27,8 +27,10 @@ use datafusion::sql::parser::{DFParserBuilder, Statement};
 use datafusion::sql::sqlparser::dialect::dialect_from_str;
 
 use crate::config::Backend;
-use crate::device::BackendSelection;
+use crate::config::SpateOptions;
+use crate::device::{BackendSelection, GpuContext};
 use crate::error::{Location, Result, SpateError};
+use crate::plan::GpuOffloadRule;
 use crate::plan::{PhysicalRule, physical_optimizer_rules};
 use crate::source::FileFormat;
 
@@ -83,10 +85,26 @@ impl EngineBuilder {
 
     /// Resolves the backend and builds the session.
     pub fn build(self) -> Result<Engine> {
-        let selection = BackendSelection::resolve(self.backend)?;
+        let mut selection = BackendSelection::resolve(self.backend)?;
+        let gpu = if selection.uses_gpu() {
+            match GpuContext::open(selection.resolved).and_then(|g| g.smoke_test().map(|()| g)) {
+                Ok(g) => Some(g),
+                Err(e) => {
+                    selection = selection.after_gpu_failure(e)?;
+                    None
+                }
+            }
+        } else {
+            None
+        };
         log::info!("{selection}");
 
-        let mut config = SessionConfig::new().with_information_schema(true);
+        let mut config = SessionConfig::new()
+            .with_information_schema(true)
+            .with_option_extension(SpateOptions::default());
+        if let Some(g) = &gpu {
+            config = config.with_extension(Arc::clone(g));
+        }
         if let Some(partitions) = self.target_partitions {
             if partitions == 0 {
                 return Err(config_error("target_partitions must be at least 1"));
@@ -113,16 +131,21 @@ impl EngineBuilder {
             runtime = runtime.with_memory_limit(bytes, 1.0);
         }
         let runtime = runtime.build_arc()?;
+        let offload = self.offload_rule.or_else(|| {
+            gpu.as_ref()
+                .map(|g| Arc::new(GpuOffloadRule::new(Arc::clone(g))) as PhysicalRule)
+        });
 
         let state = SessionStateBuilder::new()
             .with_config(config)
             .with_runtime_env(runtime)
             .with_default_features()
-            .with_physical_optimizer_rules(physical_optimizer_rules(self.offload_rule))
+            .with_physical_optimizer_rules(physical_optimizer_rules(offload))
             .build();
         Ok(Engine {
             ctx: SessionContext::new_with_state(state),
             selection,
+            gpu,
         })
     }
 }
@@ -147,6 +170,7 @@ fn config_error(message: &str) -> SpateError {
 pub struct Engine {
     ctx: SessionContext,
     selection: BackendSelection,
+    gpu: Option<Arc<GpuContext>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -167,6 +191,11 @@ impl Engine {
     /// An engine with default settings.
     pub fn new() -> Result<Self> {
         Self::builder().build()
+    }
+
+    /// The session's GPU, when the backend is `cuda` or `emulated`.
+    pub fn gpu(&self) -> Option<&Arc<GpuContext>> {
+        self.gpu.as_ref()
     }
 
     /// The backend this engine resolved to, and why.

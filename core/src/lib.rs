@@ -30,6 +30,7 @@ pub mod config;
 pub mod device;
 pub mod engine;
 pub mod error;
+pub mod exec;
 pub mod expr;
 pub mod plan;
 pub mod source;

@@ -3,8 +3,9 @@
 //! Uses the `sqllogictest` crate with DataFusion's runner, normalizer and validator, so files
 //! follow DataFusion's `.slt` conventions. Paths inside files are relative to the workspace root.
 //!
-//! Arguments (after `--`) are substring filters on file paths. `SPATE_SLT_BACKEND` picks the
-//! backend (default `cpu`), so the same files can be re-run on other backends.
+//! Arguments (after `--`) are substring filters on file paths. Every file runs on the `cpu`
+//! backend and again on `emulated` (GPU operators, their kernels run by the emulator), with the
+//! same expected results; `SPATE_SLT_BACKEND` restricts the run to one backend.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -36,15 +37,15 @@ fn main() -> ExitCode {
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .collect();
-    let backend: Backend = match std::env::var("SPATE_SLT_BACKEND") {
+    let backends: Vec<Backend> = match std::env::var("SPATE_SLT_BACKEND") {
         Ok(name) => match name.parse() {
-            Ok(b) => b,
+            Ok(b) => vec![b],
             Err(e) => {
                 eprintln!("SPATE_SLT_BACKEND: {e}");
                 return ExitCode::FAILURE;
             }
         },
-        Err(_) => Backend::Cpu,
+        Err(_) => vec![Backend::Cpu, Backend::Emulated],
     };
 
     let mut files = Vec::new();
@@ -62,22 +63,25 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let (mut passed, mut failed) = (0usize, 0usize);
-    for file in &files {
-        let result = runtime.block_on(run_file(file, backend));
-        match result {
-            Ok(()) => {
-                passed += 1;
-                println!("slt {} ... ok", file.display());
-            }
-            Err(e) => {
-                failed += 1;
-                println!("slt {} ... FAILED\n{e}", file.display());
+    let mut all_ok = true;
+    for backend in backends {
+        let (mut passed, mut failed) = (0usize, 0usize);
+        for file in &files {
+            match runtime.block_on(run_file(file, backend)) {
+                Ok(()) => {
+                    passed += 1;
+                    println!("slt [{backend}] {} ... ok", file.display());
+                }
+                Err(e) => {
+                    failed += 1;
+                    println!("slt [{backend}] {} ... FAILED\n{e}", file.display());
+                }
             }
         }
+        println!("sqllogictests ({backend}): {passed} passed, {failed} failed");
+        all_ok &= failed == 0 && passed > 0;
     }
-    println!("sqllogictests ({backend}): {passed} passed, {failed} failed");
-    if failed == 0 && passed > 0 {
+    if all_ok {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE

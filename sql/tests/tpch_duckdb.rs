@@ -1,5 +1,5 @@
-//! TPC-H cross-check: all 22 queries at SF 0.1 on Spate and on DuckDB, over the same Parquet
-//! files written by `spate gen tpch`, must agree.
+//! TPC-H cross-check: all 22 queries at SF 0.1 on Spate (on the `cpu` and the `emulated`
+//! backends) and on DuckDB, over the same Parquet files written by `spate gen tpch`, must agree.
 //!
 //! Integers, strings and dates compare exactly; two decimals compare exactly at the smaller of
 //! their scales; floats, and decimal-vs-float pairs, to 1e-6 relative (a decimal-vs-float pair
@@ -134,35 +134,38 @@ fn run() -> Result<Outcome, String> {
         serde_json::from_slice(&output.stdout).map_err(|e| format!("bad DuckDB output: {e}"))?;
 
     let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
-    let engine = Engine::builder()
-        .backend(Backend::Cpu)
-        .build()
-        .map_err(|e| e.to_string())?;
-    runtime
-        .block_on(spate::tpch::register_parquet_dir(&engine, &dir))
-        .map_err(|e| e.to_string())?;
-
     let (mut passed, mut failed) = (0, 0);
-    for (number, sql) in spate_bench::tpch::QUERIES {
-        let name = format!("q{number:02}");
-        let started = std::time::Instant::now();
-        let expected = &duckdb[&name];
-        let verdict = match runtime.block_on(engine.collect(sql)) {
-            Err(e) => Err(format!("Spate failed: {e}")),
-            Ok(batches) => match expected.get("error") {
-                Some(err) => Err(format!("DuckDB failed: {err}")),
-                None => compare(&to_cells(&batches)?, &from_json(expected)?),
-            },
-        };
-        let ms = started.elapsed().as_millis();
-        match verdict {
-            Ok(rows) => {
-                passed += 1;
-                println!("{name} ... ok ({rows} rows, {ms} ms)");
-            }
-            Err(why) => {
-                failed += 1;
-                println!("{name} ... FAILED: {why}");
+    // Every query runs on the CPU and on the emulated GPU backend (GPU operators where they
+    // exist, their kernels run by the emulator): both must match DuckDB.
+    for backend in [Backend::Cpu, Backend::Emulated] {
+        let engine = Engine::builder()
+            .backend(backend)
+            .build()
+            .map_err(|e| e.to_string())?;
+        runtime
+            .block_on(spate::tpch::register_parquet_dir(&engine, &dir))
+            .map_err(|e| e.to_string())?;
+        for (number, sql) in spate_bench::tpch::QUERIES {
+            let name = format!("q{number:02}");
+            let started = std::time::Instant::now();
+            let expected = &duckdb[&name];
+            let verdict = match runtime.block_on(engine.collect(sql)) {
+                Err(e) => Err(format!("Spate failed: {e}")),
+                Ok(batches) => match expected.get("error") {
+                    Some(err) => Err(format!("DuckDB failed: {err}")),
+                    None => compare(&to_cells(&batches)?, &from_json(expected)?),
+                },
+            };
+            let ms = started.elapsed().as_millis();
+            match verdict {
+                Ok(rows) => {
+                    passed += 1;
+                    println!("{name} [{backend}] ... ok ({rows} rows, {ms} ms)");
+                }
+                Err(why) => {
+                    failed += 1;
+                    println!("{name} [{backend}] ... FAILED: {why}");
+                }
             }
         }
     }

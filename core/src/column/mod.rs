@@ -14,6 +14,7 @@
 //!   small transfers are what makes GPU engines slow, so batches should be coalesced (in bytes)
 //!   before they are uploaded.
 
+mod gather;
 mod transfer;
 
 use std::sync::Arc;
@@ -23,6 +24,7 @@ use spate_kernels::{DeviceBitmap, DeviceBuffer, DeviceSlice};
 
 use crate::error::{Result, SpateError};
 
+pub use gather::gather_column;
 pub use transfer::{download_batch, download_column, upload_batch, upload_column};
 
 /// A range of bytes in a shared device allocation (a batch's arena, or an operator's output).

@@ -7,10 +7,14 @@
 //! boundaries), and before `EnsureCooperative` and `SanityCheckPlan` (so that cooperative
 //! scheduling and requirement checks see the GPU nodes). See `docs/ARCHITECTURE.md`.
 
+pub mod offload;
+
 use std::sync::Arc;
 
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
+
+pub use offload::GpuOffloadRule;
 
 /// A physical optimizer rule as the session state stores it.
 pub type PhysicalRule = Arc<dyn PhysicalOptimizerRule + Send + Sync>;

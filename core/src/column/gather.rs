@@ -1,0 +1,87 @@
+//! Row selection on device columns: `out[i] = column[indices[i]]`, for every layout.
+//!
+//! Used by filters (after compaction) and, later, joins and sorts. Validity is gathered with
+//! the values; the output's bitmaps start at bit 0.
+
+use spate_kernels::gather::{self as kg, DeviceStrings};
+use spate_kernels::{DeviceBitmap, DeviceSlice, Stream, reduce};
+
+use super::{DeviceBytes, DeviceColumn, DeviceValidity, DeviceValues};
+use crate::error::{Result, SpateError};
+
+/// Gathers `indices` (which must all be valid rows of `column`) into a new column.
+pub fn gather_column(
+    stream: &Stream,
+    column: &DeviceColumn,
+    indices: DeviceSlice<'_, u32>,
+) -> Result<DeviceColumn> {
+    let n = indices.len();
+    let (validity, null_count) = match column.validity() {
+        Some(v) => {
+            let bits = kg::gather_bitmap(stream, Some(v.bitmap()), indices)?;
+            let valid = reduce::count_valid(stream, DeviceBitmap::new(&bits), n)? as usize;
+            let validity = DeviceValidity {
+                bytes: DeviceBytes::new(bits),
+                offset: 0,
+            };
+            (Some(validity), n - valid)
+        }
+        None => (None, 0),
+    };
+    let values = match column.values() {
+        DeviceValues::Fixed { bytes, width } => {
+            let out = match width {
+                1 => kg::gather(stream, bytes.typed::<u8>()?, indices)?.into_bytes(),
+                2 => kg::gather(stream, bytes.typed::<u16>()?, indices)?.into_bytes(),
+                4 => kg::gather(stream, bytes.typed::<u32>()?, indices)?.into_bytes(),
+                8 => kg::gather(stream, bytes.typed::<u64>()?, indices)?.into_bytes(),
+                16 => kg::gather(stream, bytes.typed::<u128>()?, indices)?.into_bytes(),
+                other => {
+                    return Err(SpateError::Internal {
+                        message: format!("no gather for {other}-byte values"),
+                    });
+                }
+            };
+            DeviceValues::Fixed {
+                bytes: DeviceBytes::new(out),
+                width: *width,
+            }
+        }
+        DeviceValues::Bits { bytes, offset } => {
+            let bitmap = DeviceBitmap::new(bytes.as_slice()).with_offset(*offset);
+            DeviceValues::Bits {
+                bytes: DeviceBytes::new(kg::gather_bitmap(stream, Some(bitmap), indices)?),
+                offset: 0,
+            }
+        }
+        DeviceValues::Utf8 { offsets, bytes } => {
+            let strings = DeviceStrings {
+                offsets: offsets.typed::<i32>()?,
+                bytes: bytes.as_slice(),
+            };
+            let out = kg::gather_strings(stream, strings, indices)?;
+            DeviceValues::Utf8 {
+                offsets: DeviceBytes::new(out.offsets.into_bytes()),
+                bytes: DeviceBytes::new(out.bytes),
+            }
+        }
+        DeviceValues::LargeUtf8 { offsets, bytes } => {
+            let strings = DeviceStrings {
+                offsets: offsets.typed::<i64>()?,
+                bytes: bytes.as_slice(),
+            };
+            let out = kg::gather_strings(stream, strings, indices)?;
+            DeviceValues::LargeUtf8 {
+                offsets: DeviceBytes::new(out.offsets.into_bytes()),
+                bytes: DeviceBytes::new(out.bytes),
+            }
+        }
+    };
+    Ok(DeviceColumn::new(
+        column.data_type().clone(),
+        n,
+        null_count,
+        validity,
+        values,
+    ))
+}

@@ -1,0 +1,215 @@
+//! GPU physical operators, one per file, and the device-batch interface between them.
+//!
+//! Every GPU operator implements DataFusion's `ExecutionPlan` (host record batches, for CPU
+//! parents) and [`GpuExec::execute_device`] (device batches, for GPU parents). A GPU operator
+//! asks its child for device batches with [`device_input`]: a GPU child hands them over
+//! directly, a CPU child's host batches are coalesced (to `spate.gpu.batch_bytes`) and uploaded.
+//! Data therefore crosses between host and device only at the edges of a GPU subtree, and the
+//! plan keeps DataFusion's shape (no transfer nodes).
+//!
+//! One device stream serves one partition of a GPU subtree: the topmost GPU operator creates
+//! it and passes it down, so every kernel and copy of that partition is ordered on it.
+
+pub mod filter;
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use arrow::compute::concat_batches;
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use datafusion::error::{DataFusionError, Result as DFResult};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, Time};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use futures::{Stream, StreamExt};
+use spate_kernels::Stream as DeviceStream;
+
+use crate::column::{DeviceBatch, download_batch, upload_batch};
+use crate::config::SpateOptions;
+use crate::device::GpuContext;
+
+pub use filter::GpuFilterExec;
+
+/// A stream of device batches.
+pub type DeviceBatchStream = Pin<Box<dyn Stream<Item = DFResult<DeviceBatch>> + Send>>;
+
+/// What every GPU operator adds to DataFusion's `ExecutionPlan`.
+pub trait GpuExec: ExecutionPlan {
+    /// The output of `partition` as device batches, with all work ordered on `stream`.
+    fn execute_device(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+        stream: Arc<DeviceStream>,
+    ) -> DFResult<DeviceBatchStream>;
+}
+
+/// The GPU operator behind a plan node, if it is one.
+pub fn as_gpu_exec(plan: &dyn ExecutionPlan) -> Option<&dyn GpuExec> {
+    if let Some(f) = plan.downcast_ref::<GpuFilterExec>() {
+        return Some(f);
+    }
+    None
+}
+
+/// The session's GPU, which the engine stores in the session config.
+pub(crate) fn gpu_context(context: &TaskContext) -> DFResult<Arc<GpuContext>> {
+    context
+        .session_config()
+        .get_extension::<GpuContext>()
+        .ok_or_else(|| {
+            DataFusionError::Internal(
+                "a GPU operator ran in a session without a GPU context (this is a bug)".into(),
+            )
+        })
+}
+
+/// Host↔device traffic of one operator, shown by `EXPLAIN ANALYZE`.
+#[derive(Debug, Clone)]
+pub(crate) struct TransferMetrics {
+    pub(crate) h2d_bytes: Count,
+    pub(crate) d2h_bytes: Count,
+    pub(crate) transfer_time: Time,
+}
+
+impl TransferMetrics {
+    pub(crate) fn new(metrics: &ExecutionPlanMetricsSet, partition: usize) -> Self {
+        TransferMetrics {
+            h2d_bytes: MetricBuilder::new(metrics).counter("h2d_bytes", partition),
+            d2h_bytes: MetricBuilder::new(metrics).counter("d2h_bytes", partition),
+            transfer_time: MetricBuilder::new(metrics).subset_time("transfer_time", partition),
+        }
+    }
+}
+
+fn to_df(e: crate::error::SpateError) -> DataFusionError {
+    DataFusionError::from(e)
+}
+
+/// Device batches of `input`'s `partition`: directly from a GPU operator, or uploaded from a
+/// CPU one after coalescing its batches to about `spate.gpu.batch_bytes`.
+pub(crate) fn device_input(
+    input: &Arc<dyn ExecutionPlan>,
+    partition: usize,
+    context: &Arc<TaskContext>,
+    stream: &Arc<DeviceStream>,
+    metrics: &TransferMetrics,
+) -> DFResult<DeviceBatchStream> {
+    if let Some(gpu) = as_gpu_exec(input.as_ref()) {
+        return gpu.execute_device(partition, Arc::clone(context), Arc::clone(stream));
+    }
+    let target = context
+        .session_config()
+        .options()
+        .extensions
+        .get::<SpateOptions>()
+        .map_or_else(
+            || SpateOptions::default().gpu.batch_bytes,
+            |o| o.gpu.batch_bytes,
+        )
+        .max(1);
+    let host = input.execute(partition, Arc::clone(context))?;
+    Ok(upload_stream(
+        host,
+        target,
+        Arc::clone(stream),
+        metrics.clone(),
+    ))
+}
+
+struct Upload {
+    host: SendableRecordBatchStream,
+    schema: SchemaRef,
+    pending: Vec<RecordBatch>,
+    pending_bytes: usize,
+    target_bytes: usize,
+    stream: Arc<DeviceStream>,
+    metrics: TransferMetrics,
+    done: bool,
+}
+
+impl Upload {
+    fn flush(&mut self) -> DFResult<DeviceBatch> {
+        let batches = std::mem::take(&mut self.pending);
+        self.pending_bytes = 0;
+        let batch = if batches.len() == 1 {
+            batches
+                .into_iter()
+                .next()
+                .unwrap_or_else(|| RecordBatch::new_empty(Arc::clone(&self.schema)))
+        } else {
+            concat_batches(&self.schema, &batches)?
+        };
+        let _timer = self.metrics.transfer_time.timer();
+        let device = upload_batch(&self.stream, &batch).map_err(to_df)?;
+        self.metrics.h2d_bytes.add(device.device_bytes());
+        Ok(device)
+    }
+}
+
+/// Coalesces host batches to about `target_bytes` and uploads each group as one device batch.
+fn upload_stream(
+    host: SendableRecordBatchStream,
+    target_bytes: usize,
+    stream: Arc<DeviceStream>,
+    metrics: TransferMetrics,
+) -> DeviceBatchStream {
+    let state = Upload {
+        schema: host.schema(),
+        host,
+        pending: Vec::new(),
+        pending_bytes: 0,
+        target_bytes,
+        stream,
+        metrics,
+        done: false,
+    };
+    Box::pin(futures::stream::unfold(state, |mut s| async move {
+        loop {
+            if s.done {
+                if s.pending.is_empty() {
+                    return None;
+                }
+                let out = s.flush();
+                return Some((out, s));
+            }
+            match s.host.next().await {
+                Some(Ok(batch)) => {
+                    if batch.num_rows() == 0 {
+                        continue;
+                    }
+                    s.pending_bytes += batch.get_array_memory_size();
+                    s.pending.push(batch);
+                    if s.pending_bytes >= s.target_bytes {
+                        let out = s.flush();
+                        return Some((out, s));
+                    }
+                }
+                Some(Err(e)) => {
+                    s.done = true;
+                    s.pending.clear();
+                    return Some((Err(e), s));
+                }
+                None => s.done = true,
+            }
+        }
+    }))
+}
+
+/// Downloads a GPU operator's device batches for a CPU parent.
+pub(crate) fn download_stream(
+    schema: SchemaRef,
+    batches: DeviceBatchStream,
+    stream: Arc<DeviceStream>,
+    metrics: TransferMetrics,
+) -> SendableRecordBatchStream {
+    let host = batches.map(move |batch| {
+        let batch = batch?;
+        let _timer = metrics.transfer_time.timer();
+        metrics.d2h_bytes.add(batch.device_bytes());
+        download_batch(&stream, &batch).map_err(to_df)
+    });
+    Box::pin(RecordBatchStreamAdapter::new(schema, host))
+}

@@ -1,0 +1,107 @@
+//! The GPU offload rule and the fallback policy.
+//!
+//! Walking the finished physical plan bottom-up, the rule swaps every operator that has a GPU
+//! version and whose expressions and types the GPU supports (`FilterExec` → `GpuFilterExec`
+//! today). GPU operators exchange device batches directly (see `crate::exec`), so a chain of
+//! them keeps its data on the device. Every compute operator left on the CPU is a fallback,
+//! handled by `spate.gpu.fallback`: `cpu` counts it, `warn` also logs the reason, `error`
+//! fails the query naming the operator and the reason.
+//!
+//! Plumbing that has no GPU work in it (scans, exchanges, batch coalescing) is not a fallback.
+
+use std::sync::Arc;
+
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::error::{DataFusionError, Result as DFResult};
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::filter::FilterExec;
+
+use crate::config::{FallbackPolicy, SpateOptions};
+use crate::device::GpuContext;
+use crate::exec::{GpuFilterExec, as_gpu_exec};
+
+/// Operators that move or read data but compute nothing a GPU would do for them.
+const PLUMBING: &[&str] = &[
+    "DataSourceExec",
+    "RepartitionExec",
+    "CoalescePartitionsExec",
+    "CoalesceBatchesExec",
+    "CooperativeExec",
+    "EmptyExec",
+    "PlaceholderRowExec",
+    "OutputRequirementExec",
+    "StreamingTableExec",
+    "LazyMemoryExec",
+    "MemoryExec",
+    "WorkTableExec",
+];
+
+/// Swaps supported operators for GPU operators (see the module docs).
+#[derive(Debug)]
+pub struct GpuOffloadRule {
+    gpu: Arc<GpuContext>,
+}
+
+impl GpuOffloadRule {
+    /// The rule for a session's GPU.
+    pub fn new(gpu: Arc<GpuContext>) -> Self {
+        GpuOffloadRule { gpu }
+    }
+
+    fn fallback(&self, policy: FallbackPolicy, operator: &str, reason: &str) -> DFResult<()> {
+        self.gpu.record_fallback();
+        match policy {
+            FallbackPolicy::Cpu => Ok(()),
+            FallbackPolicy::Warn => {
+                log::warn!("{operator} runs on the CPU: {reason}");
+                Ok(())
+            }
+            FallbackPolicy::Error => Err(DataFusionError::NotImplemented(format!(
+                "{operator} cannot run on the GPU: {reason} (spate.gpu.fallback = error; set it \
+                 to cpu or warn to run such operators on the CPU)"
+            ))),
+        }
+    }
+}
+
+impl PhysicalOptimizerRule for GpuOffloadRule {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        config: &ConfigOptions,
+    ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        let policy = config
+            .extensions
+            .get::<SpateOptions>()
+            .map(|o| o.gpu.fallback)
+            .unwrap_or_default();
+        plan.transform_up(|node| {
+            if as_gpu_exec(node.as_ref()).is_some() || PLUMBING.contains(&node.name()) {
+                return Ok(Transformed::no(node));
+            }
+            if let Some(filter) = node.downcast_ref::<FilterExec>() {
+                match GpuFilterExec::try_new(Arc::new(filter.clone())) {
+                    Ok(gpu) => {
+                        return Ok(Transformed::yes(Arc::new(gpu) as Arc<dyn ExecutionPlan>));
+                    }
+                    Err(reason) => self.fallback(policy, "FilterExec", &reason.0)?,
+                }
+            } else {
+                let name = node.name().to_string();
+                self.fallback(policy, &name, "there is no GPU operator for it yet")?;
+            }
+            Ok(Transformed::no(node))
+        })
+        .map(|t| t.data)
+    }
+
+    fn name(&self) -> &str {
+        "GpuOffload"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
