@@ -1,17 +1,19 @@
 //! Spate: an embeddable SQL engine on Apache DataFusion that runs operators on GPUs.
 //!
 //! ```text
-//!            ┌──────────── spate (this crate) ─────────────┐
-//!  SQL ───▶  │ Engine ─▶ DataFusion planner ─▶ offload slot │ ─▶ record batches
-//!            │            (parse, optimize)    (crate::plan)│
-//!            └───────────────┬─────────────────────────────┘
-//!                            │ GPU operators (later) use
-//!                            ▼
-//!                     spate-kernels (CUDA / emulated)
+//!            ┌──────────────────── spate (this crate) ─────────────────────┐
+//!  SQL ───▶  │ Engine ─▶ DataFusion planner ─▶ GpuOffloadRule (crate::plan) │ ─▶ record batches
+//!            │            (parse, optimize)      swaps in GPU operators    │
+//!            │ GPU operators (crate::exec) ◀─ expression JIT (crate::expr) │
+//!            │   device batches (crate::column) ◀─▶ Arrow at the edges     │
+//!            └──────────────────────────────┬──────────────────────────────┘
+//!                                           ▼
+//!                           spate-kernels (CUDA / emulated)
 //! ```
 //!
-//! Today every plan runs on DataFusion's CPU operators; the backend selection, the offload slot
-//! and device discovery are in place for the GPU operators. See `docs/ARCHITECTURE.md`.
+//! With the `cpu` backend every plan runs on DataFusion's operators. With `cuda` (or `emulated`,
+//! the same kernels run by a host emulator) supported operators run on the GPU (filters today)
+//! and the rest stay on the CPU; `EXPLAIN` shows which. See `docs/ARCHITECTURE.md`.
 //!
 //! ```
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
