@@ -11,15 +11,18 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use datafusion::arrow::array::{ArrayRef, StringArray};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::catalog::MemTable;
 use datafusion::common::TableReference;
+use datafusion::common::format::ExplainFormat;
 use datafusion::dataframe::DataFrame;
 use datafusion::datasource::file_format::options::ArrowReadOptions;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::session_state::SessionStateBuilder;
+use datafusion::logical_expr::{Explain, LogicalPlan};
 use datafusion::prelude::{
     CsvReadOptions, JsonReadOptions, ParquetReadOptions, SessionConfig, SessionContext,
 };
@@ -368,7 +371,30 @@ impl Engine {
     /// here.
     pub async fn execute_statement(&self, statement: Statement) -> Result<DataFrame> {
         let plan = self.ctx.state().statement_to_plan(statement).await?;
+        if self.gpu.is_some()
+            && let LogicalPlan::Explain(explain) = &plan
+            && !explain.verbose
+            && matches!(explain.explain_format, ExplainFormat::Indent)
+        {
+            return self.explain_with_placement(explain).await;
+        }
         Ok(self.ctx.execute_logical_plan(plan).await?)
+    }
+
+    /// `EXPLAIN` with a GPU backend: DataFusion's plans, each physical node marked `[GPU]` or
+    /// `[CPU: reason]`.
+    async fn explain_with_placement(&self, explain: &Explain) -> Result<DataFrame> {
+        let state = self.ctx.state();
+        let logical = state.optimize(&explain.plan)?;
+        let physical = state.create_physical_plan(&explain.plan).await?;
+        let plans: ArrayRef = Arc::new(StringArray::from(vec![
+            logical.display_indent().to_string(),
+            crate::plan::offload::annotate(&physical),
+        ]));
+        let kinds: ArrayRef = Arc::new(StringArray::from(vec!["logical_plan", "physical_plan"]));
+        let schema = Arc::new(explain.schema.as_arrow().clone());
+        let batch = RecordBatch::try_new(schema, vec![kinds, plans])?;
+        Ok(self.ctx.read_batch(batch)?)
     }
 
     /// Plans one SQL statement. Text with several statements is an error; use

@@ -199,6 +199,30 @@ async fn explain_shows_gpu_filters_and_the_cpu_keeps_the_rest() {
         plan.contains("GpuFilterExec: a@0 > 1 AND f@1 < 2"),
         "{plan}"
     );
+    // Every physical node says where it runs, and CPU nodes say why.
+    let plan = explain(&gpu, "SELECT sum(a) FROM t WHERE a > 1").await;
+    let physical: Vec<&str> = plan
+        .lines()
+        .skip_while(|l| !l.starts_with("physical_plan"))
+        .filter(|l| !l.trim().is_empty())
+        .collect();
+    assert!(
+        physical
+            .iter()
+            .all(|l| l.contains("  [GPU]") || l.contains("  [CPU: ")),
+        "{plan}"
+    );
+    assert!(
+        plan.contains("GpuFilterExec") && plan.contains("[GPU]"),
+        "{plan}"
+    );
+    assert!(
+        plan.contains("AggregateExec: mode=")
+            && plan.contains("[CPU: there is no GPU operator for it yet]"),
+        "{plan}"
+    );
+    let plan = explain(&gpu, "SELECT a FROM t WHERE a % 2 = 0").await;
+    assert!(plan.contains("[CPU: expression `"), "{plan}");
     // Modulo is not supported yet: the filter stays on the CPU.
     let plan = explain(&gpu, "SELECT a FROM t WHERE a % 2 = 0").await;
     assert!(

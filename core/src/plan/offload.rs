@@ -66,6 +66,58 @@ impl GpuOffloadRule {
     }
 }
 
+/// Why a node the rule left on the CPU is there, in words for `EXPLAIN`.
+fn cpu_reason(node: &dyn ExecutionPlan) -> String {
+    match node.name() {
+        "DataSourceExec" | "StreamingTableExec" | "LazyMemoryExec" | "MemoryExec"
+        | "WorkTableExec" => {
+            "reads its input on the host; the GPU operator above uploads it".into()
+        }
+        "RepartitionExec" | "CoalescePartitionsExec" | "CoalesceBatchesExec" => {
+            "moves batches between partitions on the host".into()
+        }
+        "EmptyExec" | "PlaceholderRowExec" => "produces no data to compute on".into(),
+        "CooperativeExec" | "OutputRequirementExec" => "scheduling wrapper, no work".into(),
+        _ => match node.downcast_ref::<FilterExec>() {
+            Some(filter) => match GpuFilterExec::try_new(Arc::new(filter.clone())) {
+                Err(reason) => reason.0,
+                Ok(_) => "a GPU filter was not chosen for it".into(),
+            },
+            None => "there is no GPU operator for it yet".into(),
+        },
+    }
+}
+
+/// The indented plan text (as `EXPLAIN` prints it) with each node marked `[GPU]` or
+/// `[CPU: reason]`.
+pub fn annotate(plan: &Arc<dyn ExecutionPlan>) -> String {
+    fn marks(node: &Arc<dyn ExecutionPlan>, out: &mut Vec<String>) {
+        out.push(if as_gpu_exec(node.as_ref()).is_some() {
+            "GPU".to_string()
+        } else {
+            format!("CPU: {}", cpu_reason(node.as_ref()))
+        });
+        for child in node.children() {
+            marks(child, out);
+        }
+    }
+    let text = datafusion::physical_plan::displayable(plan.as_ref())
+        .indent(true)
+        .to_string();
+    let mut all = Vec::new();
+    marks(plan, &mut all);
+    let lines: Vec<&str> = text.lines().collect();
+    if lines.len() != all.len() {
+        // A node printed over several lines: keep DataFusion's text rather than guess.
+        return text;
+    }
+    lines
+        .iter()
+        .zip(all)
+        .map(|(line, mark)| format!("{line}  [{mark}]\n"))
+        .collect()
+}
+
 impl PhysicalOptimizerRule for GpuOffloadRule {
     fn optimize(
         &self,
@@ -81,17 +133,13 @@ impl PhysicalOptimizerRule for GpuOffloadRule {
             if as_gpu_exec(node.as_ref()).is_some() || PLUMBING.contains(&node.name()) {
                 return Ok(Transformed::no(node));
             }
-            if let Some(filter) = node.downcast_ref::<FilterExec>() {
-                match GpuFilterExec::try_new(Arc::new(filter.clone())) {
-                    Ok(gpu) => {
-                        return Ok(Transformed::yes(Arc::new(gpu) as Arc<dyn ExecutionPlan>));
-                    }
-                    Err(reason) => self.fallback(policy, "FilterExec", &reason.0)?,
-                }
-            } else {
-                let name = node.name().to_string();
-                self.fallback(policy, &name, "there is no GPU operator for it yet")?;
+            if let Some(filter) = node.downcast_ref::<FilterExec>()
+                && let Ok(gpu) = GpuFilterExec::try_new(Arc::new(filter.clone()))
+            {
+                return Ok(Transformed::yes(Arc::new(gpu) as Arc<dyn ExecutionPlan>));
             }
+            let name = node.name().to_string();
+            self.fallback(policy, &name, &cpu_reason(node.as_ref()))?;
             Ok(Transformed::no(node))
         })
         .map(|t| t.data)
