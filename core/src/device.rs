@@ -166,7 +166,8 @@ impl fmt::Display for BackendSelection {
 }
 
 /// What runs where with a GPU backend, for the selection's reason line.
-const GPU_SCOPE: &str = "filters run on the GPU, other operators on the CPU for now";
+const GPU_SCOPE: &str =
+    "filters and projections run on the GPU, other operators on the CPU for now";
 
 fn device_summary(devices: &[DeviceInfo]) -> String {
     match devices {

@@ -30,7 +30,7 @@ pub const NVRTC_DIR_ENV: &str = "SPATE_NVRTC_DIR";
 pub const CACHE_ENV: &str = "SPATE_KERNEL_CACHE";
 
 /// Options every NVRTC compile uses, besides the architecture.
-pub const NVRTC_OPTIONS: &[&str] = &["-std=c++17", "-default-device"];
+pub const NVRTC_OPTIONS: &[&str] = &["-std=c++17", "-default-device", "--device-int128"];
 
 /// NVRTC's version, once it has been found and loaded.
 pub fn nvrtc_version() -> Result<(i32, i32)> {

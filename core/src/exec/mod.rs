@@ -11,6 +11,7 @@
 //! it and passes it down, so every kernel and copy of that partition is ordered on it.
 
 pub mod filter;
+pub mod projection;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -31,6 +32,7 @@ use crate::config::SpateOptions;
 use crate::device::GpuContext;
 
 pub use filter::GpuFilterExec;
+pub use projection::GpuProjectionExec;
 
 /// A stream of device batches.
 pub type DeviceBatchStream = Pin<Box<dyn Stream<Item = DFResult<DeviceBatch>> + Send>>;
@@ -50,6 +52,9 @@ pub trait GpuExec: ExecutionPlan {
 pub fn as_gpu_exec(plan: &dyn ExecutionPlan) -> Option<&dyn GpuExec> {
     if let Some(f) = plan.downcast_ref::<GpuFilterExec>() {
         return Some(f);
+    }
+    if let Some(p) = plan.downcast_ref::<GpuProjectionExec>() {
+        return Some(p);
     }
     None
 }

@@ -9,11 +9,13 @@
 //! - comparisons of floats use IEEE total order after normalising -0.0 to +0.0, as DataFusion
 //!   does (NaN equals NaN and is greater than +inf; -0.0 equals +0.0);
 //! - integer `+ - *` wrap on overflow, as DataFusion's do;
-//! - decimals of precision up to 18 compare as scaled 64-bit integers (both sides share a
-//!   scale after DataFusion's type coercion).
+//! - decimals are scaled 128-bit integers: they compare at equal scales, and `+ - *` produce
+//!   DataFusion's result precision and scale; only shapes whose values cannot overflow run on
+//!   the GPU, so the CPU's overflow error can never be due;
+//! - casts run when they cannot fail (integer widening, to floats, to decimals with room).
 //!
-//! Anything else (strings, casts, CASE, division, decimal arithmetic) is reported as
-//! [`Unsupported`] with the expression named, and the operator stays on the CPU.
+//! Anything else (strings, CASE, division, other casts) is reported as [`Unsupported`] with the
+//! expression named, and the operator stays on the CPU.
 
 use std::fmt::Write as _;
 
@@ -22,7 +24,7 @@ use datafusion::common::ScalarValue;
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::{
-    BinaryExpr, Column, IsNotNullExpr, IsNullExpr, Literal, NotExpr,
+    BinaryExpr, CastExpr, Column, IsNotNullExpr, IsNullExpr, Literal, NotExpr,
 };
 
 /// Why an expression cannot run on the GPU.
@@ -45,76 +47,56 @@ enum DevType {
     },
     F32,
     F64,
-    /// A decimal of precision <= 18, held as its scaled value in an i64.
+    /// A Decimal128, held as its scaled value in an i128.
     Dec {
+        precision: u8,
         scale: i8,
     },
 }
 
 impl DevType {
-    fn of(data_type: &DataType) -> Option<(DevType, &'static str)> {
+    fn of(data_type: &DataType) -> Option<DevType> {
         use DataType::*;
         Some(match data_type {
-            Boolean => (DevType::Bool, "bool"),
-            Int8 => (
-                DevType::Int {
-                    bits: 8,
-                    signed: true,
-                },
-                "i8",
-            ),
-            Int16 => (
-                DevType::Int {
-                    bits: 16,
-                    signed: true,
-                },
-                "i16",
-            ),
-            Int32 | Date32 | Time32(_) => (
-                DevType::Int {
-                    bits: 32,
-                    signed: true,
-                },
-                "i32",
-            ),
-            Int64 | Date64 | Time64(_) | Timestamp(_, _) | Duration(_) => (
-                DevType::Int {
-                    bits: 64,
-                    signed: true,
-                },
-                "i64",
-            ),
-            UInt8 => (
-                DevType::Int {
-                    bits: 8,
-                    signed: false,
-                },
-                "u8",
-            ),
-            UInt16 => (
-                DevType::Int {
-                    bits: 16,
-                    signed: false,
-                },
-                "u16",
-            ),
-            UInt32 => (
-                DevType::Int {
-                    bits: 32,
-                    signed: false,
-                },
-                "u32",
-            ),
-            UInt64 => (
-                DevType::Int {
-                    bits: 64,
-                    signed: false,
-                },
-                "u64",
-            ),
-            Float32 => (DevType::F32, "f32"),
-            Float64 => (DevType::F64, "f64"),
-            Decimal128(p, s) if *p <= 18 => (DevType::Dec { scale: *s }, "i64"),
+            Boolean => DevType::Bool,
+            Int8 => DevType::Int {
+                bits: 8,
+                signed: true,
+            },
+            Int16 => DevType::Int {
+                bits: 16,
+                signed: true,
+            },
+            Int32 | Date32 | Time32(_) => DevType::Int {
+                bits: 32,
+                signed: true,
+            },
+            Int64 | Date64 | Time64(_) | Timestamp(_, _) | Duration(_) => DevType::Int {
+                bits: 64,
+                signed: true,
+            },
+            UInt8 => DevType::Int {
+                bits: 8,
+                signed: false,
+            },
+            UInt16 => DevType::Int {
+                bits: 16,
+                signed: false,
+            },
+            UInt32 => DevType::Int {
+                bits: 32,
+                signed: false,
+            },
+            UInt64 => DevType::Int {
+                bits: 64,
+                signed: false,
+            },
+            Float32 => DevType::F32,
+            Float64 => DevType::F64,
+            Decimal128(p, s) => DevType::Dec {
+                precision: *p,
+                scale: *s,
+            },
             _ => return None,
         })
     }
@@ -134,7 +116,7 @@ impl DevType {
             },
             DevType::F32 => "f32",
             DevType::F64 => "f64",
-            DevType::Dec { .. } => "i64",
+            DevType::Dec { .. } => "i128",
         }
     }
 
@@ -145,6 +127,58 @@ impl DevType {
             DevType::Int { bits: 32, .. } => "u32",
             _ => "u64",
         }
+    }
+
+    /// Whether two operand types can be compared directly.
+    fn comparable(self, other: DevType) -> bool {
+        match (self, other) {
+            (DevType::Dec { scale: a, .. }, DevType::Dec { scale: b, .. }) => a == b,
+            (a, b) => a == b,
+        }
+    }
+
+    /// Decimal digits an integer type can hold.
+    fn int_digits(self) -> Option<u8> {
+        match self {
+            DevType::Int { bits: 8, .. } => Some(3),
+            DevType::Int { bits: 16, .. } => Some(5),
+            DevType::Int { bits: 32, .. } => Some(10),
+            DevType::Int {
+                bits: 64,
+                signed: true,
+            } => Some(19),
+            DevType::Int {
+                bits: 64,
+                signed: false,
+            } => Some(20),
+            _ => None,
+        }
+    }
+}
+
+/// `10^k` as an i128 literal.
+fn pow10(k: i8) -> String {
+    format!(
+        "((i128){}ull",
+        10u64.pow(u32::from(k.unsigned_abs()).min(19))
+    ) + &if k > 19 {
+        format!(
+            " * (i128){}ull)",
+            10u64.pow(u32::from(k.unsigned_abs()) - 19)
+        )
+    } else {
+        ")".to_string()
+    }
+}
+
+/// An i128 literal.
+fn i128_literal(v: i128) -> String {
+    if let Ok(small) = i64::try_from(v) {
+        format!("((i128)(i64){}ull)", small as u64)
+    } else {
+        let hi = (v >> 64) as i64;
+        let lo = v as u64;
+        format!("((((i128)(i64){}ull) << 64) | (i128){lo}ull)", hi as u64)
     }
 }
 
@@ -210,6 +244,9 @@ impl Gen<'_> {
         if let Some(b) = expr.downcast_ref::<BinaryExpr>() {
             return self.binary(b);
         }
+        if let Some(c) = expr.downcast_ref::<CastExpr>() {
+            return self.cast(c);
+        }
         if let Some(n) = expr.downcast_ref::<NotExpr>() {
             let a = self.emit(n.arg().as_ref())?;
             if a.ty != DevType::Bool {
@@ -246,7 +283,7 @@ impl Gen<'_> {
         let field = self.schema.fields().get(c.index()).ok_or_else(|| {
             Unsupported(format!("column {} is outside the input schema", c.index()))
         })?;
-        let (ty, c_type) = DevType::of(field.data_type()).ok_or_else(|| {
+        let ty = DevType::of(field.data_type()).ok_or_else(|| {
             Unsupported(format!(
                 "column `{}` has type {}, which GPU expressions do not support yet",
                 field.name(),
@@ -255,11 +292,9 @@ impl Gen<'_> {
         })?;
         let k = self.input_slot(c.index(), field.data_type());
         let (v, n) = (self.var(), self.var());
-        let load = match (ty, field.data_type()) {
-            (DevType::Bool, _) => format!("spate::bit_is_set(d{k}, b{k}, i)"),
-            // Decimal128 values are 16 bytes; with precision <= 18 the low word is the value.
-            (_, DataType::Decimal128(_, _)) => format!("((const i64*)d{k})[2 * i]"),
-            _ => format!("((const {c_type}*)d{k})[i]"),
+        let load = match ty {
+            DevType::Bool => format!("spate::bit_is_set(d{k}, b{k}, i)"),
+            _ => format!("((const {}*)d{k})[i]", ty.c_type()),
         };
         let _ = writeln!(
             self.body,
@@ -274,7 +309,7 @@ impl Gen<'_> {
     }
 
     fn literal(&mut self, value: &ScalarValue) -> Result<Operand, Unsupported> {
-        let (ty, _) = DevType::of(&value.data_type()).ok_or_else(|| {
+        let ty = DevType::of(&value.data_type()).ok_or_else(|| {
             Unsupported(format!(
                 "literal {value} of type {} is not supported on the GPU yet",
                 value.data_type()
@@ -305,12 +340,7 @@ impl Gen<'_> {
             ScalarValue::Float64(Some(v)) => {
                 format!("__longlong_as_double((i64){}ull)", v.to_bits())
             }
-            ScalarValue::Decimal128(Some(v), _, _) => {
-                let v = i64::try_from(*v).map_err(|_| {
-                    Unsupported(format!("decimal literal {value} does not fit 64 bits"))
-                })?;
-                format!("((i64){}ull)", v as u64)
-            }
+            ScalarValue::Decimal128(Some(v), _, _) => i128_literal(*v),
             other => {
                 let bits = match other {
                     ScalarValue::Int64(Some(v))
@@ -338,6 +368,153 @@ impl Gen<'_> {
             value: text,
             null: "false".into(),
             ty,
+        })
+    }
+
+    /// Decimal `+ - *` with DataFusion's result type. Only shapes that cannot overflow i128
+    /// run here (so the CPU's overflow error can never be due); others stay on the CPU.
+    fn decimal_arithmetic(
+        &mut self,
+        b: &BinaryExpr,
+        op: &Operator,
+        l: Operand,
+        r: Operand,
+        v: String,
+        n: String,
+    ) -> Result<Operand, Unsupported> {
+        let unsupported =
+            |why: &str| Unsupported(format!("`{b}`: {why} on the GPU is not supported yet"));
+        let (
+            DevType::Dec {
+                precision: p1,
+                scale: s1,
+            },
+            DevType::Dec {
+                precision: p2,
+                scale: s2,
+            },
+        ) = (l.ty, r.ty)
+        else {
+            return Err(unsupported("mixing decimals with other types"));
+        };
+        let result = b
+            .data_type(self.schema)
+            .map_err(|e| Unsupported(format!("`{b}`: {e}")))?;
+        let Some(DevType::Dec {
+            precision: p,
+            scale: s,
+        }) = DevType::of(&result)
+        else {
+            return Err(unsupported("a non-decimal result"));
+        };
+        let (p1, p2, p) = (i32::from(p1), i32::from(p2), i32::from(p));
+        let (s1i, s2i, si) = (i32::from(s1), i32::from(s2), i32::from(s));
+        let expr = match op {
+            Operator::Plus | Operator::Minus => {
+                if si != s1i.max(s2i) || (p1 - s1i).max(p2 - s2i) + si + 1 > 38 || s1 < 0 || s2 < 0
+                {
+                    return Err(unsupported("this decimal precision and scale"));
+                }
+                let c_op = if *op == Operator::Plus { "+" } else { "-" };
+                format!(
+                    "({} * {}) {c_op} ({} * {})",
+                    l.value,
+                    pow10(s - s1),
+                    r.value,
+                    pow10(s - s2)
+                )
+            }
+            _ => {
+                if si != s1i + s2i || p1 + p2 > 38 {
+                    return Err(unsupported("this decimal precision and scale"));
+                }
+                format!("{} * {}", l.value, r.value)
+            }
+        };
+        let _ = p;
+        let _ = writeln!(
+            self.body,
+            "        const bool {n} = {} || {};\n        const i128 {v} = {expr};",
+            l.null, r.null
+        );
+        Ok(Operand {
+            value: v,
+            null: n,
+            ty: DevType::of(&result).unwrap_or(l.ty),
+        })
+    }
+
+    /// Casts that cannot fail or lose information: integer widening, integers and f32 to
+    /// floats, integers to decimals with room for every value, and decimal rescaling upwards.
+    fn cast(&mut self, c: &CastExpr) -> Result<Operand, Unsupported> {
+        let a = self.emit(c.expr().as_ref())?;
+        let to = DevType::of(c.cast_type()).ok_or_else(|| {
+            Unsupported(format!(
+                "cast to {} is not supported on the GPU yet",
+                c.cast_type()
+            ))
+        })?;
+        let unsupported = || {
+            Unsupported(format!(
+                "cast from {:?} to {} in `{c}` is not supported on the GPU yet",
+                a.ty,
+                c.cast_type()
+            ))
+        };
+        let value = match (a.ty, to) {
+            (x, y) if x == y => a.value.clone(),
+            (
+                DevType::Int {
+                    bits: b1,
+                    signed: s1,
+                },
+                DevType::Int {
+                    bits: b2,
+                    signed: s2,
+                },
+            ) if b2 > b1 && (s1 == s2 || (!s1 && s2)) || (b2 == b1 && s1 == s2) => {
+                format!("(({}){})", to.c_type(), a.value)
+            }
+            (DevType::Int { .. } | DevType::F32, DevType::F64)
+            | (DevType::Int { .. }, DevType::F32) => format!("(({}){})", to.c_type(), a.value),
+            (DevType::Int { .. }, DevType::Dec { precision, scale })
+                if scale >= 0
+                    && a.ty.int_digits().is_some_and(|d| {
+                        i32::from(d) + i32::from(scale) <= i32::from(precision)
+                    }) =>
+            {
+                format!("((i128){} * {})", a.value, pow10(scale))
+            }
+            // Arrow's cast: the unscaled value as a float, divided by 10^scale as a float.
+            (DevType::Dec { scale, .. }, DevType::F64) if (0..=22).contains(&scale) => {
+                let divisor = 10f64.powi(i32::from(scale));
+                format!(
+                    "(({})((f64){} / __longlong_as_double((i64){}ull)))",
+                    to.c_type(),
+                    a.value,
+                    divisor.to_bits()
+                )
+            }
+            (
+                DevType::Dec {
+                    precision: p1,
+                    scale: s1,
+                },
+                DevType::Dec {
+                    precision: p2,
+                    scale: s2,
+                },
+            ) if s2 >= s1 && i32::from(p2) - i32::from(s2) >= i32::from(p1) - i32::from(s1) => {
+                format!("({} * {})", a.value, pow10(s2 - s1))
+            }
+            _ => return Err(unsupported()),
+        };
+        let v = self.var();
+        let _ = writeln!(self.body, "        const {} {v} = {value};", to.c_type());
+        Ok(Operand {
+            value: v,
+            null: a.null,
+            ty: to,
         })
     }
 
@@ -379,8 +556,7 @@ impl Gen<'_> {
             | Operator::LtEq
             | Operator::Gt
             | Operator::GtEq => {
-                let same = l.ty == r.ty;
-                if !same {
+                if !l.ty.comparable(r.ty) {
                     return Err(Unsupported(format!(
                         "comparison of different types in `{b}` ({:?} vs {:?})",
                         l.ty, r.ty
@@ -411,6 +587,11 @@ impl Gen<'_> {
                     null: n,
                     ty: DevType::Bool,
                 })
+            }
+            Operator::Plus | Operator::Minus | Operator::Multiply
+                if matches!(l.ty, DevType::Dec { .. }) || matches!(r.ty, DevType::Dec { .. }) =>
+            {
+                self.decimal_arithmetic(b, op, l, r, v, n)
             }
             Operator::Plus | Operator::Minus | Operator::Multiply => {
                 if l.ty != r.ty {
@@ -504,44 +685,143 @@ pub fn predicate_kernel(
     })
 }
 
-fn blake3_hex(text: &str) -> String {
-    spate_kernels::compile::cache_key(&[text.as_bytes()])[..16].to_string()
+/// A compiled-to-source list of value expressions (a projection): one kernel computes every
+/// output column, with its validity.
+#[derive(Debug, Clone)]
+pub struct ValueKernel {
+    /// Full source, ready for `Device::compile_generated`.
+    pub source: String,
+    /// The entry point (`spate_proj_<hash>`).
+    pub entry: String,
+    /// The columns read, laid out as in [`PredicateKernel::inputs`], followed by `u64 rows`
+    /// and then, per output, `(T* values, u32* validity_words)`.
+    pub inputs: Vec<KernelInput>,
+    /// The Arrow type of each output.
+    pub outputs: Vec<DataType>,
 }
 
-#[cfg(test)]
-mod tests;
-
-/// Runs a compiled predicate over a device batch (the operator's input) and returns a byte
-/// mask: 1 where the predicate is TRUE.
-pub fn evaluate_predicate(
-    stream: &spate_kernels::Stream,
-    kernel: &spate_kernels::Kernel,
-    predicate: &PredicateKernel,
-    batch: &crate::column::DeviceBatch,
-) -> crate::error::Result<spate_kernels::DeviceBuffer<u8>> {
-    use crate::column::DeviceValues;
-    use spate_kernels::{KernelArg, LaunchConfig};
-
-    let n = batch.num_rows();
-    let out = stream.alloc::<u8>(n)?;
-    if n == 0 {
-        return Ok(out);
+/// Generates one kernel computing `exprs` over rows of `input_schema`.
+pub fn value_kernel(
+    exprs: &[&dyn PhysicalExpr],
+    input_schema: &Schema,
+) -> Result<ValueKernel, Unsupported> {
+    let mut g = Gen {
+        schema: input_schema,
+        body: String::new(),
+        next: 0,
+        inputs: Vec::new(),
+    };
+    let mut outputs = Vec::new();
+    let mut finals = Vec::new();
+    for expr in exprs {
+        let data_type = expr
+            .data_type(input_schema)
+            .map_err(|e| Unsupported(format!("`{expr}`: {e}")))?;
+        let want = DevType::of(&data_type).ok_or_else(|| {
+            Unsupported(format!(
+                "`{expr}` yields {data_type}, which GPU expressions do not support yet"
+            ))
+        })?;
+        let got = g.emit(*expr)?;
+        if got.ty != want {
+            return Err(Unsupported(format!(
+                "`{expr}` computes {:?} on the GPU but DataFusion types it {data_type}",
+                got.ty
+            )));
+        }
+        outputs.push(data_type);
+        finals.push(got);
     }
-    let mut args = Vec::with_capacity(predicate.inputs.len() * 4 + 2);
-    for input in &predicate.inputs {
+    let mut params = String::new();
+    for k in 0..g.inputs.len() {
+        let _ = write!(
+            params,
+            "const u8* d{k}, u64 b{k}, const u8* v{k}, u64 o{k}, "
+        );
+    }
+    params.push_str("u64 n");
+    let mut declare = String::new();
+    let mut store = String::new();
+    let mut publish = String::new();
+    for (j, (f, ty)) in finals.iter().zip(&outputs).enumerate() {
+        let dev = DevType::of(ty).unwrap_or(DevType::Bool);
+        if dev == DevType::Bool {
+            let _ = write!(params, ", u32* out{j}, u32* valid{j}");
+            let _ = writeln!(
+                declare,
+                "        bool set{j} = false;\n        bool ok{j} = false;"
+            );
+            let _ = writeln!(
+                store,
+                "            ok{j} = !{};\n            set{j} = ok{j} && {};",
+                f.null, f.value
+            );
+            let _ = writeln!(
+                publish,
+                "        {{ const u32 w = __ballot_sync(SPATE_FULL_MASK, set{j}); const u32 v = __ballot_sync(SPATE_FULL_MASK, ok{j}); if (spate::lane_id() == 0) {{ out{j}[base / 32] = w; valid{j}[base / 32] = v; }} }}"
+            );
+        } else {
+            let c = dev.c_type();
+            let _ = write!(params, ", {c}* out{j}, u32* valid{j}");
+            let _ = writeln!(declare, "        bool ok{j} = false;");
+            let _ = writeln!(
+                store,
+                "            ok{j} = !{};\n            out{j}[i] = ok{j} ? ({c}){} : ({c})0;",
+                f.null, f.value
+            );
+            let _ = writeln!(
+                publish,
+                "        {{ const u32 v = __ballot_sync(SPATE_FULL_MASK, ok{j}); if (spate::lane_id() == 0) valid{j}[base / 32] = v; }}"
+            );
+        }
+    }
+    // Warp-strided rows: a warp owns 32 consecutive rows per step, so every ballot sees all 32
+    // lanes and one lane writes each 32-bit validity word.
+    let body = format!(
+        "extern \"C\" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY({params}) {{\n    const u64 warps = spate::grid_stride() / 32;\n    for (u64 base = (spate::global_thread_index() / 32) * 32; base < n; base += warps * 32) {{\n        const u64 i = base + spate::lane_id();\n{declare}        if (i < n) {{\n{}{store}        }}\n{publish}    }}\n}}\nSPATE_EXPORT(ENTRY)\n",
+        indent(&g.body)
+    );
+    let entry = format!("spate_proj_{}", blake3_hex(&body));
+    let names: Vec<String> = exprs.iter().map(|e| e.to_string()).collect();
+    let source = format!(
+        "// Generated by spate::expr from [{}].\n#include \"common/prelude.cuh\"\n#include \"common/bitmap.cuh\"\n#include \"common/order.cuh\"\n\n{}",
+        names.join(", ").replace('\n', " "),
+        body.replace("ENTRY", &entry)
+    );
+    Ok(ValueKernel {
+        source,
+        entry,
+        inputs: g.inputs,
+        outputs,
+    })
+}
+
+fn indent(body: &str) -> String {
+    body.lines().map(|l| format!("    {l}\n")).collect()
+}
+
+/// Device pointers and bit offsets of a kernel's input columns, in its parameter layout.
+fn input_args(
+    inputs: &[KernelInput],
+    batch: &crate::column::DeviceBatch,
+) -> crate::error::Result<Vec<spate_kernels::KernelArg>> {
+    use crate::column::DeviceValues;
+    use spate_kernels::KernelArg;
+    let mut args = Vec::with_capacity(inputs.len() * 4 + 2);
+    for input in inputs {
         let column =
             batch
                 .columns()
                 .get(input.index)
                 .ok_or_else(|| crate::error::SpateError::Internal {
-                    message: format!("predicate reads column {} of a narrower batch", input.index),
+                    message: format!("a kernel reads column {} of a narrower batch", input.index),
                 })?;
         let (data, bit_offset) = match column.values() {
             DeviceValues::Fixed { bytes, .. } => (bytes.as_slice().address(), 0),
             DeviceValues::Bits { bytes, offset } => (bytes.as_slice().address(), *offset),
             DeviceValues::Utf8 { .. } | DeviceValues::LargeUtf8 { .. } => {
                 return Err(crate::error::SpateError::Internal {
-                    message: "predicate kernels do not read strings".into(),
+                    message: "expression kernels do not read strings".into(),
                 });
             }
         };
@@ -558,6 +838,102 @@ pub fn evaluate_predicate(
             }
         }
     }
+    Ok(args)
+}
+
+/// Runs a value kernel over a device batch and returns its output columns.
+pub fn evaluate_values(
+    stream: &spate_kernels::Stream,
+    kernel: &spate_kernels::Kernel,
+    values: &ValueKernel,
+    batch: &crate::column::DeviceBatch,
+) -> crate::error::Result<Vec<crate::column::DeviceColumn>> {
+    use crate::column::{DeviceBytes, DeviceColumn, DeviceValidity, DeviceValues, device_layout};
+    use spate_kernels::gather::bitmap_bytes;
+    use spate_kernels::{DeviceBitmap, KernelArg, LaunchConfig, reduce};
+
+    let n = batch.num_rows();
+    let mut args = input_args(&values.inputs, batch)?;
+    args.push(KernelArg::U64(n as u64));
+    let mut buffers = Vec::with_capacity(values.outputs.len());
+    for data_type in &values.outputs {
+        let bytes = match device_layout(data_type) {
+            Some(crate::column::Layout::Fixed(width)) => n * width,
+            Some(crate::column::Layout::Bits) => bitmap_bytes(n),
+            _ => {
+                return Err(crate::error::SpateError::Internal {
+                    message: format!("value kernels cannot produce {data_type}"),
+                });
+            }
+        };
+        let data = stream.alloc::<u8>(bytes.max(4))?;
+        let validity = stream.alloc::<u8>(bitmap_bytes(n).max(4))?;
+        args.push((&data).into());
+        args.push((&validity).into());
+        buffers.push((data, validity));
+    }
+    if n > 0 {
+        let blocks = stream.device().grid_stride_blocks(n);
+        // SAFETY: the arguments follow `ValueKernel`'s documented layout; inputs hold `n` rows
+        // of the types the generated code reads, outputs `n` values (or bits) and a validity
+        // word per 32 rows.
+        unsafe { stream.launch(kernel, LaunchConfig::blocks(blocks), &args)? };
+    }
+    let mut columns = Vec::with_capacity(buffers.len());
+    for ((data, validity), data_type) in buffers.into_iter().zip(&values.outputs) {
+        let valid = if n == 0 {
+            0
+        } else {
+            reduce::count_valid(stream, DeviceBitmap::new(&validity), n)? as usize
+        };
+        let validity = (valid < n).then(|| DeviceValidity {
+            bytes: DeviceBytes::new(validity),
+            offset: 0,
+        });
+        let values = match device_layout(data_type) {
+            Some(crate::column::Layout::Fixed(width)) => DeviceValues::Fixed {
+                bytes: DeviceBytes::new(data),
+                width,
+            },
+            _ => DeviceValues::Bits {
+                bytes: DeviceBytes::new(data),
+                offset: 0,
+            },
+        };
+        columns.push(DeviceColumn::new(
+            data_type.clone(),
+            n,
+            n - valid,
+            validity,
+            values,
+        ));
+    }
+    Ok(columns)
+}
+
+fn blake3_hex(text: &str) -> String {
+    spate_kernels::compile::cache_key(&[text.as_bytes()])[..16].to_string()
+}
+
+#[cfg(test)]
+mod tests;
+
+/// Runs a compiled predicate over a device batch (the operator's input) and returns a byte
+/// mask: 1 where the predicate is TRUE.
+pub fn evaluate_predicate(
+    stream: &spate_kernels::Stream,
+    kernel: &spate_kernels::Kernel,
+    predicate: &PredicateKernel,
+    batch: &crate::column::DeviceBatch,
+) -> crate::error::Result<spate_kernels::DeviceBuffer<u8>> {
+    use spate_kernels::{KernelArg, LaunchConfig};
+
+    let n = batch.num_rows();
+    let out = stream.alloc::<u8>(n)?;
+    if n == 0 {
+        return Ok(out);
+    }
+    let mut args = input_args(&predicate.inputs, batch)?;
     args.push(KernelArg::U64(n as u64));
     args.push((&out).into());
     let cfg = LaunchConfig::blocks(stream.device().grid_stride_blocks(n));

@@ -13,7 +13,7 @@ use datafusion::common::ScalarValue;
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::{
-    BinaryExpr, Column, IsNotNullExpr, IsNullExpr, Literal, NotExpr,
+    BinaryExpr, CastExpr, Column, IsNotNullExpr, IsNullExpr, Literal, NotExpr,
 };
 use spate_kernels::reference::Rng;
 use spate_kernels::{Device, DeviceOptions};
@@ -237,4 +237,80 @@ fn the_same_predicate_generates_the_same_entry() {
             .entry
     );
     assert_eq!(p1.inputs.len(), 2);
+}
+
+fn values(s: &Schema) -> Vec<E> {
+    let a = || col(s, "a");
+    let b = || col(s, "b");
+    let f = || col(s, "f");
+    let m = || col(s, "m");
+    let dec = |v: i128, p: u8, sc: i8| lit(ScalarValue::Decimal128(Some(v), p, sc));
+    let cast = |e: E, t: DataType| -> E { Arc::new(CastExpr::new(e, t, None)) };
+    vec![
+        a(),
+        bin(a(), Operator::Plus, lit(ScalarValue::Int32(Some(i32::MAX)))),
+        bin(b(), Operator::Multiply, b()),
+        bin(f(), Operator::Minus, lit(ScalarValue::Float64(Some(0.25)))),
+        bin(a(), Operator::Gt, lit(ScalarValue::Int32(Some(0)))),
+        bin(
+            col(s, "p"),
+            Operator::And,
+            bin(a(), Operator::Lt, lit(ScalarValue::Int32(Some(5)))),
+        ),
+        // Decimals: DataFusion's result types, rescaled operands.
+        bin(
+            m(),
+            Operator::Multiply,
+            bin(dec(1, 20, 0), Operator::Minus, m()),
+        ),
+        bin(m(), Operator::Plus, dec(12_345, 10, 4)),
+        bin(m(), Operator::Multiply, m()),
+        cast(a(), DataType::Int64),
+        cast(a(), DataType::Float64),
+        cast(a(), DataType::Decimal128(20, 3)),
+        cast(m(), DataType::Decimal128(25, 6)),
+        cast(col(s, "u"), DataType::Int32),
+        lit(ScalarValue::Decimal128(Some(-(1i128 << 100)), 38, 0)),
+    ]
+}
+
+#[test]
+fn generated_values_match_datafusion() {
+    let device = Device::emulated(DeviceOptions::default()).unwrap();
+    let stream = device.new_stream().unwrap();
+    for n in [0usize, 1, 33, 1500] {
+        let host = batch(n, n as u64 + 7);
+        let schema = host.schema();
+        let on_device = upload_batch(&stream, &host).unwrap();
+        let exprs = values(&schema);
+        let refs: Vec<&dyn PhysicalExpr> = exprs.iter().map(|e| e.as_ref()).collect();
+        let vk = value_kernel(&refs, &schema).unwrap_or_else(|e| panic!("{e}"));
+        if n == 0 && spate_kernels::compile::nvrtc_version().is_ok() {
+            let resolved = spate_kernels::source::resolve(&vk.entry, &vk.source, false).unwrap();
+            spate_kernels::compile::nvrtc_compile(&vk.entry, &resolved, "sm_90", &[])
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let kernel = device
+            .compile_generated(&vk.entry, &vk.source, &[&vk.entry])
+            .unwrap()
+            .remove(0);
+        let columns = evaluate_values(&stream, &kernel, &vk, &on_device).unwrap();
+        for (expr, column) in exprs.iter().zip(&columns) {
+            let got = crate::column::download_column(&stream, column).unwrap();
+            let want = expr.evaluate(&host).unwrap().into_array(n).unwrap();
+            assert_eq!(got.data_type(), want.data_type(), "`{expr}`");
+            assert_eq!(got.as_ref(), want.as_ref(), "`{expr}` n={n}");
+            assert_eq!(got.null_count(), want.null_count(), "`{expr}`");
+        }
+    }
+}
+
+#[test]
+fn decimal_shapes_that_could_overflow_stay_on_the_cpu() {
+    let host = batch(1, 1);
+    let s = host.schema();
+    let big = lit(ScalarValue::Decimal128(Some(1), 38, 0));
+    let e = bin(col(&s, "m"), Operator::Multiply, big);
+    let err = value_kernel(&[e.as_ref()], &s).unwrap_err();
+    assert!(err.0.contains("precision and scale"), "{err}");
 }

@@ -1,26 +1,29 @@
 //! The GPU offload rule and the fallback policy.
 //!
 //! Walking the finished physical plan bottom-up, the rule swaps every operator that has a GPU
-//! version and whose expressions and types the GPU supports (`FilterExec` → `GpuFilterExec`
-//! today). GPU operators exchange device batches directly (see `crate::exec`), so a chain of
+//! version and whose expressions and types the GPU supports (`FilterExec` → `GpuFilterExec`,
+//! `ProjectionExec` → `GpuProjectionExec` today). GPU operators exchange device batches directly (see `crate::exec`), so a chain of
 //! them keeps its data on the device. Every compute operator left on the CPU is a fallback,
 //! handled by `spate.gpu.fallback`: `cpu` counts it, `warn` also logs the reason, `error`
 //! fails the query naming the operator and the reason.
 //!
-//! Plumbing that has no GPU work in it (scans, exchanges, batch coalescing) is not a fallback.
+//! Plumbing that has no GPU work in it (scans, exchanges, batch coalescing, projections that only
+//! select or rename columns) is not a fallback.
 
 use std::sync::Arc;
 
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::error::{DataFusionError, Result as DFResult};
+use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::projection::ProjectionExec;
 
 use crate::config::{FallbackPolicy, SpateOptions};
 use crate::device::GpuContext;
-use crate::exec::{GpuFilterExec, as_gpu_exec};
+use crate::exec::{GpuFilterExec, GpuProjectionExec, as_gpu_exec};
 
 /// Operators that move or read data but compute nothing a GPU would do for them.
 const PLUMBING: &[&str] = &[
@@ -66,6 +69,16 @@ impl GpuOffloadRule {
     }
 }
 
+/// A projection that only selects or renames columns computes nothing: leaving it on the CPU
+/// is not a fallback.
+fn is_column_selection(node: &dyn ExecutionPlan) -> bool {
+    node.downcast_ref::<ProjectionExec>().is_some_and(|p| {
+        p.expr()
+            .iter()
+            .all(|e| e.expr.downcast_ref::<Column>().is_some())
+    })
+}
+
 /// Why a node the rule left on the CPU is there, in words for `EXPLAIN`.
 fn cpu_reason(node: &dyn ExecutionPlan) -> String {
     match node.name() {
@@ -78,13 +91,25 @@ fn cpu_reason(node: &dyn ExecutionPlan) -> String {
         }
         "EmptyExec" | "PlaceholderRowExec" => "produces no data to compute on".into(),
         "CooperativeExec" | "OutputRequirementExec" => "scheduling wrapper, no work".into(),
-        _ => match node.downcast_ref::<FilterExec>() {
-            Some(filter) => match GpuFilterExec::try_new(Arc::new(filter.clone())) {
-                Err(reason) => reason.0,
-                Ok(_) => "a GPU filter was not chosen for it".into(),
-            },
-            None => "there is no GPU operator for it yet".into(),
-        },
+        _ => {
+            if let Some(filter) = node.downcast_ref::<FilterExec>() {
+                match GpuFilterExec::try_new(Arc::new(filter.clone())) {
+                    Err(reason) => reason.0,
+                    Ok(_) => "a GPU filter was not chosen for it".into(),
+                }
+            } else if is_column_selection(node) {
+                "only selects or renames columns of a CPU input".into()
+            } else if let Some(projection) = node.downcast_ref::<ProjectionExec>() {
+                match GpuProjectionExec::try_new(Arc::new(projection.clone())) {
+                    Err(reason) => reason.0,
+                    Ok(_) => "its input is on the CPU, and moving the data to the GPU and back \
+                              would cost more than the projection"
+                        .into(),
+                }
+            } else {
+                "there is no GPU operator for it yet".into()
+            }
+        }
     }
 }
 
@@ -137,6 +162,17 @@ impl PhysicalOptimizerRule for GpuOffloadRule {
                 && let Ok(gpu) = GpuFilterExec::try_new(Arc::new(filter.clone()))
             {
                 return Ok(Transformed::yes(Arc::new(gpu) as Arc<dyn ExecutionPlan>));
+            }
+            // A projection only pays on the GPU when its input is already there: on its own
+            // it would move data to the device and straight back (ping-pong).
+            if let Some(projection) = node.downcast_ref::<ProjectionExec>()
+                && as_gpu_exec(projection.input().as_ref()).is_some()
+                && let Ok(gpu) = GpuProjectionExec::try_new(Arc::new(projection.clone()))
+            {
+                return Ok(Transformed::yes(Arc::new(gpu) as Arc<dyn ExecutionPlan>));
+            }
+            if is_column_selection(node.as_ref()) {
+                return Ok(Transformed::no(node));
             }
             let name = node.name().to_string();
             self.fallback(policy, &name, &cpu_reason(node.as_ref()))?;

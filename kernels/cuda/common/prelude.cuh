@@ -26,6 +26,10 @@ typedef long long i64;
 typedef unsigned long long u64;
 typedef float f32;
 typedef double f64;
+// 128-bit integers for Decimal128 arithmetic (NVRTC needs --device-int128, which the runtime
+// always passes).
+typedef __int128 i128;
+typedef unsigned __int128 u128i;
 
 // A 16-byte value (Decimal128, i128) moved as two words; kernels never do arithmetic on it.
 struct __align__(16) u128 {

@@ -1,0 +1,209 @@
+//! `GpuProjectionExec`: DataFusion's `ProjectionExec` on the GPU.
+//!
+//! Column references pass through without copying (the output column shares the input's
+//! device memory); every computed expression of the projection is evaluated by one generated
+//! kernel per batch. Output order is input order.
+
+use std::fmt;
+use std::sync::Arc;
+
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::error::Result as DFResult;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_plan::execution_plan::CardinalityEffect;
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::{
+    ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties,
+    ReplaceChildrenOptions,
+};
+use futures::StreamExt;
+use spate_kernels::Stream as DeviceStream;
+
+use super::{
+    DeviceBatchStream, GpuExec, TransferMetrics, device_input, download_stream, gpu_context, to_df,
+};
+use crate::column::{DeviceBatch, device_layout};
+use crate::expr::{Unsupported, ValueKernel, evaluate_values, value_kernel};
+
+/// Where each output column comes from.
+#[derive(Debug, Clone)]
+enum Source {
+    /// An input column, passed through.
+    Input(usize),
+    /// Output `k` of the generated kernel.
+    Computed(usize),
+}
+
+/// A projection running on the GPU.
+#[derive(Debug)]
+pub struct GpuProjectionExec {
+    cpu: Arc<ProjectionExec>,
+    sources: Vec<Source>,
+    kernel: Option<ValueKernel>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl GpuProjectionExec {
+    /// The GPU version of `projection`, or why it must stay on the CPU.
+    pub fn try_new(projection: Arc<ProjectionExec>) -> Result<Self, Unsupported> {
+        let input_schema = projection.input().schema();
+        for field in input_schema.fields() {
+            if device_layout(field.data_type()).is_none() {
+                return Err(Unsupported(format!(
+                    "input column `{}` has type {}, which the GPU backend does not support yet",
+                    field.name(),
+                    field.data_type()
+                )));
+            }
+        }
+        let mut sources = Vec::new();
+        let mut computed: Vec<&dyn PhysicalExpr> = Vec::new();
+        for p in projection.expr() {
+            match p.expr.downcast_ref::<Column>() {
+                Some(c) => sources.push(Source::Input(c.index())),
+                None => {
+                    sources.push(Source::Computed(computed.len()));
+                    computed.push(p.expr.as_ref());
+                }
+            }
+        }
+        let kernel = if computed.is_empty() {
+            None
+        } else {
+            Some(value_kernel(&computed, &input_schema)?)
+        };
+        Ok(GpuProjectionExec {
+            cpu: projection,
+            sources,
+            kernel,
+            metrics: ExecutionPlanMetricsSet::new(),
+        })
+    }
+
+    fn rebuild(cpu: Arc<dyn ExecutionPlan>) -> DFResult<Arc<dyn ExecutionPlan>> {
+        let Some(projection) = cpu.downcast_ref::<ProjectionExec>() else {
+            return Ok(cpu);
+        };
+        match GpuProjectionExec::try_new(Arc::new(projection.clone())) {
+            Ok(gpu) => Ok(Arc::new(gpu)),
+            Err(_) => Ok(cpu),
+        }
+    }
+}
+
+impl DisplayAs for GpuProjectionExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Gpu")?;
+        self.cpu.fmt_as(t, f)
+    }
+}
+
+impl ExecutionPlan for GpuProjectionExec {
+    fn name(&self) -> &str {
+        "GpuProjectionExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.cpu.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![self.cpu.input()]
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DFResult<TreeNodeRecursion>,
+    ) -> DFResult<TreeNodeRecursion> {
+        self.cpu.apply_expressions(f)
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+        options: ReplaceChildrenOptions,
+    ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        let cpu = Arc::clone(&self.cpu).replace_children(children, options)?;
+        Self::rebuild(cpu)
+    }
+
+    #[allow(deprecated)]
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+        )
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> DFResult<SendableRecordBatchStream> {
+        let gpu = gpu_context(&context)?;
+        let stream = Arc::new(gpu.device().new_stream().map_err(|e| to_df(e.into()))?);
+        let batches = self.execute_device(partition, context, Arc::clone(&stream))?;
+        let metrics = TransferMetrics::new(&self.metrics, partition);
+        Ok(download_stream(self.schema(), batches, stream, metrics))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn cardinality_effect(&self) -> CardinalityEffect {
+        CardinalityEffect::Equal
+    }
+}
+
+impl GpuExec for GpuProjectionExec {
+    fn execute_device(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+        stream: Arc<DeviceStream>,
+    ) -> DFResult<DeviceBatchStream> {
+        let gpu = gpu_context(&context)?;
+        let kernel = match &self.kernel {
+            Some(k) => Some((
+                gpu.generated_kernel(&k.source, &k.entry).map_err(to_df)?,
+                k.clone(),
+            )),
+            None => None,
+        };
+        let transfer = TransferMetrics::new(&self.metrics, partition);
+        let input = device_input(self.cpu.input(), partition, &context, &stream, &transfer)?;
+        let baseline = BaselineMetrics::new(&self.metrics, partition);
+        let sources = self.sources.clone();
+        let schema = self.schema();
+        Ok(Box::pin(input.map(move |batch| {
+            let batch = batch?;
+            let _timer = baseline.elapsed_compute().timer();
+            let computed = match &kernel {
+                Some((k, values)) => evaluate_values(&stream, k, values, &batch).map_err(to_df)?,
+                None => Vec::new(),
+            };
+            let columns = sources
+                .iter()
+                .map(|s| match s {
+                    Source::Input(i) => batch.columns()[*i].clone(),
+                    Source::Computed(k) => computed[*k].clone(),
+                })
+                .collect();
+            let out = DeviceBatch::try_new(Arc::clone(&schema), columns, batch.num_rows())
+                .map_err(to_df)?;
+            baseline.record_output(out.num_rows());
+            Ok(out)
+        })))
+    }
+}
