@@ -167,7 +167,7 @@ impl fmt::Display for BackendSelection {
 
 /// What runs where with a GPU backend, for the selection's reason line.
 const GPU_SCOPE: &str =
-    "filters and projections run on the GPU, other operators on the CPU for now";
+    "filters, projections and sorts run on the GPU, other operators on the CPU for now";
 
 fn device_summary(devices: &[DeviceInfo]) -> String {
     match devices {

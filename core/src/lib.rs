@@ -12,7 +12,7 @@
 //! ```
 //!
 //! With the `cpu` backend every plan runs on DataFusion's operators. With `cuda` (or `emulated`,
-//! the same kernels run by a host emulator) supported operators run on the GPU (filters and projections today)
+//! the same kernels run by a host emulator) supported operators run on the GPU (filters, projections and numeric sorts today)
 //! and the rest stay on the CPU; `EXPLAIN` shows which. See `docs/ARCHITECTURE.md`.
 //!
 //! ```

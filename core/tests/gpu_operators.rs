@@ -223,6 +223,88 @@ async fn projections_over_gpu_filters_match_the_cpu() {
     }
 }
 
+const ORDERS: &[&str] = &[
+    "a",
+    "a DESC",
+    "a NULLS FIRST, b DESC NULLS LAST",
+    "f",
+    "f DESC NULLS FIRST",
+    "g, dt DESC",
+    "b, a, f",
+    "dt NULLS FIRST",
+];
+
+/// Rows in output order (not sorted), as strings.
+fn ordered(batches: &[RecordBatch]) -> Vec<String> {
+    let options = FormatOptions::default().with_null("NULL");
+    let mut out = Vec::new();
+    for b in batches {
+        let formatters: Vec<_> = b
+            .columns()
+            .iter()
+            .map(|c| ArrayFormatter::try_new(c.as_ref(), &options).unwrap())
+            .collect();
+        for i in 0..b.num_rows() {
+            out.push(
+                formatters
+                    .iter()
+                    .map(|f| f.value(i).to_string())
+                    .collect::<Vec<_>>()
+                    .join("|"),
+            );
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sorts_match_the_cpu_order() {
+    for (seed, rows_in_table, batch_size) in [
+        (11u64, 3000usize, 8192usize),
+        (12, 400, 7),
+        (13, 1, 8192),
+        (14, 0, 8192),
+    ] {
+        let data = table(rows_in_table, seed);
+        let gpu = engine(Backend::Emulated, batch_size);
+        let cpu = engine(Backend::Cpu, batch_size);
+        gpu.register_batches("t", data.clone()).unwrap();
+        cpu.register_batches("t", data).unwrap();
+        for order in ORDERS {
+            let keys: Vec<&str> = order
+                .split(',')
+                .map(|k| k.split_whitespace().next().unwrap())
+                .collect();
+            // The key columns alone fix the order exactly (ties have equal keys).
+            let sql = format!("SELECT {} FROM t ORDER BY {order}", keys.join(", "));
+            let want = ordered(&cpu.collect(&sql).await.unwrap());
+            let got = ordered(&gpu.collect(&sql).await.unwrap());
+            assert_eq!(
+                got, want,
+                "ORDER BY {order} seed={seed} batch_size={batch_size}"
+            );
+            // Whole rows come along with their keys.
+            let sql = format!("SELECT * FROM t ORDER BY {order}");
+            let got = rows(&gpu.collect(&sql).await.unwrap());
+            assert_eq!(
+                got,
+                rows(&cpu.collect(&sql).await.unwrap()),
+                "rows of ORDER BY {order}"
+            );
+            // Top-k.
+            let sql = format!("SELECT {} FROM t ORDER BY {order} LIMIT 7", keys.join(", "));
+            let want = ordered(&cpu.collect(&sql).await.unwrap());
+            assert_eq!(
+                ordered(&gpu.collect(&sql).await.unwrap()),
+                want,
+                "top-k {order}"
+            );
+        }
+        let plan = explain(&gpu, "SELECT a FROM t ORDER BY a DESC, f").await;
+        assert!(plan.contains("GpuSortExec"), "{plan}");
+    }
+}
+
 async fn explain(engine: &Engine, sql: &str) -> String {
     let batches = engine.collect(&format!("EXPLAIN {sql}")).await.unwrap();
     rows(&batches).join("\n")

@@ -175,6 +175,81 @@ pub fn scatter_bitmap(
     Ok(())
 }
 
+/// Copies `n` bits of `src` (`None`: all set) into `dst` at bit `dst_offset`. `dst` must be
+/// zeroed where the bits land; copies into one bitmap may touch neighbouring ranges.
+pub fn copy_bitmap(
+    stream: &Stream,
+    src: Option<DeviceBitmap<'_>>,
+    n: usize,
+    dst: &mut DeviceBuffer<u8>,
+    dst_offset: usize,
+) -> Result<()> {
+    ensure_arg!(
+        dst.len().is_multiple_of(4),
+        "copy_bitmap needs whole 32-bit words"
+    );
+    ensure_arg!(
+        dst_offset + n <= dst.len() * 8,
+        "copy of {n} bits at {dst_offset} overflows a bitmap of {} bits",
+        dst.len() * 8
+    );
+    if let Some(s) = src {
+        s.check_covers(n, "source")?;
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let kernel = stream.device().kernel("copy_bitmap")?;
+    // SAFETY: `src` covers `n` bits and `dst` holds `dst_offset + n` bits (checked).
+    unsafe {
+        stream.launch(
+            &kernel,
+            grid(stream, n),
+            &[
+                src.into(),
+                KernelArg::U64(src.map_or(0, |s| s.offset as u64)),
+                KernelArg::U64(n as u64),
+                dst.into(),
+                KernelArg::U64(dst_offset as u64),
+            ],
+        )
+    }
+}
+
+/// Copies string offsets into `dst` at `dst_offset`, adding `delta` to each.
+pub fn add_offsets<O: OffsetElem + Into<KernelArg>>(
+    stream: &Stream,
+    src: DeviceSlice<'_, O>,
+    delta: O,
+    dst: &mut DeviceBuffer<O>,
+    dst_offset: usize,
+) -> Result<()> {
+    let n = src.len();
+    ensure_arg!(
+        dst_offset + n <= dst.len(),
+        "copy of {n} offsets at {dst_offset} overflows {} offsets",
+        dst.len()
+    );
+    if n == 0 {
+        return Ok(());
+    }
+    let kernel = stream.device().kernel(&string_entry::<O>("add_offsets"))?;
+    let out = dst.slice(dst_offset..dst_offset + n)?;
+    // SAFETY: `src` and the destination range hold `n` offsets of type O.
+    unsafe {
+        stream.launch(
+            &kernel,
+            grid(stream, n),
+            &[
+                src.into(),
+                KernelArg::U64(n as u64),
+                delta.into(),
+                out.into(),
+            ],
+        )
+    }
+}
+
 /// Offset types of string columns.
 pub trait OffsetElem: DeviceCopy + Default + TryFrom<u64> {
     #[doc(hidden)]
@@ -499,6 +574,37 @@ mod tests {
             }
             assert_eq!(o_off[rows], o_off[rows + 2], "unwritten rows are empty");
         }
+    }
+
+    #[test]
+    fn bitmaps_and_offsets_concatenate() {
+        let device = test_device();
+        let stream = device.new_stream().unwrap();
+        let parts = [(37usize, 5usize), (1, 0), (100, 7), (0, 2), (64, 1)];
+        let total: usize = parts.iter().map(|(n, _)| n).sum();
+        let mut dst = stream.alloc_zeroed::<u8>(bitmap_bytes(total)).unwrap();
+        let mut want = Vec::new();
+        let mut at = 0;
+        for (k, (n, offset)) in parts.iter().enumerate() {
+            let bits = reference::random_bitmap(*n, *offset, k as u64, 0.5);
+            let d = stream.from_host(&bits).unwrap();
+            let src = (k != 3).then(|| DeviceBitmap::new(&d).with_offset(*offset));
+            copy_bitmap(&stream, src, *n, &mut dst, at).unwrap();
+            want.extend((0..*n).map(|i| k == 3 || bit(Some(&bits), *offset, i)));
+            at += n;
+        }
+        let got = stream.to_vec(&dst).unwrap();
+        assert_eq!(
+            (0..total)
+                .map(|i| bit(Some(&got), 0, i))
+                .collect::<Vec<_>>(),
+            want
+        );
+
+        let src = stream.from_host(&[0i64, 3, 3, 10]).unwrap();
+        let mut out = stream.alloc_zeroed::<i64>(6).unwrap();
+        add_offsets(&stream, src.as_slice(), 100, &mut out, 2).unwrap();
+        assert_eq!(stream.to_vec(&out).unwrap(), vec![0, 0, 100, 103, 103, 110]);
     }
 
     #[test]

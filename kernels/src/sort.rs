@@ -90,6 +90,37 @@ pub fn sort_keys<T: SortKeySource>(
     Ok(out)
 }
 
+/// Ranks that place NULL rows first (`nulls_first`) or last when sorted on, stably, after the
+/// column's values: 0 for the rows that go first.
+pub fn null_ranks(
+    stream: &Stream,
+    validity: crate::memory::DeviceBitmap<'_>,
+    n: usize,
+    nulls_first: bool,
+) -> Result<DeviceBuffer<u32>> {
+    validity.check_covers(n, "validity")?;
+    let out = stream.alloc::<u32>(n)?;
+    if n == 0 {
+        return Ok(out);
+    }
+    let kernel = stream.device().kernel("null_ranks")?;
+    // SAFETY: the bitmap covers `n` rows (checked); `out` holds `n` ranks.
+    unsafe {
+        stream.launch(
+            &kernel,
+            LaunchConfig::blocks(stream.device().grid_stride_blocks(n)),
+            &[
+                validity.bytes.into(),
+                KernelArg::U64(validity.offset as u64),
+                KernelArg::U64(n as u64),
+                KernelArg::U32(u32::from(nulls_first)),
+                (&out).into(),
+            ],
+        )?;
+    }
+    Ok(out)
+}
+
 /// Sorted keys and the row indices that moved with them.
 #[derive(Debug)]
 pub struct SortedPairs<K: DeviceCopy> {
@@ -319,6 +350,26 @@ mod tests {
                 .to_vec(&argsort(&stream, d.as_slice(), true).unwrap())
                 .unwrap();
             assert_eq!(got, expect_stable(&u, |v| !v));
+        }
+    }
+
+    #[test]
+    fn null_ranks_place_nulls_first_or_last() {
+        let device = test_device();
+        let stream = device.new_stream().unwrap();
+        for &n in SIZES {
+            let valid = reference::random_bitmap(n, 3, n as u64, 0.6);
+            let d = stream.from_host(&valid).unwrap();
+            let bitmap = crate::memory::DeviceBitmap::new(&d).with_offset(3);
+            for nulls_first in [true, false] {
+                let ranks = stream
+                    .to_vec(&null_ranks(&stream, bitmap, n, nulls_first).unwrap())
+                    .unwrap();
+                for (i, r) in ranks.iter().enumerate() {
+                    let is_null = !reference::bit(Some(&valid), 3, i);
+                    assert_eq!(*r == 0, is_null == nulls_first, "row {i}");
+                }
+            }
         }
     }
 

@@ -14,6 +14,7 @@
 //!   small transfers are what makes GPU engines slow, so batches should be coalesced (in bytes)
 //!   before they are uploaded.
 
+mod concat;
 mod gather;
 mod transfer;
 
@@ -24,6 +25,7 @@ use spate_kernels::{DeviceBitmap, DeviceBuffer, DeviceSlice};
 
 use crate::error::{Result, SpateError};
 
+pub use concat::concat_device_batches;
 pub use gather::gather_column;
 pub use transfer::{download_batch, download_column, upload_batch, upload_column};
 

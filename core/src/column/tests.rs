@@ -230,3 +230,27 @@ fn unsupported_types_name_the_column() {
     assert!(err.to_string().contains("column `tags`"), "{err}");
     assert!(device_layout(&DataType::Utf8View).is_some());
 }
+
+#[test]
+fn device_batches_concatenate_like_arrow() {
+    let stream = stream();
+    let full = arrays(400, 21);
+    let pieces: Vec<RecordBatch> = [(0usize, 37usize), (37, 0), (37, 200), (237, 163)]
+        .iter()
+        .map(|(o, n)| batch_of(full.iter().map(|a| a.slice(*o, *n)).collect()))
+        .collect();
+    let schema = pieces[0].schema();
+    let on_device: Vec<DeviceBatch> = pieces
+        .iter()
+        .map(|b| upload_batch(&stream, b).unwrap())
+        .collect();
+    let joined = concat_device_batches(&stream, &schema, on_device).unwrap();
+    let back = download_batch(&stream, &joined).unwrap();
+    let want = arrow::compute::concat_batches(&schema, &pieces).unwrap();
+    assert_eq!(back.num_rows(), 400);
+    for (k, (a, b)) in want.columns().iter().zip(back.columns()).enumerate() {
+        assert_eq!(a.as_ref(), b.as_ref(), "column {k} ({})", a.data_type());
+    }
+    let empty = concat_device_batches(&stream, &schema, Vec::new()).unwrap();
+    assert_eq!(empty.num_rows(), 0);
+}

@@ -12,6 +12,7 @@
 
 pub mod filter;
 pub mod projection;
+pub mod sort;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -33,6 +34,7 @@ use crate::device::GpuContext;
 
 pub use filter::GpuFilterExec;
 pub use projection::GpuProjectionExec;
+pub use sort::GpuSortExec;
 
 /// A stream of device batches.
 pub type DeviceBatchStream = Pin<Box<dyn Stream<Item = DFResult<DeviceBatch>> + Send>>;
@@ -55,6 +57,9 @@ pub fn as_gpu_exec(plan: &dyn ExecutionPlan) -> Option<&dyn GpuExec> {
     }
     if let Some(p) = plan.downcast_ref::<GpuProjectionExec>() {
         return Some(p);
+    }
+    if let Some(s) = plan.downcast_ref::<GpuSortExec>() {
+        return Some(s);
     }
     None
 }

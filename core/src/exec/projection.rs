@@ -125,6 +125,10 @@ impl ExecutionPlan for GpuProjectionExec {
         vec![true]
     }
 
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        self.cpu.benefits_from_input_partitioning()
+    }
+
     fn replace_children(
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,

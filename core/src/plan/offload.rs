@@ -2,7 +2,7 @@
 //!
 //! Walking the finished physical plan bottom-up, the rule swaps every operator that has a GPU
 //! version and whose expressions and types the GPU supports (`FilterExec` → `GpuFilterExec`,
-//! `ProjectionExec` → `GpuProjectionExec` today). GPU operators exchange device batches directly (see `crate::exec`), so a chain of
+//! `ProjectionExec` → `GpuProjectionExec`, `SortExec` → `GpuSortExec` today). GPU operators exchange device batches directly (see `crate::exec`), so a chain of
 //! them keeps its data on the device. Every compute operator left on the CPU is a fallback,
 //! handled by `spate.gpu.fallback`: `cpu` counts it, `warn` also logs the reason, `error`
 //! fails the query naming the operator and the reason.
@@ -20,10 +20,11 @@ use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::sorts::sort::SortExec;
 
 use crate::config::{FallbackPolicy, SpateOptions};
 use crate::device::GpuContext;
-use crate::exec::{GpuFilterExec, GpuProjectionExec, as_gpu_exec};
+use crate::exec::{GpuFilterExec, GpuProjectionExec, GpuSortExec, as_gpu_exec};
 
 /// Operators that move or read data but compute nothing a GPU would do for them.
 const PLUMBING: &[&str] = &[
@@ -97,6 +98,11 @@ fn cpu_reason(node: &dyn ExecutionPlan) -> String {
                     Err(reason) => reason.0,
                     Ok(_) => "a GPU filter was not chosen for it".into(),
                 }
+            } else if let Some(sort) = node.downcast_ref::<SortExec>() {
+                match GpuSortExec::try_new(Arc::new(sort.clone())) {
+                    Err(reason) => reason.0,
+                    Ok(_) => "a GPU sort was not chosen for it".into(),
+                }
             } else if is_column_selection(node) {
                 "only selects or renames columns of a CPU input".into()
             } else if let Some(projection) = node.downcast_ref::<ProjectionExec>() {
@@ -168,6 +174,11 @@ impl PhysicalOptimizerRule for GpuOffloadRule {
             if let Some(projection) = node.downcast_ref::<ProjectionExec>()
                 && as_gpu_exec(projection.input().as_ref()).is_some()
                 && let Ok(gpu) = GpuProjectionExec::try_new(Arc::new(projection.clone()))
+            {
+                return Ok(Transformed::yes(Arc::new(gpu) as Arc<dyn ExecutionPlan>));
+            }
+            if let Some(sort) = node.downcast_ref::<SortExec>()
+                && let Ok(gpu) = GpuSortExec::try_new(Arc::new(sort.clone()))
             {
                 return Ok(Transformed::yes(Arc::new(gpu) as Arc<dyn ExecutionPlan>));
             }

@@ -208,3 +208,52 @@ __device__ void scatter_bytes(const Off* __restrict__ in_offsets, const u8* __re
 // Memory: caller allocates every output. Nulls: null rows copy nothing. Stream: asynchronous.
 SPATE_STRINGS(i32)
 SPATE_STRINGS(i64)
+
+/**
+ * @brief Copies `n` bits of a bitmap to bit `dst_offset` of another (concatenation).
+ *
+ * @param src         source bitmap, or null for "all set" (a column without nulls)
+ * @param src_offset  bit offset of row 0 in `src`
+ * @param n           bits to copy
+ * @param dst         destination words; must start zeroed where the copy lands
+ * @param dst_offset  bit offset of the first copied bit in `dst`
+ *
+ * Launch: SPATE_BLOCK_THREADS threads, grid-stride over `n`; atomicOr, since copies of
+ *         neighbouring ranges may share a boundary word.
+ * Memory: caller allocates and zeroes `dst`.
+ * Nulls:  this is how validity is concatenated.
+ * Stream: asynchronous on the launch stream.
+ */
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) copy_bitmap(const u8* src, u64 src_offset, u64 n, u32* dst,
+                                                                            u64 dst_offset) {
+    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {
+        if (spate::row_is_valid(src, src_offset, i)) {
+            u64 b = dst_offset + i;
+            atomicOr(&dst[b >> 5], 1u << (b & 31));
+        }
+    }
+}
+SPATE_EXPORT(copy_bitmap)
+
+/**
+ * @brief Copies `n` string offsets adding `delta` (concatenating string columns).
+ *
+ * @param src    offsets to copy
+ * @param n      how many
+ * @param delta  added to each (the byte position of the source's data in the result)
+ * @param dst    destination offsets
+ *
+ * Launch: SPATE_BLOCK_THREADS threads, grid-stride, no shared memory.
+ * Memory: caller allocates `dst`.
+ * Nulls:  none.
+ * Stream: asynchronous on the launch stream.
+ */
+#define SPATE_ADD_OFFSETS(Off)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) add_offsets_##Off(const Off* src, u64 n, Off delta, \
+                                                                                       Off* dst) {                  \
+        for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) dst[i] = src[i] + delta;       \
+    }                                                                                                               \
+    SPATE_EXPORT(add_offsets_##Off)
+
+SPATE_ADD_OFFSETS(i32)
+SPATE_ADD_OFFSETS(i64)

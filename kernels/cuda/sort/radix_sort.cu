@@ -7,6 +7,7 @@
 // Key transforms map signed, floating and descending keys onto unsigned keys whose unsigned
 // order is the wanted order.
 #include "common/prelude.cuh"
+#include "common/bitmap.cuh"
 #include "common/block_scan.cuh"
 
 #define SPATE_RADIX_BITS 8
@@ -198,3 +199,26 @@ SPATE_RADIX_KEY(f32, u32)
 SPATE_RADIX_KEY(i64, u64)
 SPATE_RADIX_KEY(u64, u64)
 SPATE_RADIX_KEY(f64, u64)
+
+/**
+ * @brief Sort ranks for NULL placement: 0 for rows that sort first, 1 for the others.
+ *
+ * @param validity     validity bitmap of the key column
+ * @param offset       bit offset of row 0
+ * @param n            rows
+ * @param nulls_first  1 to place NULLs first, 0 to place them last
+ * @param out          `n` ranks, sorted on with 8 key bits after the column's values
+ *
+ * Launch: SPATE_BLOCK_THREADS threads, grid-stride, no shared memory.
+ * Memory: caller allocates `out`.
+ * Nulls:  this encodes them.
+ * Stream: asynchronous on the launch stream.
+ */
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) null_ranks(const u8* validity, u64 offset, u64 n, u32 nulls_first,
+                                                                           u32* out) {
+    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {
+        bool valid = spate::row_is_valid(validity, offset, i);
+        out[i] = valid == (nulls_first != 0) ? 1u : 0u;
+    }
+}
+SPATE_EXPORT(null_ranks)

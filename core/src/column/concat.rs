@@ -1,0 +1,180 @@
+//! Concatenation of device batches into one, on the device (what a sort or a hash build needs
+//! before it can look at all of a partition's rows).
+
+use std::sync::Arc;
+
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use spate_kernels::gather::{self as kg, bitmap_bytes};
+use spate_kernels::{DeviceBitmap, Stream};
+
+use super::{DeviceBatch, DeviceBytes, DeviceColumn, DeviceValidity, DeviceValues, upload_batch};
+use crate::error::{Result, SpateError};
+
+/// One device batch holding every row of `batches`, in order.
+pub fn concat_device_batches(
+    stream: &Stream,
+    schema: &SchemaRef,
+    mut batches: Vec<DeviceBatch>,
+) -> Result<DeviceBatch> {
+    match batches.len() {
+        0 => return upload_batch(stream, &RecordBatch::new_empty(Arc::clone(schema))),
+        1 => return Ok(batches.remove(0)),
+        _ => {}
+    }
+    let rows: usize = batches.iter().map(DeviceBatch::num_rows).sum();
+    let columns = (0..schema.fields().len())
+        .map(|c| {
+            let parts: Vec<&DeviceColumn> = batches.iter().map(|b| &b.columns()[c]).collect();
+            concat_column(stream, &parts, rows)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    DeviceBatch::try_new(Arc::clone(schema), columns, rows)
+}
+
+fn concat_column(stream: &Stream, parts: &[&DeviceColumn], rows: usize) -> Result<DeviceColumn> {
+    let first = parts[0];
+    let null_count: usize = parts.iter().map(|p| p.null_count()).sum();
+    let validity = if null_count > 0 {
+        let mut bits = stream.alloc_zeroed::<u8>(bitmap_bytes(rows))?;
+        let mut at = 0;
+        for p in parts {
+            kg::copy_bitmap(
+                stream,
+                p.validity().map(DeviceValidity::bitmap),
+                p.len(),
+                &mut bits,
+                at,
+            )?;
+            at += p.len();
+        }
+        Some(DeviceValidity {
+            bytes: DeviceBytes::new(bits),
+            offset: 0,
+        })
+    } else {
+        None
+    };
+    let values = match first.values() {
+        DeviceValues::Fixed { width, .. } => {
+            let width = *width;
+            let mut out = stream.alloc::<u8>(rows * width)?;
+            let mut at = 0;
+            for p in parts {
+                let DeviceValues::Fixed { bytes, .. } = p.values() else {
+                    return Err(mixed());
+                };
+                stream.copy_device(bytes.as_slice(), &mut out, at)?;
+                at += bytes.len();
+            }
+            DeviceValues::Fixed {
+                bytes: DeviceBytes::new(out),
+                width,
+            }
+        }
+        DeviceValues::Bits { .. } => {
+            let mut out = stream.alloc_zeroed::<u8>(bitmap_bytes(rows))?;
+            let mut at = 0;
+            for p in parts {
+                let DeviceValues::Bits { bytes, offset } = p.values() else {
+                    return Err(mixed());
+                };
+                let src = DeviceBitmap::new(bytes.as_slice()).with_offset(*offset);
+                kg::copy_bitmap(stream, Some(src), p.len(), &mut out, at)?;
+                at += p.len();
+            }
+            DeviceValues::Bits {
+                bytes: DeviceBytes::new(out),
+                offset: 0,
+            }
+        }
+        DeviceValues::Utf8 { .. } => {
+            let (offsets, bytes) = concat_strings::<i32>(stream, parts, rows)?;
+            DeviceValues::Utf8 { offsets, bytes }
+        }
+        DeviceValues::LargeUtf8 { .. } => {
+            let (offsets, bytes) = concat_strings::<i64>(stream, parts, rows)?;
+            DeviceValues::LargeUtf8 { offsets, bytes }
+        }
+    };
+    Ok(DeviceColumn::new(
+        first.data_type().clone(),
+        rows,
+        null_count,
+        validity,
+        values,
+    ))
+}
+
+fn mixed() -> SpateError {
+    SpateError::Internal {
+        message: "device batches of one schema store a column differently".into(),
+    }
+}
+
+trait Offset: kg::OffsetElem + Into<spate_kernels::KernelArg> {
+    fn from_len(len: usize) -> Result<Self>;
+}
+
+impl Offset for i32 {
+    fn from_len(len: usize) -> Result<Self> {
+        i32::try_from(len).map_err(|_| SpateError::ResourcesExhausted {
+            message: format!(
+                "{len} bytes of strings exceed what 32-bit offsets address; use LargeUtf8"
+            ),
+        })
+    }
+}
+
+impl Offset for i64 {
+    fn from_len(len: usize) -> Result<Self> {
+        Ok(len as i64)
+    }
+}
+
+fn concat_strings<O: Offset>(
+    stream: &Stream,
+    parts: &[&DeviceColumn],
+    rows: usize,
+) -> Result<(DeviceBytes, DeviceBytes)> {
+    let total: usize = parts
+        .iter()
+        .map(|p| match p.values() {
+            DeviceValues::Utf8 { bytes, .. } | DeviceValues::LargeUtf8 { bytes, .. } => bytes.len(),
+            _ => 0,
+        })
+        .sum();
+    O::from_len(total)?;
+    let mut offsets = stream.alloc::<O>(rows + 1)?;
+    let mut data = stream.alloc::<u8>(total)?;
+    let (mut row, mut byte) = (0usize, 0usize);
+    for p in parts {
+        let (DeviceValues::Utf8 {
+            offsets: src,
+            bytes,
+        }
+        | DeviceValues::LargeUtf8 {
+            offsets: src,
+            bytes,
+        }) = p.values()
+        else {
+            return Err(mixed());
+        };
+        // Each part's offsets start at 0; shifting them by the bytes before it makes its first
+        // offset equal the previous part's last, which it overwrites with the same value.
+        kg::add_offsets(
+            stream,
+            src.typed::<O>()?,
+            O::from_len(byte)?,
+            &mut offsets,
+            row,
+        )?;
+        stream.copy_device(bytes.as_slice(), &mut data, byte)?;
+        row += p.len();
+        byte += bytes.len();
+    }
+    Ok((
+        DeviceBytes::new(offsets.into_bytes()),
+        DeviceBytes::new(data),
+    ))
+}

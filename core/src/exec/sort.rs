@@ -1,0 +1,301 @@
+//! `GpuSortExec`: DataFusion's `SortExec` (and its top-k form, `fetch`) on the GPU.
+//!
+//! A partition's device batches are concatenated on the device, then sorted with the stable
+//! LSD radix sort from `spate-kernels`: one pass per key column from the least significant to
+//! the most, each carrying the row permutation of the passes before it, and a 1-digit pass on
+//! null ranks after a nullable column's values (NULLS FIRST/LAST). Keys map to unsigned radix
+//! keys in DataFusion's order: integers by value, floats by IEEE total order (-0.0 before
+//! +0.0, NaN last when ascending), descending by inverting the key. Every column is then
+//! gathered by the permutation. Rows equal on every key may come out in any order, as with
+//! DataFusion.
+
+use std::fmt;
+use std::sync::Arc;
+
+use arrow::datatypes::DataType;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::error::Result as DFResult;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::sorts::sort::SortExec;
+use datafusion::physical_plan::{
+    ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan,
+    InputDistributionRequirements, PlanProperties, ReplaceChildrenOptions,
+};
+use futures::TryStreamExt;
+use spate_kernels::sort::{self as ks, SortKeySource};
+use spate_kernels::{DeviceBuffer, DeviceSlice, Stream as DeviceStream, gather};
+
+use super::{
+    DeviceBatchStream, GpuExec, TransferMetrics, device_input, download_stream, gpu_context, to_df,
+};
+use crate::column::{
+    DeviceBatch, DeviceValues, concat_device_batches, device_layout, gather_column,
+};
+use crate::error::{Result, SpateError};
+use crate::expr::Unsupported;
+
+/// The radix key family of a sort column.
+#[derive(Debug, Clone, Copy)]
+enum KeyKind {
+    I32,
+    U32,
+    F32,
+    I64,
+    U64,
+    F64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct SortKey {
+    column: usize,
+    kind: KeyKind,
+    descending: bool,
+    nulls_first: bool,
+}
+
+/// A sort (or top-k) running on the GPU.
+#[derive(Debug)]
+pub struct GpuSortExec {
+    cpu: Arc<SortExec>,
+    keys: Vec<SortKey>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl GpuSortExec {
+    /// The GPU version of `sort`, or why it must stay on the CPU.
+    pub fn try_new(sort: Arc<SortExec>) -> std::result::Result<Self, Unsupported> {
+        let schema = sort.input().schema();
+        for field in schema.fields() {
+            if device_layout(field.data_type()).is_none() {
+                return Err(Unsupported(format!(
+                    "input column `{}` has type {}, which the GPU backend does not support yet",
+                    field.name(),
+                    field.data_type()
+                )));
+            }
+        }
+        let mut keys = Vec::new();
+        for e in sort.expr().iter() {
+            let column = e
+                .expr
+                .downcast_ref::<Column>()
+                .ok_or_else(|| Unsupported(format!("sort key `{}` is not a column", e.expr)))?;
+            let data_type = schema.field(column.index()).data_type();
+            use DataType::*;
+            let kind = match data_type {
+                Int32 | Date32 | Time32(_) => KeyKind::I32,
+                UInt32 => KeyKind::U32,
+                Float32 => KeyKind::F32,
+                Int64 | Date64 | Time64(_) | Timestamp(_, _) | Duration(_) => KeyKind::I64,
+                UInt64 => KeyKind::U64,
+                Float64 => KeyKind::F64,
+                other => {
+                    return Err(Unsupported(format!(
+                        "sort key `{}` has type {other}, which GPU sorts do not support yet",
+                        e.expr
+                    )));
+                }
+            };
+            keys.push(SortKey {
+                column: column.index(),
+                kind,
+                descending: e.options.descending,
+                nulls_first: e.options.nulls_first,
+            });
+        }
+        Ok(GpuSortExec {
+            cpu: sort,
+            keys,
+            metrics: ExecutionPlanMetricsSet::new(),
+        })
+    }
+
+    fn rebuild(cpu: Arc<dyn ExecutionPlan>) -> DFResult<Arc<dyn ExecutionPlan>> {
+        let Some(sort) = cpu.downcast_ref::<SortExec>() else {
+            return Ok(cpu);
+        };
+        match GpuSortExec::try_new(Arc::new(sort.clone())) {
+            Ok(gpu) => Ok(Arc::new(gpu)),
+            Err(_) => Ok(cpu),
+        }
+    }
+}
+
+/// One stable pass over a key column, carrying `perm` (the order so far).
+fn key_pass<T: SortKeySource>(
+    stream: &DeviceStream,
+    values: DeviceSlice<'_, T>,
+    descending: bool,
+    perm: Option<&DeviceBuffer<u32>>,
+) -> Result<DeviceBuffer<u32>>
+where
+    T::Key: gather::GatherElem,
+{
+    let keys = ks::sort_keys(stream, values, descending)?;
+    let keys = match perm {
+        Some(p) => gather::gather(stream, keys.as_slice(), p.as_slice())?,
+        None => keys,
+    };
+    let bits = <T::Key as ks::RadixKey>::BITS;
+    Ok(ks::sort_pairs(
+        stream,
+        keys.as_slice(),
+        perm.map(DeviceBuffer::as_slice),
+        bits,
+    )?
+    .values)
+}
+
+fn sort_batch(
+    stream: &DeviceStream,
+    batch: &DeviceBatch,
+    keys: &[SortKey],
+    fetch: Option<usize>,
+) -> Result<DeviceBatch> {
+    let n = batch.num_rows();
+    let mut perm: Option<DeviceBuffer<u32>> = None;
+    for key in keys.iter().rev() {
+        let column = &batch.columns()[key.column];
+        let DeviceValues::Fixed { bytes, .. } = column.values() else {
+            return Err(SpateError::Internal {
+                message: "a GPU sort key is not a fixed-width column".into(),
+            });
+        };
+        let (d, p) = (key.descending, perm.as_ref());
+        let next = match key.kind {
+            KeyKind::I32 => key_pass::<i32>(stream, bytes.typed()?, d, p)?,
+            KeyKind::U32 => key_pass::<u32>(stream, bytes.typed()?, d, p)?,
+            KeyKind::F32 => key_pass::<f32>(stream, bytes.typed()?, d, p)?,
+            KeyKind::I64 => key_pass::<i64>(stream, bytes.typed()?, d, p)?,
+            KeyKind::U64 => key_pass::<u64>(stream, bytes.typed()?, d, p)?,
+            KeyKind::F64 => key_pass::<f64>(stream, bytes.typed()?, d, p)?,
+        };
+        perm = Some(next);
+        if let Some(validity) = column.validity() {
+            let ranks = ks::null_ranks(stream, validity.bitmap(), n, key.nulls_first)?;
+            let current = perm.as_ref().map(DeviceBuffer::as_slice);
+            let ranks = match current {
+                Some(p) => gather::gather(stream, ranks.as_slice(), p)?,
+                None => ranks,
+            };
+            perm = Some(ks::sort_pairs(stream, ranks.as_slice(), current, 8)?.values);
+        }
+    }
+    let Some(perm) = perm else {
+        return Ok(batch.clone());
+    };
+    let rows = fetch.map_or(n, |k| k.min(n));
+    let indices = perm.slice(..rows)?;
+    let columns = batch
+        .columns()
+        .iter()
+        .map(|c| gather_column(stream, c, indices))
+        .collect::<Result<Vec<_>>>()?;
+    DeviceBatch::try_new(Arc::clone(batch.schema()), columns, rows)
+}
+
+impl DisplayAs for GpuSortExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Gpu")?;
+        self.cpu.fmt_as(t, f)
+    }
+}
+
+impl ExecutionPlan for GpuSortExec {
+    fn name(&self) -> &str {
+        "GpuSortExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.cpu.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![self.cpu.input()]
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DFResult<TreeNodeRecursion>,
+    ) -> DFResult<TreeNodeRecursion> {
+        self.cpu.apply_expressions(f)
+    }
+
+    fn input_distribution_requirements(&self) -> InputDistributionRequirements {
+        self.cpu.input_distribution_requirements()
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        self.cpu.benefits_from_input_partitioning()
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+        options: ReplaceChildrenOptions,
+    ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        let cpu = Arc::clone(&self.cpu).replace_children(children, options)?;
+        Self::rebuild(cpu)
+    }
+
+    #[allow(deprecated)]
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+        )
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> DFResult<SendableRecordBatchStream> {
+        let gpu = gpu_context(&context)?;
+        let stream = Arc::new(gpu.device().new_stream().map_err(|e| to_df(e.into()))?);
+        let batches = self.execute_device(partition, context, Arc::clone(&stream))?;
+        let metrics = TransferMetrics::new(&self.metrics, partition);
+        Ok(download_stream(self.schema(), batches, stream, metrics))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn fetch(&self) -> Option<usize> {
+        self.cpu.fetch()
+    }
+}
+
+impl GpuExec for GpuSortExec {
+    fn execute_device(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+        stream: Arc<DeviceStream>,
+    ) -> DFResult<DeviceBatchStream> {
+        let transfer = TransferMetrics::new(&self.metrics, partition);
+        let input = device_input(self.cpu.input(), partition, &context, &stream, &transfer)?;
+        let baseline = BaselineMetrics::new(&self.metrics, partition);
+        let keys = self.keys.clone();
+        let fetch = self.cpu.fetch();
+        let schema = self.schema();
+        let sorted = futures::stream::once(async move {
+            let batches: Vec<DeviceBatch> = input.try_collect().await?;
+            let _timer = baseline.elapsed_compute().timer();
+            let all = concat_device_batches(&stream, &schema, batches).map_err(to_df)?;
+            let out = sort_batch(&stream, &all, &keys, fetch).map_err(to_df)?;
+            baseline.record_output(out.num_rows());
+            Ok(out)
+        });
+        Ok(Box::pin(
+            sorted.try_filter(|b| futures::future::ready(b.num_rows() > 0)),
+        ))
+    }
+}
