@@ -217,7 +217,19 @@ impl Session {
             ("\\d" | ".schema", [table]) => self.describe(table)?,
             ("\\gpu", []) => {
                 let inventory = GpuInventory::discover();
-                let text = format!("{}\n{}", inventory.describe(), self.engine.backend());
+                let mut text = format!("{}\n{}", inventory.describe(), self.engine.backend());
+                if let Some(gpu) = self.engine.gpu() {
+                    let memory = gpu.device().memory_stats();
+                    text.push_str(&format!(
+                        "\ndevice in use: {}\nGPU memory: {:.1} MiB in use, {:.1} MiB peak, \
+                         {:.1} GiB budget\noperators left on the CPU so far: {}",
+                        gpu.device().description(),
+                        (memory.allocated_bytes + memory.reserved_bytes) as f64 / 1048576.0,
+                        memory.peak_bytes as f64 / 1048576.0,
+                        memory.budget_bytes as f64 / 1073741824.0,
+                        gpu.fallbacks()
+                    ));
+                }
                 self.print(&text)?;
             }
             _ => {
