@@ -615,7 +615,13 @@ impl Gen<'_> {
                             r.value
                         )
                     }
-                    DevType::F32 | DevType::F64 => format!("{} {c_op} {}", l.value, r.value),
+                    // The NaN bits an x86 CPU would produce (see common/order.cuh).
+                    DevType::F32 | DevType::F64 => format!(
+                        "spate::cpu_nan(({c}){l} {c_op} {r}, {l}, {r})",
+                        c = l.ty.c_type(),
+                        l = l.value,
+                        r = r.value
+                    ),
                     _ => {
                         return Err(Unsupported(format!(
                             "arithmetic on {:?} in `{b}` is not supported on the GPU yet",

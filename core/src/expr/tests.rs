@@ -135,6 +135,12 @@ fn predicates(s: &Schema) -> Vec<E> {
             Operator::Eq,
             lit(ScalarValue::Float64(Some(0.0))),
         ),
+        // inf - inf is -NaN on the CPU, which is below every number in total order.
+        bin(
+            bin(f(), Operator::Minus, f()),
+            Operator::Gt,
+            lit(ScalarValue::Float64(Some(1.0))),
+        ),
         Arc::new(IsNullExpr::new(b())),
         Arc::new(IsNotNullExpr::new(f())),
         bin(
@@ -251,6 +257,14 @@ fn values(s: &Schema) -> Vec<E> {
         bin(a(), Operator::Plus, lit(ScalarValue::Int32(Some(i32::MAX)))),
         bin(b(), Operator::Multiply, b()),
         bin(f(), Operator::Minus, lit(ScalarValue::Float64(Some(0.25)))),
+        // inf - inf and 0 * inf create NaNs; a NaN input propagates its own. (Which of two
+        // NaN inputs wins is unspecified even on the CPU, so that case is not checked.)
+        bin(f(), Operator::Minus, f()),
+        bin(
+            f(),
+            Operator::Multiply,
+            lit(ScalarValue::Float64(Some(f64::INFINITY))),
+        ),
         bin(a(), Operator::Gt, lit(ScalarValue::Int32(Some(0)))),
         bin(
             col(s, "p"),

@@ -27,3 +27,25 @@ __device__ __forceinline__ u64 compare_key(f64 v) {
 }
 
 }  // namespace spate
+
+namespace spate {
+
+// The NaN an x86-64 CPU (SSE) returns from `a op b`: the first NaN operand, quieted, or the
+// "default NaN" (negative, quiet) when the operation itself creates one (inf - inf, 0 * inf).
+// GPUs return a canonical positive NaN instead; since Arrow orders NaNs by their sign, the
+// generated code passes float results through these to equal the CPU engine's bits.
+__device__ __forceinline__ f64 cpu_nan(f64 r, f64 a, f64 b) {
+    if (r == r) return r;
+    if (a != a) return __longlong_as_double(__double_as_longlong(a) | 0x0008000000000000ll);
+    if (b != b) return __longlong_as_double(__double_as_longlong(b) | 0x0008000000000000ll);
+    return __longlong_as_double((i64)0xfff8000000000000ull);
+}
+
+__device__ __forceinline__ f32 cpu_nan(f32 r, f32 a, f32 b) {
+    if (r == r) return r;
+    if (a != a) return __uint_as_float(__float_as_uint(a) | 0x00400000u);
+    if (b != b) return __uint_as_float(__float_as_uint(b) | 0x00400000u);
+    return __uint_as_float(0xffc00000u);
+}
+
+}  // namespace spate
