@@ -232,6 +232,8 @@ const ORDERS: &[&str] = &[
     "g, dt DESC",
     "b, a, f",
     "dt NULLS FIRST",
+    "m DESC, t",
+    "u NULLS FIRST, m",
 ];
 
 /// Rows in output order (not sorted), as strings.

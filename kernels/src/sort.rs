@@ -54,6 +54,10 @@ macro_rules! key_source {
     )* };
 }
 key_source!(
+    i8 => u32, "radix_key_i8";
+    i16 => u32, "radix_key_i16";
+    u8 => u32, "radix_key_u8";
+    u16 => u32, "radix_key_u16";
     i32 => u32, "radix_key_i32";
     u32 => u32, "radix_key_u32";
     f32 => u32, "radix_key_f32";
@@ -114,6 +118,37 @@ pub fn null_ranks(
                 KernelArg::U64(validity.offset as u64),
                 KernelArg::U64(n as u64),
                 KernelArg::U32(u32::from(nulls_first)),
+                (&out).into(),
+            ],
+        )?;
+    }
+    Ok(out)
+}
+
+/// Radix keys of one 64-bit word of Decimal128 (i128) values: sort stably by the low word's
+/// keys (`high = false`), then by the high word's (`high = true`), for 128-bit signed order.
+pub fn decimal_sort_keys(
+    stream: &Stream,
+    values: DeviceSlice<'_, i128>,
+    descending: bool,
+    high: bool,
+) -> Result<DeviceBuffer<u64>> {
+    let n = values.len();
+    let out = stream.alloc::<u64>(n)?;
+    if n == 0 {
+        return Ok(out);
+    }
+    let kernel = stream.device().kernel("radix_key_i128")?;
+    // SAFETY: `values` holds n 16-byte values and `out` n keys.
+    unsafe {
+        stream.launch(
+            &kernel,
+            LaunchConfig::blocks(stream.device().grid_stride_blocks(n)),
+            &[
+                values.into(),
+                KernelArg::U64(n as u64),
+                KernelArg::U32(u32::from(descending)),
+                KernelArg::U32(u32::from(high)),
                 (&out).into(),
             ],
         )?;
@@ -350,6 +385,53 @@ mod tests {
                 .to_vec(&argsort(&stream, d.as_slice(), true).unwrap())
                 .unwrap();
             assert_eq!(got, expect_stable(&u, |v| !v));
+        }
+    }
+
+    #[test]
+    fn small_integer_and_decimal_orders() {
+        let device = test_device();
+        let stream = device.new_stream().unwrap();
+        for &n in SIZES {
+            let wide = reference::random_i64(n, 21);
+            let small: Vec<i16> = wide.iter().map(|v| *v as i16).collect();
+            let d = stream.from_host(&small).unwrap();
+            let got = stream
+                .to_vec(&argsort(&stream, d.as_slice(), true).unwrap())
+                .unwrap();
+            assert_eq!(
+                got,
+                expect_stable(&small, |v| (i64::from(i16::MAX) - i64::from(v)) as u64)
+            );
+            let bytes: Vec<u8> = wide.iter().map(|v| *v as u8).collect();
+            let d = stream.from_host(&bytes).unwrap();
+            let got = stream
+                .to_vec(&argsort(&stream, d.as_slice(), false).unwrap())
+                .unwrap();
+            assert_eq!(got, expect_stable(&bytes, u64::from));
+
+            let decimals: Vec<i128> = wide
+                .iter()
+                .enumerate()
+                .map(|(i, v)| i128::from(*v).wrapping_mul(if i % 3 == 0 { 1 << 50 } else { 1 }))
+                .collect();
+            let d = stream.from_host(&decimals).unwrap();
+            for descending in [false, true] {
+                let lo = decimal_sort_keys(&stream, d.as_slice(), descending, false).unwrap();
+                let by_lo = sort_pairs(&stream, lo.as_slice(), None, 64).unwrap();
+                let hi = decimal_sort_keys(&stream, d.as_slice(), descending, true).unwrap();
+                let hi =
+                    crate::gather::gather(&stream, hi.as_slice(), by_lo.values.as_slice()).unwrap();
+                let order =
+                    sort_pairs(&stream, hi.as_slice(), Some(by_lo.values.as_slice()), 64).unwrap();
+                let got = stream.to_vec(&order.values).unwrap();
+                let mut want: Vec<u32> = (0..n as u32).collect();
+                want.sort_by(|a, b| {
+                    let (x, y) = (decimals[*a as usize], decimals[*b as usize]);
+                    if descending { y.cmp(&x) } else { x.cmp(&y) }
+                });
+                assert_eq!(got, want, "n={n} descending={descending}");
+            }
         }
     }
 

@@ -6,7 +6,8 @@
 //! null ranks after a nullable column's values (NULLS FIRST/LAST). Keys map to unsigned radix
 //! keys in DataFusion's order: integers by value, floats by IEEE total order (-0.0 before
 //! +0.0, NaN last when ascending), descending by inverting the key. Every column is then
-//! gathered by the permutation. Rows equal on every key may come out in any order, as with
+//! gathered by the permutation. Decimal128 keys take two 64-bit passes (low word, then the
+//! signed high word). Rows equal on every key may come out in any order, as with
 //! DataFusion.
 
 use std::fmt;
@@ -40,6 +41,12 @@ use crate::expr::Unsupported;
 /// The radix key family of a sort column.
 #[derive(Debug, Clone, Copy)]
 enum KeyKind {
+    I8,
+    I16,
+    U8,
+    U16,
+    /// Decimal128: two 64-bit passes, low word then high word.
+    Dec,
     I32,
     U32,
     F32,
@@ -86,6 +93,11 @@ impl GpuSortExec {
             let data_type = schema.field(column.index()).data_type();
             use DataType::*;
             let kind = match data_type {
+                Int8 => KeyKind::I8,
+                Int16 => KeyKind::I16,
+                UInt8 => KeyKind::U8,
+                UInt16 => KeyKind::U16,
+                Decimal128(_, _) => KeyKind::Dec,
                 Int32 | Date32 | Time32(_) => KeyKind::I32,
                 UInt32 => KeyKind::U32,
                 Float32 => KeyKind::F32,
@@ -149,6 +161,34 @@ where
     .values)
 }
 
+/// Decimal128 keys: the low words (unsigned), then the high words (signed), both stable.
+fn decimal_pass(
+    stream: &DeviceStream,
+    values: DeviceSlice<'_, i128>,
+    descending: bool,
+    perm: Option<&DeviceBuffer<u32>>,
+) -> Result<DeviceBuffer<u32>> {
+    let mut perm_now: Option<DeviceBuffer<u32>> = None;
+    for high in [false, true] {
+        let order = perm_now.as_ref().or(perm);
+        let keys = ks::decimal_sort_keys(stream, values, descending, high)?;
+        let keys = match order {
+            Some(p) => gather::gather(stream, keys.as_slice(), p.as_slice())?,
+            None => keys,
+        };
+        let sorted = ks::sort_pairs(
+            stream,
+            keys.as_slice(),
+            order.map(DeviceBuffer::as_slice),
+            64,
+        )?;
+        perm_now = Some(sorted.values);
+    }
+    perm_now.ok_or_else(|| SpateError::Internal {
+        message: "decimal sort made no pass".into(),
+    })
+}
+
 fn sort_batch(
     stream: &DeviceStream,
     batch: &DeviceBatch,
@@ -166,6 +206,11 @@ fn sort_batch(
         };
         let (d, p) = (key.descending, perm.as_ref());
         let next = match key.kind {
+            KeyKind::I8 => key_pass::<i8>(stream, bytes.typed()?, d, p)?,
+            KeyKind::I16 => key_pass::<i16>(stream, bytes.typed()?, d, p)?,
+            KeyKind::U8 => key_pass::<u8>(stream, bytes.typed()?, d, p)?,
+            KeyKind::U16 => key_pass::<u16>(stream, bytes.typed()?, d, p)?,
+            KeyKind::Dec => decimal_pass(stream, bytes.typed()?, d, p)?,
             KeyKind::I32 => key_pass::<i32>(stream, bytes.typed()?, d, p)?,
             KeyKind::U32 => key_pass::<u32>(stream, bytes.typed()?, d, p)?,
             KeyKind::F32 => key_pass::<f32>(stream, bytes.typed()?, d, p)?,
