@@ -122,6 +122,10 @@ const PREDICATES: &[&str] = &[
     "p",
     "NOT p",
     "a IN (1, 2, 3)",
+    "a NOT IN (1, 2, NULL)",
+    "f IN (0.0, 'NaN'::DOUBLE)",
+    "coalesce(a, 0) > 2",
+    "CASE WHEN a > 0 THEN b WHEN p THEN -1 ELSE 7 END < 100",
 ];
 
 fn rows(batches: &[RecordBatch]) -> Vec<String> {
@@ -195,6 +199,7 @@ const PROJECTIONS: &[&str] = &[
     "CAST(a AS BIGINT) * 3, CAST(t AS DOUBLE), CAST(u AS INT) + a",
     "a > 3 AS big, p AND a < 0 AS both, s, dt",
     "b + 9223372036854775807, t * t",
+    "coalesce(b, a, 0), CASE WHEN p THEN a END, CASE WHEN f > 0 THEN m ELSE -m END",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

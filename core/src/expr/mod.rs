@@ -14,7 +14,9 @@
 //!   the GPU, so the CPU's overflow error can never be due;
 //! - casts run when they cannot fail (integer widening, to floats, to decimals with room).
 //!
-//! Anything else (strings, CASE, division, other casts) is reported as [`Unsupported`] with the
+//! Also: `[NOT] IN (list)`, searched `CASE WHEN`, and `coalesce`, with SQL's NULL rules.
+//!
+//! Anything else (strings, `CASE x WHEN`, division, other casts) is reported as [`Unsupported`] with the
 //! expression named, and the operator stays on the CPU.
 
 use std::fmt::Write as _;
@@ -23,8 +25,12 @@ use arrow::datatypes::{DataType, Schema};
 use datafusion::common::ScalarValue;
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::PhysicalExpr;
+use std::sync::Arc;
+
+use datafusion::physical_expr::ScalarFunctionExpr;
 use datafusion::physical_expr::expressions::{
-    BinaryExpr, CastExpr, Column, IsNotNullExpr, IsNullExpr, Literal, NotExpr,
+    BinaryExpr, CaseExpr, CastExpr, Column, InListExpr, IsNotNullExpr, IsNullExpr, Literal,
+    NegativeExpr, NotExpr,
 };
 
 /// Why an expression cannot run on the GPU.
@@ -247,6 +253,17 @@ impl Gen<'_> {
         if let Some(c) = expr.downcast_ref::<CastExpr>() {
             return self.cast(c);
         }
+        if let Some(l) = expr.downcast_ref::<InListExpr>() {
+            return self.in_list(l);
+        }
+        if let Some(c) = expr.downcast_ref::<CaseExpr>() {
+            return self.case(c);
+        }
+        if let Some(f) = expr.downcast_ref::<ScalarFunctionExpr>()
+            && f.name() == "coalesce"
+        {
+            return self.coalesce(f.args());
+        }
         if let Some(n) = expr.downcast_ref::<NotExpr>() {
             let a = self.emit(n.arg().as_ref())?;
             if a.ty != DevType::Bool {
@@ -256,6 +273,35 @@ impl Gen<'_> {
                 value: format!("(!{})", a.value),
                 null: a.null,
                 ty: DevType::Bool,
+            });
+        }
+        if let Some(neg) = expr.downcast_ref::<NegativeExpr>() {
+            // Arrow's neg_wrapping: integers and decimals wrap (-MIN == MIN), floats flip the
+            // sign bit (NaN included).
+            let a = self.emit(neg.arg().as_ref())?;
+            let value = match a.ty {
+                DevType::Int { signed: true, .. } => format!(
+                    "(({})(({})0 - ({}){}))",
+                    a.ty.c_type(),
+                    a.ty.unsigned_twin(),
+                    a.ty.unsigned_twin(),
+                    a.value
+                ),
+                DevType::Dec { .. } => format!("((i128)((u128i)0 - (u128i){}))", a.value),
+                DevType::F32 | DevType::F64 => format!("(-{})", a.value),
+                _ => {
+                    return Err(Unsupported(format!(
+                        "negation of {:?} in `{expr}` is not supported on the GPU yet",
+                        a.ty
+                    )));
+                }
+            };
+            let v = self.var();
+            let _ = writeln!(self.body, "        const {} {v} = {value};", a.ty.c_type());
+            return Ok(Operand {
+                value: v,
+                null: a.null,
+                ty: a.ty,
             });
         }
         if let Some(n) = expr.downcast_ref::<IsNullExpr>() {
@@ -515,6 +561,156 @@ impl Gen<'_> {
             value: v,
             null: a.null,
             ty: to,
+        })
+    }
+
+    /// `x [NOT] IN (list)`: TRUE on a match; else NULL if `x` or any list value is NULL; else
+    /// FALSE. NOT IN negates that, NULL staying NULL.
+    fn in_list(&mut self, l: &InListExpr) -> Result<Operand, Unsupported> {
+        let x = self.emit(l.expr().as_ref())?;
+        let mut matched = Vec::new();
+        let mut nulls = vec![x.null.clone()];
+        for item in l.list() {
+            let o = self.emit(item.as_ref())?;
+            if !x.ty.comparable(o.ty) || x.ty == DevType::Bool {
+                return Err(Unsupported(format!(
+                    "IN list of mixed or boolean types in `{l}` is not supported on the GPU yet"
+                )));
+            }
+            let eq = match x.ty {
+                // DataFusion matches a list of float literals through a set, by total-order
+                // equality: -0.0 does not match 0.0 there (unlike `=`), NaN matches NaN.
+                DevType::F32 | DevType::F64 => {
+                    if item.downcast_ref::<Literal>().is_none() {
+                        return Err(Unsupported(format!(
+                            "a float IN list with non-literal values in `{l}` is not supported \
+                             on the GPU yet"
+                        )));
+                    }
+                    format!(
+                        "(!{} && spate::total_order({}) == spate::total_order({}))",
+                        o.null, x.value, o.value
+                    )
+                }
+                _ => format!("(!{} && {} == {})", o.null, x.value, o.value),
+            };
+            matched.push(eq);
+            nulls.push(o.null);
+        }
+        let (v, n) = (self.var(), self.var());
+        let any = if matched.is_empty() {
+            "false".to_string()
+        } else {
+            matched.join(" || ")
+        };
+        let _ = writeln!(
+            self.body,
+            "        const bool {v}_m = !{} && ({any});\n        const bool {n} = !{v}_m && ({});\n        const bool {v} = {}{v}_m;",
+            x.null,
+            nulls.join(" || "),
+            if l.negated() { "!" } else { "" }
+        );
+        Ok(Operand {
+            value: v,
+            null: n,
+            ty: DevType::Bool,
+        })
+    }
+
+    /// Searched `CASE WHEN c THEN v ... [ELSE e] END`: the first TRUE condition's value (a
+    /// NULL condition counts as not TRUE), else the ELSE value, else NULL.
+    fn case(&mut self, c: &CaseExpr) -> Result<Operand, Unsupported> {
+        if c.expr().is_some() {
+            return Err(Unsupported(format!(
+                "`CASE <expr> WHEN ...` in `{c}` is not supported on the GPU yet"
+            )));
+        }
+        let data_type = c
+            .data_type(self.schema)
+            .map_err(|e| Unsupported(format!("`{c}`: {e}")))?;
+        let ty = DevType::of(&data_type).ok_or_else(|| {
+            Unsupported(format!(
+                "CASE yielding {data_type} is not supported on the GPU yet"
+            ))
+        })?;
+        let (v, n) = (self.var(), self.var());
+        let _ = writeln!(
+            self.body,
+            "        {} {v} = ({})0;\n        bool {n} = true;\n        bool {v}_done = false;",
+            ty.c_type(),
+            ty.c_type()
+        );
+        for (when, then) in c.when_then_expr() {
+            let cond = self.emit(when.as_ref())?;
+            if cond.ty != DevType::Bool {
+                return Err(Unsupported(format!("a non-boolean WHEN in `{c}`")));
+            }
+            // Branch values are computed for every row; they have no side effects.
+            let value = self.emit(then.as_ref())?;
+            if value.ty != ty {
+                return Err(Unsupported(format!(
+                    "CASE branches of different types in `{c}`"
+                )));
+            }
+            let _ = writeln!(
+                self.body,
+                "        if (!{v}_done && !{} && {}) {{ {v}_done = true; {v} = {}; {n} = {}; }}",
+                cond.null, cond.value, value.value, value.null
+            );
+        }
+        if let Some(e) = c.else_expr() {
+            let value = self.emit(e.as_ref())?;
+            if value.ty != ty {
+                return Err(Unsupported(format!(
+                    "CASE branches of different types in `{c}`"
+                )));
+            }
+            let _ = writeln!(
+                self.body,
+                "        if (!{v}_done) {{ {v} = {}; {n} = {}; }}",
+                value.value, value.null
+            );
+        }
+        Ok(Operand {
+            value: v,
+            null: n,
+            ty,
+        })
+    }
+
+    /// `coalesce(a, b, ...)`: the first non-NULL argument.
+    fn coalesce(&mut self, args: &[Arc<dyn PhysicalExpr>]) -> Result<Operand, Unsupported> {
+        let mut operands = Vec::new();
+        for a in args {
+            operands.push(self.emit(a.as_ref())?);
+        }
+        let Some(first) = operands.first() else {
+            return Err(Unsupported("coalesce() without arguments".into()));
+        };
+        let ty = first.ty;
+        if operands.iter().any(|o| o.ty != ty) {
+            return Err(Unsupported(
+                "coalesce of different types on the GPU is not supported yet".into(),
+            ));
+        }
+        let (v, n) = (self.var(), self.var());
+        let _ = writeln!(
+            self.body,
+            "        {} {v} = ({})0;\n        bool {n} = true;",
+            ty.c_type(),
+            ty.c_type()
+        );
+        for o in &operands {
+            let _ = writeln!(
+                self.body,
+                "        if ({n} && !{}) {{ {v} = {}; {n} = false; }}",
+                o.null, o.value
+            );
+        }
+        Ok(Operand {
+            value: v,
+            null: n,
+            ty,
         })
     }
 

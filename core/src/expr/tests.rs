@@ -13,7 +13,8 @@ use datafusion::common::ScalarValue;
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::{
-    BinaryExpr, CastExpr, Column, IsNotNullExpr, IsNullExpr, Literal, NotExpr,
+    BinaryExpr, CaseExpr, CastExpr, Column, IsNotNullExpr, IsNullExpr, Literal, NegativeExpr,
+    NotExpr, in_list,
 };
 use spate_kernels::reference::Rng;
 use spate_kernels::{Device, DeviceOptions};
@@ -176,6 +177,54 @@ fn predicates(s: &Schema) -> Vec<E> {
             lit(ScalarValue::UInt8(Some(50))),
         ),
         lit(ScalarValue::Boolean(Some(true))),
+        in_list(
+            a(),
+            vec![
+                lit(ScalarValue::Int32(Some(1))),
+                lit(ScalarValue::Int32(Some(-3))),
+                lit(ScalarValue::Int32(None)),
+            ],
+            &false,
+            s,
+        )
+        .unwrap(),
+        in_list(
+            a(),
+            vec![
+                lit(ScalarValue::Int32(Some(1))),
+                lit(ScalarValue::Int32(Some(2))),
+            ],
+            &true,
+            s,
+        )
+        .unwrap(),
+        in_list(
+            f(),
+            vec![
+                lit(ScalarValue::Float64(Some(f64::NAN))),
+                lit(ScalarValue::Float64(Some(-0.0))),
+            ],
+            &false,
+            s,
+        )
+        .unwrap(),
+        Arc::new(
+            CaseExpr::try_new(
+                None,
+                vec![
+                    (
+                        bin(a(), Operator::Gt, lit(ScalarValue::Int32(Some(0)))),
+                        p(),
+                    ),
+                    (
+                        Arc::new(IsNullExpr::new(a())),
+                        lit(ScalarValue::Boolean(Some(true))),
+                    ),
+                ],
+                None,
+            )
+            .unwrap(),
+        ),
     ]
 }
 
@@ -284,7 +333,38 @@ fn values(s: &Schema) -> Vec<E> {
         cast(a(), DataType::Decimal128(20, 3)),
         cast(m(), DataType::Decimal128(25, 6)),
         cast(col(s, "u"), DataType::Int32),
+        Arc::new(NegativeExpr::new(b())),
+        Arc::new(NegativeExpr::new(f())),
+        Arc::new(NegativeExpr::new(m())),
         lit(ScalarValue::Decimal128(Some(-(1i128 << 100)), 38, 0)),
+        Arc::new(
+            CaseExpr::try_new(
+                None,
+                vec![
+                    (
+                        bin(a(), Operator::Gt, lit(ScalarValue::Int32(Some(2)))),
+                        b(),
+                    ),
+                    (
+                        col(s, "p"),
+                        bin(b(), Operator::Minus, lit(ScalarValue::Int64(Some(1)))),
+                    ),
+                ],
+                Some(lit(ScalarValue::Int64(Some(-7)))),
+            )
+            .unwrap(),
+        ),
+        Arc::new(
+            CaseExpr::try_new(
+                None,
+                vec![(
+                    bin(f(), Operator::Lt, lit(ScalarValue::Float64(Some(0.0)))),
+                    f(),
+                )],
+                None,
+            )
+            .unwrap(),
+        ),
     ]
 }
 

@@ -160,7 +160,7 @@ fn param_sizes(state: &CudaState, function: &cudarc::driver::CudaFunction) -> Op
     }
     catch_unwind(|| {
         let mut sizes = Vec::new();
-        for index in 0..64 {
+        for index in 0..512 {
             let (mut offset, mut size) = (0usize, 0usize);
             // SAFETY: a live function handle; the driver writes two usizes.
             let r = unsafe {

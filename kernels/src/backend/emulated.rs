@@ -56,7 +56,7 @@ pub(crate) fn describe() -> DeviceDescription {
 }
 
 fn sizes_of(params: EmuParamsFn) -> Arc<[usize]> {
-    let mut sizes = [0u32; 64];
+    let mut sizes = [0u32; 512];
     // SAFETY: the function writes at most `max` entries.
     let n = unsafe { params(sizes.as_mut_ptr(), sizes.len() as u32) } as usize;
     sizes[..n.min(sizes.len())]
