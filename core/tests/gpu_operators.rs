@@ -126,6 +126,16 @@ const PREDICATES: &[&str] = &[
     "f IN (0.0, 'NaN'::DOUBLE)",
     "coalesce(a, 0) > 2",
     "CASE WHEN a > 0 THEN b WHEN p THEN -1 ELSE 7 END < 100",
+    "s = 'xyz'",
+    "s <> 'xyz' AND s < 'xyzxyzx'",
+    "s > ''",
+    "s LIKE 'xy%'",
+    "s LIKE '%yz'",
+    "s NOT LIKE '%zx%'",
+    "s LIKE '%'",
+    "s LIKE 'x%z%z'",
+    "s LIKE 'xyz'",
+    "s IN ('', 'xyzxyz')",
 ];
 
 fn rows(batches: &[RecordBatch]) -> Vec<String> {
@@ -326,6 +336,12 @@ async fn explain_shows_gpu_filters_and_the_cpu_keeps_the_rest() {
         plan.contains("GpuFilterExec: a@0 > 1 AND f@1 < 2"),
         "{plan}"
     );
+    let plan = explain(
+        &gpu,
+        "SELECT a FROM t WHERE s LIKE 'x%z' OR s IN ('a', 'b')",
+    )
+    .await;
+    assert!(plan.contains("GpuFilterExec"), "{plan}");
     // Every physical node says where it runs, and CPU nodes say why.
     let plan = explain(&gpu, "SELECT sum(a) FROM t WHERE a > 1").await;
     let physical: Vec<&str> = plan

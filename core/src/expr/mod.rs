@@ -14,7 +14,9 @@
 //!   the GPU, so the CPU's overflow error can never be due;
 //! - casts run when they cannot fail (integer widening, to floats, to decimals with room).
 //!
-//! Also: `[NOT] IN (list)`, searched `CASE WHEN`, and `coalesce`, with SQL's NULL rules.
+//! Also: `[NOT] IN (list)`, searched `CASE WHEN`, `coalesce`, and on strings (read as
+//! offsets + bytes) comparisons, `IN` and `LIKE` with `%`-only patterns; results are never
+//! strings yet.
 //!
 //! Anything else (strings, `CASE x WHEN`, division, other casts) is reported as [`Unsupported`] with the
 //! expression named, and the operator stays on the CPU.
@@ -29,8 +31,8 @@ use std::sync::Arc;
 
 use datafusion::physical_expr::ScalarFunctionExpr;
 use datafusion::physical_expr::expressions::{
-    BinaryExpr, CaseExpr, CastExpr, Column, InListExpr, IsNotNullExpr, IsNullExpr, Literal,
-    NegativeExpr, NotExpr,
+    BinaryExpr, CaseExpr, CastExpr, Column, InListExpr, IsNotNullExpr, IsNullExpr, LikeExpr,
+    Literal, NegativeExpr, NotExpr,
 };
 
 /// Why an expression cannot run on the GPU.
@@ -58,6 +60,8 @@ enum DevType {
         precision: u8,
         scale: i8,
     },
+    /// A string: a byte pointer, with its length in a companion `<name>_n` variable.
+    Str,
 }
 
 impl DevType {
@@ -103,6 +107,7 @@ impl DevType {
                 precision: *p,
                 scale: *s,
             },
+            Utf8 | LargeUtf8 | Utf8View => DevType::Str,
             _ => return None,
         })
     }
@@ -123,6 +128,7 @@ impl DevType {
             DevType::F32 => "f32",
             DevType::F64 => "f64",
             DevType::Dec { .. } => "i128",
+            DevType::Str => "const u8*",
         }
     }
 
@@ -205,8 +211,9 @@ pub struct PredicateKernel {
     /// The entry point, unique per source (`spate_pred_<hash>`).
     pub entry: String,
     /// The columns, in the kernel's parameter order: each contributes
-    /// `(const u8* data, u64 data_bit_offset, const u8* validity, u64 validity_offset)`, followed
-    /// by `u64 rows, u8* out`.
+    /// `(const u8* data, const u8* extra, u64 aux, const u8* validity, u64 validity_offset)`
+    /// (for strings `data` holds the offsets, `extra` the bytes and `aux` the offset width; for
+    /// booleans `aux` is the bit offset), followed by `u64 rows, u8* out`.
     pub inputs: Vec<KernelInput>,
 }
 
@@ -252,6 +259,9 @@ impl Gen<'_> {
         }
         if let Some(c) = expr.downcast_ref::<CastExpr>() {
             return self.cast(c);
+        }
+        if let Some(l) = expr.downcast_ref::<LikeExpr>() {
+            return self.like(l);
         }
         if let Some(l) = expr.downcast_ref::<InListExpr>() {
             return self.in_list(l);
@@ -338,6 +348,18 @@ impl Gen<'_> {
         })?;
         let k = self.input_slot(c.index(), field.data_type());
         let (v, n) = (self.var(), self.var());
+        if ty == DevType::Str {
+            // d = offsets (b = their width in bytes), e = the bytes.
+            let _ = writeln!(
+                self.body,
+                "        const bool {n} = !spate::row_is_valid(v{k}, o{k}, i);\n        const u64 {v}_s = spate::string_offset(d{k}, b{k}, i);\n        const u64 {v}_n = spate::string_offset(d{k}, b{k}, i + 1) - {v}_s;\n        const u8* {v} = e{k} + {v}_s;"
+            );
+            return Ok(Operand {
+                value: v,
+                null: n,
+                ty,
+            });
+        }
         let load = match ty {
             DevType::Bool => format!("spate::bit_is_set(d{k}, b{k}, i)"),
             _ => format!("((const {}*)d{k})[i]", ty.c_type()),
@@ -367,6 +389,12 @@ impl Gen<'_> {
                 null: "true".into(),
                 ty,
             });
+        }
+        if let ScalarValue::Utf8(Some(text))
+        | ScalarValue::LargeUtf8(Some(text))
+        | ScalarValue::Utf8View(Some(text)) = value
+        {
+            return Ok(self.string_literal(text.as_bytes()));
         }
         let text = match value {
             ScalarValue::Boolean(Some(b)) => b.to_string(),
@@ -414,6 +442,99 @@ impl Gen<'_> {
             value: text,
             null: "false".into(),
             ty,
+        })
+    }
+
+    /// A string literal as a local byte array.
+    fn string_literal(&mut self, bytes: &[u8]) -> Operand {
+        let v = self.var();
+        let items: Vec<String> = bytes.iter().map(u8::to_string).collect();
+        let items = if items.is_empty() {
+            "0".to_string()
+        } else {
+            items.join(", ")
+        };
+        let _ = writeln!(
+            self.body,
+            "        const u8 {v}_lit[] = {{{items}}};\n        const u8* {v} = {v}_lit;\n        const u64 {v}_n = {};",
+            bytes.len()
+        );
+        Operand {
+            value: v,
+            null: "false".into(),
+            ty: DevType::Str,
+        }
+    }
+
+    /// `s [NOT] LIKE 'pattern'` for patterns made of literal text and `%` (no `_`, no escapes,
+    /// case-sensitive): anchored first and last segments, the middle ones found in order.
+    fn like(&mut self, l: &LikeExpr) -> Result<Operand, Unsupported> {
+        let unsupported =
+            |why: &str| Unsupported(format!("`{l}`: {why} is not supported on the GPU yet"));
+        if l.case_insensitive() {
+            return Err(unsupported("ILIKE"));
+        }
+        let pattern = match l.pattern().downcast_ref::<Literal>().map(Literal::value) {
+            Some(
+                ScalarValue::Utf8(Some(p))
+                | ScalarValue::LargeUtf8(Some(p))
+                | ScalarValue::Utf8View(Some(p)),
+            ) => p.clone(),
+            _ => return Err(unsupported("a LIKE pattern that is not a string literal")),
+        };
+        if pattern.contains('_') || pattern.contains('\\') {
+            return Err(unsupported("a LIKE pattern with `_` or escapes"));
+        }
+        let a = self.emit(l.expr().as_ref())?;
+        if a.ty != DevType::Str {
+            return Err(unsupported("LIKE on a non-string"));
+        }
+        let segments: Vec<&str> = pattern.split('%').collect();
+        let (v, n) = (self.var(), self.var());
+        let _ = writeln!(
+            self.body,
+            "        bool {v}_ok = true;\n        u64 {v}_pos = 0;"
+        );
+        let last = segments.len() - 1;
+        for (k, seg) in segments.iter().enumerate() {
+            if seg.is_empty() {
+                continue;
+            }
+            let lit = self.string_literal(seg.as_bytes());
+            let (sp, sn) = (lit.value.clone(), format!("{}_n", lit.value));
+            let (ap, an) = (a.value.clone(), format!("{}_n", a.value));
+            if segments.len() == 1 {
+                let _ = writeln!(
+                    self.body,
+                    "        {v}_ok = spate::str_eq({ap}, {an}, {sp}, {sn});"
+                );
+            } else if k == 0 {
+                let _ = writeln!(
+                    self.body,
+                    "        {v}_ok = {v}_ok && spate::str_starts({ap}, {an}, {sp}, {sn});\n        {v}_pos = {sn};"
+                );
+            } else if k == last {
+                let _ = writeln!(
+                    self.body,
+                    "        {v}_ok = {v}_ok && {an} >= {v}_pos + {sn} && spate::str_ends({ap}, {an}, {sp}, {sn});"
+                );
+            } else {
+                let _ = writeln!(
+                    self.body,
+                    "        {{ const i64 f = {v}_ok ? spate::str_find({ap}, {an}, {v}_pos, {sp}, {sn}) : -1; {v}_ok = f >= 0; if ({v}_ok) {v}_pos = (u64)f + {sn}; }}"
+                );
+            }
+        }
+        let _ = writeln!(
+            self.body,
+            "        const bool {n} = {};\n        const bool {v} = {}{v}_ok;",
+            a.null,
+            if l.negated() { "!" } else { "" }
+        );
+        Ok(Operand {
+            value: v,
+            null: n,
+            ty: DevType::Bool,
         })
     }
 
@@ -507,6 +628,13 @@ impl Gen<'_> {
                 c.cast_type()
             ))
         };
+        if a.ty == DevType::Str || to == DevType::Str {
+            // Between string types (Utf8 / Utf8View / LargeUtf8) the bytes are the same.
+            if a.ty == to {
+                return Ok(a);
+            }
+            return Err(unsupported());
+        }
         let value = match (a.ty, to) {
             (x, y) if x == y => a.value.clone(),
             (
@@ -578,6 +706,10 @@ impl Gen<'_> {
                 )));
             }
             let eq = match x.ty {
+                DevType::Str => format!(
+                    "(!{} && spate::str_eq({}, {}_n, {}, {}_n))",
+                    o.null, x.value, x.value, o.value, o.value
+                ),
                 // DataFusion matches a list of float literals through a set, by total-order
                 // equality: -0.0 does not match 0.0 there (unlike `=`), NaN matches NaN.
                 DevType::F32 | DevType::F64 => {
@@ -688,7 +820,7 @@ impl Gen<'_> {
             return Err(Unsupported("coalesce() without arguments".into()));
         };
         let ty = first.ty;
-        if operands.iter().any(|o| o.ty != ty) {
+        if ty == DevType::Str || operands.iter().any(|o| o.ty != ty) {
             return Err(Unsupported(
                 "coalesce of different types on the GPU is not supported yet".into(),
             ));
@@ -766,6 +898,18 @@ impl Gen<'_> {
                     Operator::Gt => ">",
                     _ => ">=",
                 };
+                if l.ty == DevType::Str {
+                    let _ = writeln!(
+                        self.body,
+                        "        const bool {n} = {} || {};\n        const bool {v} = spate::str_cmp({}, {}_n, {}, {}_n) {c_op} 0;",
+                        l.null, r.null, l.value, l.value, r.value, r.value
+                    );
+                    return Ok(Operand {
+                        value: v,
+                        null: n,
+                        ty: DevType::Bool,
+                    });
+                }
                 let (lv, rv) = match l.ty {
                     DevType::F32 | DevType::F64 => (
                         format!("spate::compare_key({})", l.value),
@@ -866,7 +1010,7 @@ pub fn predicate_kernel(
     for k in 0..g.inputs.len() {
         let _ = write!(
             params,
-            "const u8* d{k}, u64 b{k}, const u8* v{k}, u64 o{k}, "
+            "const u8* d{k}, const u8* e{k}, u64 b{k}, const u8* v{k}, u64 o{k}, "
         );
     }
     let body = format!(
@@ -876,7 +1020,7 @@ pub fn predicate_kernel(
     let hash = blake3_hex(&body);
     let entry = format!("spate_pred_{hash}");
     let source = format!(
-        "// Generated by spate::expr from `{}`.\n#include \"common/prelude.cuh\"\n#include \"common/bitmap.cuh\"\n#include \"common/order.cuh\"\n\n{}",
+        "// Generated by spate::expr from `{}`.\n#include \"common/prelude.cuh\"\n#include \"common/bitmap.cuh\"\n#include \"common/order.cuh\"\n#include \"common/strings.cuh\"\n\n{}",
         predicate.to_string().replace('\n', " "),
         body.replace("ENTRY", &entry)
     );
@@ -919,11 +1063,13 @@ pub fn value_kernel(
         let data_type = expr
             .data_type(input_schema)
             .map_err(|e| Unsupported(format!("`{expr}`: {e}")))?;
-        let want = DevType::of(&data_type).ok_or_else(|| {
-            Unsupported(format!(
-                "`{expr}` yields {data_type}, which GPU expressions do not support yet"
-            ))
-        })?;
+        let want = DevType::of(&data_type)
+            .filter(|t| *t != DevType::Str)
+            .ok_or_else(|| {
+                Unsupported(format!(
+                    "`{expr}` yields {data_type}, which GPU expressions do not compute yet"
+                ))
+            })?;
         let got = g.emit(*expr)?;
         if got.ty != want {
             return Err(Unsupported(format!(
@@ -938,7 +1084,7 @@ pub fn value_kernel(
     for k in 0..g.inputs.len() {
         let _ = write!(
             params,
-            "const u8* d{k}, u64 b{k}, const u8* v{k}, u64 o{k}, "
+            "const u8* d{k}, const u8* e{k}, u64 b{k}, const u8* v{k}, u64 o{k}, "
         );
     }
     params.push_str("u64 n");
@@ -986,7 +1132,7 @@ pub fn value_kernel(
     let entry = format!("spate_proj_{}", blake3_hex(&body));
     let names: Vec<String> = exprs.iter().map(|e| e.to_string()).collect();
     let source = format!(
-        "// Generated by spate::expr from [{}].\n#include \"common/prelude.cuh\"\n#include \"common/bitmap.cuh\"\n#include \"common/order.cuh\"\n\n{}",
+        "// Generated by spate::expr from [{}].\n#include \"common/prelude.cuh\"\n#include \"common/bitmap.cuh\"\n#include \"common/order.cuh\"\n#include \"common/strings.cuh\"\n\n{}",
         names.join(", ").replace('\n', " "),
         body.replace("ENTRY", &entry)
     );
@@ -1018,17 +1164,20 @@ fn input_args(
                 .ok_or_else(|| crate::error::SpateError::Internal {
                     message: format!("a kernel reads column {} of a narrower batch", input.index),
                 })?;
-        let (data, bit_offset) = match column.values() {
-            DeviceValues::Fixed { bytes, .. } => (bytes.as_slice().address(), 0),
-            DeviceValues::Bits { bytes, offset } => (bytes.as_slice().address(), *offset),
-            DeviceValues::Utf8 { .. } | DeviceValues::LargeUtf8 { .. } => {
-                return Err(crate::error::SpateError::Internal {
-                    message: "expression kernels do not read strings".into(),
-                });
+        // (data, extra, bit offset or offset width)
+        let (data, extra, aux) = match column.values() {
+            DeviceValues::Fixed { bytes, .. } => (bytes.as_slice().address(), 0, 0),
+            DeviceValues::Bits { bytes, offset } => (bytes.as_slice().address(), 0, *offset),
+            DeviceValues::Utf8 { offsets, bytes } => {
+                (offsets.as_slice().address(), bytes.as_slice().address(), 4)
+            }
+            DeviceValues::LargeUtf8 { offsets, bytes } => {
+                (offsets.as_slice().address(), bytes.as_slice().address(), 8)
             }
         };
         args.push(KernelArg::Ptr(data));
-        args.push(KernelArg::U64(bit_offset as u64));
+        args.push(KernelArg::Ptr(extra));
+        args.push(KernelArg::U64(aux as u64));
         match column.validity() {
             Some(v) => {
                 args.push(KernelArg::Ptr(v.bytes.as_slice().address()));

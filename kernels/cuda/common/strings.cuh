@@ -1,0 +1,46 @@
+// strings.cuh: byte-string helpers for generated expressions (Arrow's string order is bytewise).
+#pragma once
+#include "common/prelude.cuh"
+
+namespace spate {
+
+// Offset `i` of a string column whose offsets are 4 (Utf8) or 8 (LargeUtf8) bytes wide.
+__device__ __forceinline__ u64 string_offset(const u8* offsets, u64 width, u64 i) {
+    return width == 8 ? (u64)((const i64*)offsets)[i] : (u64)((const i32*)offsets)[i];
+}
+
+// Three-way bytewise comparison: <0, 0 or >0.
+__device__ inline int str_cmp(const u8* a, u64 an, const u8* b, u64 bn) {
+    u64 m = an < bn ? an : bn;
+    for (u64 i = 0; i < m; ++i) {
+        if (a[i] != b[i]) return a[i] < b[i] ? -1 : 1;
+    }
+    return an < bn ? -1 : (an > bn ? 1 : 0);
+}
+
+__device__ inline bool str_eq(const u8* a, u64 an, const u8* b, u64 bn) {
+    if (an != bn) return false;
+    for (u64 i = 0; i < an; ++i) {
+        if (a[i] != b[i]) return false;
+    }
+    return true;
+}
+
+__device__ inline bool str_starts(const u8* a, u64 an, const u8* p, u64 pn) {
+    return an >= pn && str_eq(a, pn, p, pn);
+}
+
+__device__ inline bool str_ends(const u8* a, u64 an, const u8* p, u64 pn) {
+    return an >= pn && str_eq(a + (an - pn), pn, p, pn);
+}
+
+// First position >= from where `p` occurs in `a`, or -1.
+__device__ inline i64 str_find(const u8* a, u64 an, u64 from, const u8* p, u64 pn) {
+    if (pn == 0) return from <= an ? (i64)from : -1;
+    for (u64 i = from; i + pn <= an; ++i) {
+        if (str_eq(a + i, pn, p, pn)) return (i64)i;
+    }
+    return -1;
+}
+
+}  // namespace spate
