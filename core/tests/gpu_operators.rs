@@ -136,6 +136,7 @@ const PREDICATES: &[&str] = &[
     "s LIKE 'x%z%z'",
     "s LIKE 'xyz'",
     "s IN ('', 'xyzxyz')",
+    "extract(year FROM dt) = 1994 AND extract(month FROM dt) >= 10",
 ];
 
 fn rows(batches: &[RecordBatch]) -> Vec<String> {
@@ -210,6 +211,7 @@ const PROJECTIONS: &[&str] = &[
     "a > 3 AS big, p AND a < 0 AS both, s, dt",
     "b + 9223372036854775807, t * t",
     "coalesce(b, a, 0), CASE WHEN p THEN a END, CASE WHEN f > 0 THEN m ELSE -m END",
+    "extract(year FROM dt), extract(month FROM dt) * 100 + extract(day FROM dt)",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -431,4 +433,34 @@ async fn the_fallback_policy_decides_what_happens_to_cpu_operators() {
         bad.to_string().contains("expected one of cpu, warn, error"),
         "{bad}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calendar_fields_match_the_cpu_over_a_wide_range_of_dates() {
+    let mut r = Rng::new(77);
+    let days: Vec<Option<i32>> = (0..5000)
+        .map(|k| match k % 50 {
+            0 => None,
+            1 => Some(-719_162), // 0001-01-01
+            2 => Some(0),
+            3 => Some(-1),
+            4 => Some(11_016), // 2000-02-29
+            _ => Some(r.below(1_600_000) as i32 - 800_000),
+        })
+        .collect();
+    let schema = Arc::new(Schema::new(vec![Field::new("d", DataType::Date32, true)]));
+    let batch =
+        RecordBatch::try_new(schema, vec![Arc::new(Date32Array::from(days)) as ArrayRef]).unwrap();
+    let gpu = engine_with(Backend::Emulated, 8192, 1);
+    let cpu = engine_with(Backend::Cpu, 8192, 1);
+    gpu.register_batches("dates", vec![batch.clone()]).unwrap();
+    cpu.register_batches("dates", vec![batch]).unwrap();
+    let sql = "SELECT d, extract(year FROM d), extract(month FROM d), extract(day FROM d) \
+               FROM dates WHERE d IS NULL OR d > -1000000";
+    assert_eq!(
+        rows(&gpu.collect(sql).await.unwrap()),
+        rows(&cpu.collect(sql).await.unwrap())
+    );
+    let plan = explain(&gpu, sql).await;
+    assert!(plan.contains("GpuProjectionExec"), "{plan}");
 }
