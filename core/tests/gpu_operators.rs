@@ -139,25 +139,9 @@ const PREDICATES: &[&str] = &[
     "extract(year FROM dt) = 1994 AND extract(month FROM dt) >= 10",
 ];
 
+/// Rows as strings, sorted (for results whose order is not fixed).
 fn rows(batches: &[RecordBatch]) -> Vec<String> {
-    let options = FormatOptions::default().with_null("NULL");
-    let mut out = Vec::new();
-    for b in batches {
-        let formatters: Vec<_> = b
-            .columns()
-            .iter()
-            .map(|c| ArrayFormatter::try_new(c.as_ref(), &options).unwrap())
-            .collect();
-        for i in 0..b.num_rows() {
-            out.push(
-                formatters
-                    .iter()
-                    .map(|f| f.value(i).to_string())
-                    .collect::<Vec<_>>()
-                    .join("|"),
-            );
-        }
-    }
+    let mut out = ordered(batches);
     out.sort();
     out
 }

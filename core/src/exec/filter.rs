@@ -23,7 +23,7 @@ use spate_kernels::Stream as DeviceStream;
 use spate_kernels::compact::{self, Mask};
 
 use super::{
-    DeviceBatchStream, GpuExec, TransferMetrics, device_input, download_stream, gpu_context, to_df,
+    DeviceBatchStream, GpuExec, TransferMetrics, device_input, execute_for_host, gpu_context, to_df,
 };
 use crate::column::{DeviceBatch, device_layout, gather_column};
 use crate::expr::{PredicateKernel, Unsupported, evaluate_predicate, predicate_kernel};
@@ -136,11 +136,7 @@ impl ExecutionPlan for GpuFilterExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> DFResult<SendableRecordBatchStream> {
-        let gpu = gpu_context(&context)?;
-        let stream = Arc::new(gpu.device().new_stream().map_err(|e| to_df(e.into()))?);
-        let batches = self.execute_device(partition, context, Arc::clone(&stream))?;
-        let metrics = TransferMetrics::new(&self.metrics, partition);
-        Ok(download_stream(self.schema(), batches, stream, metrics))
+        execute_for_host(self, partition, context, &self.metrics)
     }
 
     fn metrics(&self) -> Option<MetricsSet> {

@@ -208,6 +208,21 @@ fn upload_stream(
     }))
 }
 
+/// `ExecutionPlan::execute` of every GPU operator: its device batches on a new stream,
+/// downloaded for a CPU parent.
+pub(crate) fn execute_for_host<P: GpuExec>(
+    plan: &P,
+    partition: usize,
+    context: Arc<TaskContext>,
+    metrics: &ExecutionPlanMetricsSet,
+) -> DFResult<SendableRecordBatchStream> {
+    let gpu = gpu_context(&context)?;
+    let stream = Arc::new(gpu.device().new_stream().map_err(|e| to_df(e.into()))?);
+    let batches = plan.execute_device(partition, context, Arc::clone(&stream))?;
+    let transfer = TransferMetrics::new(metrics, partition);
+    Ok(download_stream(plan.schema(), batches, stream, transfer))
+}
+
 /// Downloads a GPU operator's device batches for a CPU parent.
 pub(crate) fn download_stream(
     schema: SchemaRef,

@@ -23,7 +23,7 @@ use futures::StreamExt;
 use spate_kernels::Stream as DeviceStream;
 
 use super::{
-    DeviceBatchStream, GpuExec, TransferMetrics, device_input, download_stream, gpu_context, to_df,
+    DeviceBatchStream, GpuExec, TransferMetrics, device_input, execute_for_host, gpu_context, to_df,
 };
 use crate::column::{DeviceBatch, device_layout};
 use crate::expr::{Unsupported, ValueKernel, evaluate_values, value_kernel};
@@ -154,11 +154,7 @@ impl ExecutionPlan for GpuProjectionExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> DFResult<SendableRecordBatchStream> {
-        let gpu = gpu_context(&context)?;
-        let stream = Arc::new(gpu.device().new_stream().map_err(|e| to_df(e.into()))?);
-        let batches = self.execute_device(partition, context, Arc::clone(&stream))?;
-        let metrics = TransferMetrics::new(&self.metrics, partition);
-        Ok(download_stream(self.schema(), batches, stream, metrics))
+        execute_for_host(self, partition, context, &self.metrics)
     }
 
     fn metrics(&self) -> Option<MetricsSet> {

@@ -29,9 +29,7 @@ use futures::TryStreamExt;
 use spate_kernels::sort::{self as ks, SortKeySource};
 use spate_kernels::{DeviceBuffer, DeviceSlice, Stream as DeviceStream, gather};
 
-use super::{
-    DeviceBatchStream, GpuExec, TransferMetrics, device_input, download_stream, gpu_context, to_df,
-};
+use super::{DeviceBatchStream, GpuExec, TransferMetrics, device_input, execute_for_host, to_df};
 use crate::column::{
     DeviceBatch, DeviceValues, concat_device_batches, device_layout, gather_column,
 };
@@ -302,11 +300,7 @@ impl ExecutionPlan for GpuSortExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> DFResult<SendableRecordBatchStream> {
-        let gpu = gpu_context(&context)?;
-        let stream = Arc::new(gpu.device().new_stream().map_err(|e| to_df(e.into()))?);
-        let batches = self.execute_device(partition, context, Arc::clone(&stream))?;
-        let metrics = TransferMetrics::new(&self.metrics, partition);
-        Ok(download_stream(self.schema(), batches, stream, metrics))
+        execute_for_host(self, partition, context, &self.metrics)
     }
 
     fn metrics(&self) -> Option<MetricsSet> {
