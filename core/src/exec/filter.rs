@@ -194,11 +194,19 @@ impl FilterState {
                 &all
             }
         };
-        let out = columns
-            .iter()
-            .map(|&c| gather_column(s, &batch.columns()[c], indices))
-            .collect::<crate::error::Result<Vec<_>>>()
-            .map_err(to_df)?;
+        let out = if rows == n {
+            // Every row passed: the columns pass through without a copy.
+            columns
+                .iter()
+                .map(|&c| batch.columns()[c].clone())
+                .collect()
+        } else {
+            columns
+                .iter()
+                .map(|&c| gather_column(s, &batch.columns()[c], indices))
+                .collect::<crate::error::Result<Vec<_>>>()
+                .map_err(to_df)?
+        };
         let out = DeviceBatch::try_new(Arc::clone(&self.schema), out, rows).map_err(to_df)?;
         self.baseline.record_output(rows);
         Ok(Some(out))
