@@ -23,9 +23,10 @@ use spate_kernels::Stream as DeviceStream;
 use spate_kernels::compact::{self, Mask};
 
 use super::{
-    DeviceBatchStream, GpuExec, TransferMetrics, device_input, execute_for_host, gpu_context, to_df,
+    DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, device_input, execute_for_host,
+    gpu_context, rebuild_gpu, to_df,
 };
-use crate::column::{DeviceBatch, device_layout, gather_column};
+use crate::column::{DeviceBatch, gather_column};
 use crate::expr::{PredicateKernel, Unsupported, evaluate_predicate, predicate_kernel};
 
 /// A filter (with optional projection and fetch) running on the GPU.
@@ -41,15 +42,7 @@ impl GpuFilterExec {
     /// The GPU version of `filter`, or why it must stay on the CPU.
     pub fn try_new(filter: Arc<FilterExec>) -> Result<Self, Unsupported> {
         let input_schema = filter.input().schema();
-        for field in input_schema.fields() {
-            if device_layout(field.data_type()).is_none() {
-                return Err(Unsupported(format!(
-                    "input column `{}` has type {}, which the GPU backend does not support yet",
-                    field.name(),
-                    field.data_type()
-                )));
-            }
-        }
+        check_input_types(&input_schema)?;
         let kernel = predicate_kernel(filter.predicate().as_ref(), &input_schema)?;
         Ok(GpuFilterExec {
             cpu: filter,
@@ -69,14 +62,7 @@ impl GpuFilterExec {
     }
 
     fn rebuild(cpu: Arc<dyn ExecutionPlan>) -> DFResult<Arc<dyn ExecutionPlan>> {
-        let Some(filter) = cpu.downcast_ref::<FilterExec>() else {
-            return Ok(cpu);
-        };
-        match GpuFilterExec::try_new(Arc::new(filter.clone())) {
-            Ok(gpu) => Ok(Arc::new(gpu)),
-            // The new children made it unsupported: keep the CPU node, which is correct.
-            Err(_) => Ok(cpu),
-        }
+        rebuild_gpu::<FilterExec, _>(cpu, GpuFilterExec::try_new)
     }
 }
 

@@ -64,6 +64,44 @@ pub fn as_gpu_exec(plan: &dyn ExecutionPlan) -> Option<&dyn GpuExec> {
     None
 }
 
+/// Fails with the first column of `schema` the device cannot hold (every GPU operator uploads
+/// whole input batches).
+pub(crate) fn check_input_types(
+    schema: &arrow::datatypes::Schema,
+) -> Result<(), crate::expr::Unsupported> {
+    match schema
+        .fields()
+        .iter()
+        .find(|f| crate::column::device_layout(f.data_type()).is_none())
+    {
+        Some(field) => Err(crate::expr::Unsupported(format!(
+            "input column `{}` has type {}, which the GPU backend does not support yet",
+            field.name(),
+            field.data_type()
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// After DataFusion rebuilt a GPU operator's CPU twin (new children, a new fetch): the GPU
+/// operator again if it still applies, else the CPU node, which is always correct.
+pub(crate) fn rebuild_gpu<C, G>(
+    cpu: Arc<dyn ExecutionPlan>,
+    make: impl FnOnce(Arc<C>) -> Result<G, crate::expr::Unsupported>,
+) -> DFResult<Arc<dyn ExecutionPlan>>
+where
+    C: ExecutionPlan + Clone + 'static,
+    G: ExecutionPlan + 'static,
+{
+    let Some(node) = cpu.downcast_ref::<C>() else {
+        return Ok(cpu);
+    };
+    match make(Arc::new(node.clone())) {
+        Ok(gpu) => Ok(Arc::new(gpu)),
+        Err(_) => Ok(cpu),
+    }
+}
+
 /// The session's GPU, which the engine stores in the session config.
 pub(crate) fn gpu_context(context: &TaskContext) -> DFResult<Arc<GpuContext>> {
     context

@@ -23,9 +23,10 @@ use futures::StreamExt;
 use spate_kernels::Stream as DeviceStream;
 
 use super::{
-    DeviceBatchStream, GpuExec, TransferMetrics, device_input, execute_for_host, gpu_context, to_df,
+    DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, device_input, execute_for_host,
+    gpu_context, rebuild_gpu, to_df,
 };
-use crate::column::{DeviceBatch, device_layout};
+use crate::column::DeviceBatch;
 use crate::expr::{Unsupported, ValueKernel, evaluate_values, value_kernel};
 
 /// Where each output column comes from.
@@ -50,15 +51,7 @@ impl GpuProjectionExec {
     /// The GPU version of `projection`, or why it must stay on the CPU.
     pub fn try_new(projection: Arc<ProjectionExec>) -> Result<Self, Unsupported> {
         let input_schema = projection.input().schema();
-        for field in input_schema.fields() {
-            if device_layout(field.data_type()).is_none() {
-                return Err(Unsupported(format!(
-                    "input column `{}` has type {}, which the GPU backend does not support yet",
-                    field.name(),
-                    field.data_type()
-                )));
-            }
-        }
+        check_input_types(&input_schema)?;
         let mut sources = Vec::new();
         let mut computed: Vec<&dyn PhysicalExpr> = Vec::new();
         for p in projection.expr() {
@@ -84,13 +77,7 @@ impl GpuProjectionExec {
     }
 
     fn rebuild(cpu: Arc<dyn ExecutionPlan>) -> DFResult<Arc<dyn ExecutionPlan>> {
-        let Some(projection) = cpu.downcast_ref::<ProjectionExec>() else {
-            return Ok(cpu);
-        };
-        match GpuProjectionExec::try_new(Arc::new(projection.clone())) {
-            Ok(gpu) => Ok(Arc::new(gpu)),
-            Err(_) => Ok(cpu),
-        }
+        rebuild_gpu::<ProjectionExec, _>(cpu, GpuProjectionExec::try_new)
     }
 }
 

@@ -29,10 +29,11 @@ use futures::TryStreamExt;
 use spate_kernels::sort::{self as ks, SortKeySource};
 use spate_kernels::{DeviceBuffer, DeviceSlice, Stream as DeviceStream, gather};
 
-use super::{DeviceBatchStream, GpuExec, TransferMetrics, device_input, execute_for_host, to_df};
-use crate::column::{
-    DeviceBatch, DeviceValues, concat_device_batches, device_layout, gather_column,
+use super::{
+    DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, device_input, execute_for_host,
+    rebuild_gpu, to_df,
 };
+use crate::column::{DeviceBatch, DeviceValues, concat_device_batches, gather_column};
 use crate::error::{Result, SpateError};
 use crate::expr::Unsupported;
 
@@ -73,15 +74,7 @@ impl GpuSortExec {
     /// The GPU version of `sort`, or why it must stay on the CPU.
     pub fn try_new(sort: Arc<SortExec>) -> std::result::Result<Self, Unsupported> {
         let schema = sort.input().schema();
-        for field in schema.fields() {
-            if device_layout(field.data_type()).is_none() {
-                return Err(Unsupported(format!(
-                    "input column `{}` has type {}, which the GPU backend does not support yet",
-                    field.name(),
-                    field.data_type()
-                )));
-            }
-        }
+        check_input_types(&schema)?;
         let mut keys = Vec::new();
         for e in sort.expr().iter() {
             let column = e
@@ -124,13 +117,7 @@ impl GpuSortExec {
     }
 
     fn rebuild(cpu: Arc<dyn ExecutionPlan>) -> DFResult<Arc<dyn ExecutionPlan>> {
-        let Some(sort) = cpu.downcast_ref::<SortExec>() else {
-            return Ok(cpu);
-        };
-        match GpuSortExec::try_new(Arc::new(sort.clone())) {
-            Ok(gpu) => Ok(Arc::new(gpu)),
-            Err(_) => Ok(cpu),
-        }
+        rebuild_gpu::<SortExec, _>(cpu, GpuSortExec::try_new)
     }
 }
 
