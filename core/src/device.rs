@@ -190,6 +190,8 @@ SPATE_EXPORT(spate_smoke)
 pub struct GpuContext {
     device: Device,
     generated: Mutex<HashMap<String, Kernel>>,
+    /// `(name, source)` of every generated program compiled, in order.
+    sources: Mutex<Vec<(String, String)>>,
     fallbacks: AtomicU64,
 }
 
@@ -218,6 +220,7 @@ impl GpuContext {
         Ok(Arc::new(GpuContext {
             device,
             generated: Mutex::new(HashMap::new()),
+            sources: Mutex::new(Vec::new()),
             fallbacks: AtomicU64::new(0),
         }))
     }
@@ -241,7 +244,55 @@ impl GpuContext {
                 message: format!("compiling {entry} returned no kernel"),
             })?;
         cache.insert(entry.to_string(), kernel.clone());
+        self.record_source(entry, source);
         Ok(kernel)
+    }
+
+    /// The kernels `entries` of one generated program, compiled once per session (and cached on
+    /// disk across sessions).
+    pub fn generated_kernels(&self, source: &str, entries: &[&str]) -> Result<Vec<Kernel>> {
+        let Some(first) = entries.first() else {
+            return Ok(Vec::new());
+        };
+        let mut cache = self.generated.lock().unwrap_or_else(|p| p.into_inner());
+        if entries.iter().all(|e| cache.contains_key(*e)) {
+            return Ok(entries
+                .iter()
+                .filter_map(|e| cache.get(*e).cloned())
+                .collect());
+        }
+        let kernels = self.device.compile_generated(first, source, entries)?;
+        if kernels.len() != entries.len() {
+            return Err(SpateError::Internal {
+                message: format!(
+                    "compiling {first} returned {} of {} kernels",
+                    kernels.len(),
+                    entries.len()
+                ),
+            });
+        }
+        for (entry, kernel) in entries.iter().zip(&kernels) {
+            cache.insert((*entry).to_string(), kernel.clone());
+        }
+        self.record_source(first, source);
+        Ok(kernels)
+    }
+
+    fn record_source(&self, name: &str, source: &str) {
+        self.sources
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((name.to_string(), source.to_string()));
+    }
+
+    /// `(name, source)` of every program generated and compiled in this session, in order.
+    /// Tests compile them with NVRTC, so generated code is checked for the CUDA backend even
+    /// where there is no GPU.
+    pub fn generated_sources(&self) -> Vec<(String, String)> {
+        self.sources
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Counts one operator or expression left on the CPU.

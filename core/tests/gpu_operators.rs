@@ -78,7 +78,15 @@ fn table(rows: usize, seed: u64) -> Vec<RecordBatch> {
             .map(|_| opt(&mut r).then(|| r.next_u64() as u16))
             .collect();
         let s: Vec<Option<String>> = (0..n)
-            .map(|_| opt(&mut r).then(|| "xyz".repeat(r.below(4) as usize)))
+            .map(|_| {
+                opt(&mut r).then(|| match r.below(10) {
+                    // Ties on the first 8 bytes, a NUL byte, and a multi-byte character.
+                    0 => "xyzxyzxy\0".to_string(),
+                    1 => "xyzxyzxyzA".to_string(),
+                    2 => "é".to_string(),
+                    _ => "xyz".repeat(r.below(4) as usize),
+                })
+            })
             .collect();
         let columns: Vec<ArrayRef> = vec![
             Arc::new(Int32Array::from(a)),
@@ -137,6 +145,15 @@ const PREDICATES: &[&str] = &[
     "s LIKE 'xyz'",
     "s IN ('', 'xyzxyz')",
     "extract(year FROM dt) = 1994 AND extract(month FROM dt) >= 10",
+    "a / 3 > 1",
+    "a % 7 = -2",
+    "b / (a * a + 1) > 10",
+    "b % 1000 = 5",
+    "t / 5 = u % 3",
+    "f / g > 1.0",
+    "f % 1.5 > 0.5",
+    "CASE WHEN a <> 0 THEN 100 / a ELSE 0 END > 5",
+    "coalesce(b / NULLIF(a * a, 0), 0) > 100",
 ];
 
 /// Rows as strings, sorted (for results whose order is not fixed).
@@ -235,6 +252,9 @@ const ORDERS: &[&str] = &[
     "dt NULLS FIRST",
     "m DESC, t",
     "u NULLS FIRST, m",
+    "s",
+    "s DESC NULLS FIRST, a",
+    "p, s NULLS FIRST",
 ];
 
 /// Rows in output order (not sorted), as strings.
@@ -345,15 +365,20 @@ async fn explain_shows_gpu_filters_and_the_cpu_keeps_the_rest() {
         plan.contains("GpuFilterExec") && plan.contains("[GPU]"),
         "{plan}"
     );
+    assert!(plan.contains("GpuAggregateExec: mode="), "{plan}");
+    // Window functions have no GPU operator yet.
+    let plan = explain(&gpu, "SELECT a, row_number() OVER (ORDER BY a) FROM t").await;
     assert!(
-        plan.contains("AggregateExec: mode=")
-            && plan.contains("[CPU: there is no GPU operator for it yet]"),
+        plan.contains("[CPU: there is no GPU operator for it yet]"),
         "{plan}"
     );
-    let plan = explain(&gpu, "SELECT a FROM t WHERE a % 2 = 0").await;
-    assert!(plan.contains("[CPU: operator % in `"), "{plan}");
-    // Modulo is not supported yet: the filter stays on the CPU.
-    let plan = explain(&gpu, "SELECT a FROM t WHERE a % 2 = 0").await;
+    let plan = explain(&gpu, "SELECT a FROM t WHERE abs(a) = 2").await;
+    assert!(
+        plan.contains("[CPU: expression `abs(a@0)` is not supported"),
+        "{plan}"
+    );
+    // abs() is not supported yet: the filter stays on the CPU.
+    let plan = explain(&gpu, "SELECT a FROM t WHERE abs(a) = 2").await;
     assert!(
         plan.contains("FilterExec") && !plan.contains("GpuFilterExec"),
         "{plan}"
@@ -371,18 +396,27 @@ async fn the_fallback_policy_decides_what_happens_to_cpu_operators() {
     let context = gpu.gpu().unwrap();
 
     let before = context.fallbacks();
-    gpu.collect("SELECT sum(a) FROM t WHERE a > 0")
+    gpu.collect("SELECT a, row_number() OVER (ORDER BY a) FROM t")
         .await
         .unwrap();
     assert!(
         context.fallbacks() > before,
-        "aggregates are counted as fallbacks"
+        "window functions are counted as fallbacks"
+    );
+    let before = context.fallbacks();
+    gpu.collect("SELECT a, sum(b) FROM t WHERE a > 0 GROUP BY a ORDER BY a")
+        .await
+        .unwrap();
+    assert_eq!(
+        context.fallbacks(),
+        before,
+        "a filter, aggregation and sort run fully on the GPU"
     );
 
     gpu.collect("SET spate.gpu.fallback = 'warn'")
         .await
         .unwrap();
-    gpu.collect("SELECT a FROM t WHERE a % 2 = 0")
+    gpu.collect("SELECT a FROM t WHERE abs(a) = 2")
         .await
         .unwrap();
 
@@ -390,7 +424,7 @@ async fn the_fallback_policy_decides_what_happens_to_cpu_operators() {
         .await
         .unwrap();
     let err = gpu
-        .collect("SELECT a FROM t WHERE a % 2 = 0")
+        .collect("SELECT a FROM t WHERE abs(a) = 2")
         .await
         .unwrap_err();
     let message = err.to_string();
@@ -403,8 +437,16 @@ async fn the_fallback_policy_decides_what_happens_to_cpu_operators() {
         "{message}"
     );
     assert!(matches!(err, SpateError::Unsupported { .. }), "{err:?}");
-    let err = gpu.collect("SELECT count(*) FROM t").await.unwrap_err();
+    let err = gpu
+        .collect("SELECT a, row_number() OVER (ORDER BY a) FROM t")
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("cannot run on the GPU"), "{err}");
+    let err = gpu
+        .collect("SELECT a, max(f) FROM t GROUP BY a")
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("depends on row order"), "{err}");
     // Fully supported plans still run.
     let ok = gpu.collect("SELECT a FROM t WHERE a > 10").await.unwrap();
     assert!(ok.iter().map(RecordBatch::num_rows).sum::<usize>() > 0);
@@ -447,4 +489,191 @@ async fn calendar_fields_match_the_cpu_over_a_wide_range_of_dates() {
     );
     let plan = explain(&gpu, sql).await;
     assert!(plan.contains("GpuProjectionExec"), "{plan}");
+}
+
+const GROUP_KEYS: &[&str] = &[
+    "", "a", "p", "s", "a, s", "dt, t", "f", "g, p", "m", "u", "b", "t * 2", "a, b, f",
+];
+
+/// Every aggregate the GPU runs. The float columns hold small multiples of 1/16 (plus NaN,
+/// ±0.0 and ±inf), so their sums are exact in any order and compare as text.
+const AGGREGATES: &str = "count(*), count(a), count(s), count(p), sum(a), sum(b), sum(m), \
+     sum(f), sum(g), sum(t), sum(u), min(a), max(b), min(dt), max(dt), min(m), max(m), min(t), \
+     max(u), avg(f), avg(m), avg(a), avg(u), sum(a * 2 + t)";
+
+/// Float MIN/MAX run on the GPU only without GROUP BY (see `GpuAggregateExec`).
+const FLOAT_MIN_MAX: &str = "min(f), max(f), min(g), max(g)";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aggregations_match_the_cpu() {
+    for (seed, rows_in_table, batch_size, partitions) in [
+        (21u64, 3000usize, 8192usize, 2usize),
+        (22, 500, 7, 2),
+        (23, 80, 1, 1),
+        (24, 1, 8192, 2),
+        (25, 0, 8192, 2),
+        (26, 2500, 8192, 1),
+    ] {
+        let data = table(rows_in_table, seed);
+        let gpu = engine_with(Backend::Emulated, batch_size, partitions);
+        let cpu = engine_with(Backend::Cpu, batch_size, partitions);
+        gpu.register_batches("t", data.clone()).unwrap();
+        cpu.register_batches("t", data).unwrap();
+        for keys in GROUP_KEYS {
+            let sql = if keys.is_empty() {
+                format!("SELECT {AGGREGATES}, {FLOAT_MIN_MAX} FROM t")
+            } else {
+                format!("SELECT {keys}, {AGGREGATES} FROM t GROUP BY {keys}")
+            };
+            let want = rows(&cpu.collect(&sql).await.unwrap());
+            let got = rows(
+                &gpu.collect(&sql)
+                    .await
+                    .unwrap_or_else(|e| panic!("{sql} seed={seed}: {e}")),
+            );
+            assert_eq!(
+                got, want,
+                "GROUP BY [{keys}] seed={seed} rows={rows_in_table} batch_size={batch_size}"
+            );
+            let plan = explain(&gpu, &sql).await;
+            assert!(plan.contains("GpuAggregateExec"), "{plan}");
+            assert!(!plan.contains("  AggregateExec"), "{plan}");
+        }
+        // A GROUP BY without aggregates (SELECT DISTINCT), and filters under an aggregate.
+        for sql in [
+            "SELECT DISTINCT s, p FROM t",
+            "SELECT a, count(*) FROM t WHERE f > 0 GROUP BY a",
+            "SELECT sum(m * m), avg(m) FROM t WHERE m > 0",
+        ] {
+            let want = rows(&cpu.collect(sql).await.unwrap());
+            assert_eq!(rows(&gpu.collect(sql).await.unwrap()), want, "{sql}");
+        }
+        // DataFusion's grouped float MIN/MAX depends on row order (NaN, -0.0): CPU, said why.
+        let plan = explain(&gpu, "SELECT a, max(f) FROM t GROUP BY a").await;
+        assert!(plan.contains("depends on row order"), "{plan}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn integer_division_errors_match_the_cpu() {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("a", DataType::Int32, true),
+        Field::new("b", DataType::Int32, true),
+    ]));
+    let gpu = engine(Backend::Emulated, 8192);
+    let cpu = engine(Backend::Cpu, 8192);
+    for (name, a, b) in [
+        (
+            "fine",
+            vec![Some(7), None, Some(-9)],
+            vec![Some(2), Some(0), Some(-3)],
+        ),
+        ("zero", vec![Some(7), Some(1)], vec![Some(2), Some(0)]),
+        (
+            "min",
+            vec![Some(i32::MIN), Some(1)],
+            vec![Some(-1), Some(1)],
+        ),
+    ] {
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![
+                Arc::new(Int32Array::from(a)) as ArrayRef,
+                Arc::new(Int32Array::from(b)) as ArrayRef,
+            ],
+        )
+        .unwrap();
+        gpu.register_batches(name, vec![batch.clone()]).unwrap();
+        cpu.register_batches(name, vec![batch]).unwrap();
+        for sql in [
+            format!("SELECT a FROM {name} WHERE a / b <> 0"),
+            format!("SELECT a FROM {name} WHERE a % b = 0"),
+            // Branches the CPU skips for a row never fail it.
+            format!("SELECT a FROM {name} WHERE CASE WHEN b = 0 THEN 0 ELSE a % b END = 1"),
+            format!("SELECT sum(a / b) FROM {name}"),
+        ] {
+            let plan = explain(&gpu, &sql).await;
+            assert!(
+                plan.contains("GpuFilterExec") || plan.contains("GpuAggregateExec"),
+                "{plan}"
+            );
+            match (cpu.collect(&sql).await, gpu.collect(&sql).await) {
+                (Ok(want), Ok(got)) => assert_eq!(rows(&got), rows(&want), "{sql}"),
+                (Err(want), Err(got)) => {
+                    let kind = |e: &SpateError| {
+                        let m = e.to_string();
+                        if m.contains("Divide by zero error") {
+                            "zero"
+                        } else if m.contains("Arithmetic overflow") {
+                            "overflow"
+                        } else {
+                            panic!("{sql}: unexpected error {m}")
+                        }
+                    };
+                    assert_eq!(kind(&got), kind(&want), "{sql}: {got} vs {want}");
+                }
+                (want, got) => panic!("{sql}: the CPU gave {want:?}, the GPU {got:?}"),
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decimal_overflow_fails_on_the_gpu_as_on_the_cpu() {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("a", DataType::Decimal128(38, 0), true),
+        Field::new("b", DataType::Decimal128(38, 0), true),
+    ]));
+    let big = 10i128.pow(20);
+    let batch = |a: Vec<Option<i128>>, b: Vec<Option<i128>>| {
+        let column = |v: Vec<Option<i128>>| -> ArrayRef {
+            Arc::new(
+                Decimal128Array::from(v)
+                    .with_precision_and_scale(38, 0)
+                    .unwrap(),
+            )
+        };
+        RecordBatch::try_new(Arc::clone(&schema), vec![column(a), column(b)]).unwrap()
+    };
+    // NULL rows never overflow, and products that fit i128 are exact.
+    let fits = batch(
+        vec![Some(3), None, Some(big), Some(-big)],
+        vec![
+            Some(-7),
+            Some(10i128.pow(37)),
+            Some(10i128.pow(17)),
+            Some(-(10i128.pow(17) / 7)),
+        ],
+    );
+    let overflows = batch(vec![Some(2), Some(big * 10)], vec![Some(5), Some(big * 10)]);
+    let queries = [
+        "SELECT a * b FROM t WHERE a <> 0",
+        "SELECT a + b, a - b FROM t WHERE a <> 0",
+        "SELECT a FROM t WHERE a * b > 0",
+        "SELECT sum(a * b) FROM t",
+    ];
+    for (data, fails) in [(fits, false), (overflows, true)] {
+        let gpu = engine(Backend::Emulated, 8192);
+        let cpu = engine(Backend::Cpu, 8192);
+        gpu.register_batches("t", vec![data.clone()]).unwrap();
+        cpu.register_batches("t", vec![data]).unwrap();
+        for sql in queries {
+            let plan = explain(&gpu, sql).await;
+            assert!(plan.contains("Gpu"), "{plan}");
+            let want = cpu.collect(sql).await;
+            let got = gpu.collect(sql).await;
+            match (want, got) {
+                (Ok(want), Ok(got)) => assert_eq!(rows(&got), rows(&want), "{sql}"),
+                (Err(want), Err(got)) => {
+                    assert!(fails, "{sql}: {got}");
+                    assert!(want.to_string().contains("Arithmetic overflow"), "{want}");
+                    assert!(
+                        got.to_string().contains("Arithmetic overflow"),
+                        "{sql}: {got}"
+                    );
+                }
+                (want, got) => panic!("{sql}: the CPU gave {want:?}, the GPU {got:?}"),
+            }
+        }
+    }
 }

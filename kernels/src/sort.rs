@@ -11,6 +11,7 @@
 
 use crate::device::Stream;
 use crate::error::{Result, ensure_arg};
+use crate::gather::{DeviceStrings, OffsetElem};
 use crate::launch::{KernelArg, LaunchConfig, TILE};
 use crate::memory::{DeviceBuffer, DeviceCopy, DeviceSlice};
 use crate::scan;
@@ -289,6 +290,52 @@ pub fn argsort<T: SortKeySource>(
     Ok(sort_pairs(stream, keys.as_slice(), None, T::Key::BITS)?.values)
 }
 
+/// Radix keys of strings (`radix_key_string_*`) in byte-wise order: the length key when
+/// `chunk` is `None`, else the key of bytes `[8 * chunk, 8 * chunk + 8)`. Sorting stably on the
+/// length key and then on chunks from the last to the first orders the strings.
+pub fn string_sort_keys<O: OffsetElem>(
+    stream: &Stream,
+    strings: DeviceStrings<'_, O>,
+    chunk: Option<usize>,
+    descending: bool,
+) -> Result<DeviceBuffer<u64>> {
+    let n = strings.rows();
+    let out = stream.alloc::<u64>(n)?;
+    if n == 0 {
+        return Ok(out);
+    }
+    let kernel = stream
+        .device()
+        .kernel(&format!("radix_key_string_{}", O::SUFFIX))?;
+    // SAFETY: `strings` has n + 1 offsets into its bytes and `out` holds n keys.
+    unsafe {
+        stream.launch(
+            &kernel,
+            LaunchConfig::blocks(stream.device().grid_stride_blocks(n)),
+            &[
+                strings.offsets.into(),
+                strings.bytes.into(),
+                KernelArg::U64(n as u64),
+                KernelArg::U64(chunk.unwrap_or(0) as u64),
+                KernelArg::U32(u32::from(chunk.is_none())),
+                KernelArg::U32(u32::from(descending)),
+                (&out).into(),
+            ],
+        )?;
+    }
+    Ok(out)
+}
+
+/// The longest string's length in bytes (0 for no rows). Waits for the stream.
+pub fn string_max_len<O: OffsetElem>(
+    stream: &Stream,
+    strings: DeviceStrings<'_, O>,
+) -> Result<u64> {
+    let lengths = string_sort_keys(stream, strings, None, false)?;
+    let max = crate::reduce::max(stream, lengths.as_slice(), None)?;
+    Ok(if max.count == 0 { 0 } else { max.value })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -299,6 +346,80 @@ mod tests {
         let mut idx: Vec<u32> = (0..values.len() as u32).collect();
         idx.sort_by_key(|i| key(values[*i as usize])); // stable
         idx
+    }
+
+    #[test]
+    fn string_keys_give_byte_order() {
+        let device = test_device();
+        let stream = device.new_stream().unwrap();
+        let mut r = reference::Rng::new(91);
+        for &n in SIZES {
+            // Short strings over a tiny alphabet (with NUL and a byte above 0x7f): many ties
+            // on the first 8 bytes and strings that are prefixes of others.
+            let strings: Vec<Vec<u8>> = (0..n)
+                .map(|_| {
+                    (0..r.below(20))
+                        .map(|_| [0u8, b'a', b'b', 0xc3][r.below(4) as usize])
+                        .collect()
+                })
+                .collect();
+            let mut offsets = vec![0i32];
+            let mut bytes: Vec<u8> = Vec::new();
+            for s in &strings {
+                bytes.extend_from_slice(s);
+                offsets.push(bytes.len() as i32);
+            }
+            let offsets = stream.from_host(&offsets).unwrap();
+            // A device buffer of at least one byte, even when every string is empty.
+            bytes.push(0);
+            let bytes_dev = stream.from_host(&bytes).unwrap();
+            let view = DeviceStrings {
+                offsets: offsets.as_slice(),
+                bytes: bytes_dev.as_slice(),
+            };
+            let max = string_max_len(&stream, view).unwrap();
+            assert_eq!(max, strings.iter().map(Vec::len).max().unwrap_or(0) as u64);
+            for descending in [false, true] {
+                let mut perm: Option<DeviceBuffer<u32>> = None;
+                let chunks = (max as usize).div_ceil(8);
+                for chunk in std::iter::once(None).chain((0..chunks).rev().map(Some)) {
+                    let keys = string_sort_keys(&stream, view, chunk, descending).unwrap();
+                    let keys = match &perm {
+                        Some(p) => {
+                            crate::gather::gather(&stream, keys.as_slice(), p.as_slice()).unwrap()
+                        }
+                        None => keys,
+                    };
+                    let sorted = sort_pairs(
+                        &stream,
+                        keys.as_slice(),
+                        perm.as_ref().map(|p| p.as_slice()),
+                        64,
+                    )
+                    .unwrap();
+                    perm = Some(sorted.values);
+                }
+                let got: Vec<u32> = match &perm {
+                    Some(p) => stream.to_vec(p).unwrap(),
+                    None => (0..n as u32).collect(),
+                };
+                let mut want: Vec<u32> = (0..n as u32).collect();
+                want.sort_by(|a, b| {
+                    let o = strings[*a as usize].cmp(&strings[*b as usize]);
+                    if descending { o.reverse() } else { o }
+                });
+                let as_strings = |idx: &[u32]| -> Vec<&[u8]> {
+                    idx.iter()
+                        .map(|i| strings[*i as usize].as_slice())
+                        .collect()
+                };
+                assert_eq!(
+                    as_strings(&got),
+                    as_strings(&want),
+                    "n={n} desc={descending}"
+                );
+            }
+        }
     }
 
     #[test]

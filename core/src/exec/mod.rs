@@ -10,6 +10,7 @@
 //! One device stream serves one partition of a GPU subtree: the topmost GPU operator creates
 //! it and passes it down, so every kernel and copy of that partition is ordered on it.
 
+pub mod aggregate;
 pub mod filter;
 pub mod projection;
 pub mod sort;
@@ -32,6 +33,7 @@ use crate::column::{DeviceBatch, download_batch, upload_batch};
 use crate::config::SpateOptions;
 use crate::device::GpuContext;
 
+pub use aggregate::GpuAggregateExec;
 pub use filter::GpuFilterExec;
 pub use projection::GpuProjectionExec;
 pub use sort::GpuSortExec;
@@ -60,6 +62,9 @@ pub fn as_gpu_exec(plan: &dyn ExecutionPlan) -> Option<&dyn GpuExec> {
     }
     if let Some(s) = plan.downcast_ref::<GpuSortExec>() {
         return Some(s);
+    }
+    if let Some(a) = plan.downcast_ref::<GpuAggregateExec>() {
+        return Some(a);
     }
     None
 }

@@ -7,8 +7,9 @@
 //! keys in DataFusion's order: integers by value, floats by IEEE total order (-0.0 before
 //! +0.0, NaN last when ascending), descending by inverting the key. Every column is then
 //! gathered by the permutation. Decimal128 keys take two 64-bit passes (low word, then the
-//! signed high word). Rows equal on every key may come out in any order, as with
-//! DataFusion.
+//! signed high word). String keys sort byte-wise (UTF-8 code point order, as Arrow's): a pass
+//! on the length, then one 64-bit pass per 8-byte chunk from the last chunk to the first. Rows
+//! equal on every key may come out in any order, as with DataFusion.
 
 use std::fmt;
 use std::sync::Arc;
@@ -52,6 +53,8 @@ enum KeyKind {
     I64,
     U64,
     F64,
+    /// Strings (any offset width): a length pass, then one 64-bit pass per 8-byte chunk.
+    Str,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -95,6 +98,7 @@ impl GpuSortExec {
                 Int64 | Date64 | Time64(_) | Timestamp(_, _) | Duration(_) => KeyKind::I64,
                 UInt64 => KeyKind::U64,
                 Float64 => KeyKind::F64,
+                Utf8 | LargeUtf8 | Utf8View => KeyKind::Str,
                 other => {
                     return Err(Unsupported(format!(
                         "sort key `{}` has type {other}, which GPU sorts do not support yet",
@@ -174,6 +178,36 @@ fn decimal_pass(
     })
 }
 
+/// String keys in byte-wise order: the length key first (least significant), then 8-byte
+/// chunks from the last to the first, all stable.
+fn string_pass<O: gather::OffsetElem>(
+    stream: &DeviceStream,
+    strings: gather::DeviceStrings<'_, O>,
+    descending: bool,
+    perm: Option<&DeviceBuffer<u32>>,
+) -> Result<DeviceBuffer<u32>> {
+    let chunks = ks::string_max_len(stream, strings)?.div_ceil(8) as usize;
+    let mut perm_now: Option<DeviceBuffer<u32>> = None;
+    for chunk in std::iter::once(None).chain((0..chunks).rev().map(Some)) {
+        let order = perm_now.as_ref().or(perm);
+        let keys = ks::string_sort_keys(stream, strings, chunk, descending)?;
+        let keys = match order {
+            Some(p) => gather::gather(stream, keys.as_slice(), p.as_slice())?,
+            None => keys,
+        };
+        let sorted = ks::sort_pairs(
+            stream,
+            keys.as_slice(),
+            order.map(DeviceBuffer::as_slice),
+            64,
+        )?;
+        perm_now = Some(sorted.values);
+    }
+    perm_now.ok_or_else(|| SpateError::Internal {
+        message: "string sort made no pass".into(),
+    })
+}
+
 fn sort_batch(
     stream: &DeviceStream,
     batch: &DeviceBatch,
@@ -184,24 +218,52 @@ fn sort_batch(
     let mut perm: Option<DeviceBuffer<u32>> = None;
     for key in keys.iter().rev() {
         let column = &batch.columns()[key.column];
-        let DeviceValues::Fixed { bytes, .. } = column.values() else {
-            return Err(SpateError::Internal {
-                message: "a GPU sort key is not a fixed-width column".into(),
-            });
-        };
         let (d, p) = (key.descending, perm.as_ref());
-        let next = match key.kind {
-            KeyKind::I8 => key_pass::<i8>(stream, bytes.typed()?, d, p)?,
-            KeyKind::I16 => key_pass::<i16>(stream, bytes.typed()?, d, p)?,
-            KeyKind::U8 => key_pass::<u8>(stream, bytes.typed()?, d, p)?,
-            KeyKind::U16 => key_pass::<u16>(stream, bytes.typed()?, d, p)?,
-            KeyKind::Dec => decimal_pass(stream, bytes.typed()?, d, p)?,
-            KeyKind::I32 => key_pass::<i32>(stream, bytes.typed()?, d, p)?,
-            KeyKind::U32 => key_pass::<u32>(stream, bytes.typed()?, d, p)?,
-            KeyKind::F32 => key_pass::<f32>(stream, bytes.typed()?, d, p)?,
-            KeyKind::I64 => key_pass::<i64>(stream, bytes.typed()?, d, p)?,
-            KeyKind::U64 => key_pass::<u64>(stream, bytes.typed()?, d, p)?,
-            KeyKind::F64 => key_pass::<f64>(stream, bytes.typed()?, d, p)?,
+        let next = match (key.kind, column.values()) {
+            (KeyKind::Str, DeviceValues::Utf8 { offsets, bytes }) => string_pass(
+                stream,
+                gather::DeviceStrings::<i32> {
+                    offsets: offsets.typed()?,
+                    bytes: bytes.as_slice(),
+                },
+                d,
+                p,
+            )?,
+            (KeyKind::Str, DeviceValues::LargeUtf8 { offsets, bytes }) => string_pass(
+                stream,
+                gather::DeviceStrings::<i64> {
+                    offsets: offsets.typed()?,
+                    bytes: bytes.as_slice(),
+                },
+                d,
+                p,
+            )?,
+            (_, DeviceValues::Fixed { bytes, .. }) => match key.kind {
+                KeyKind::I8 => key_pass::<i8>(stream, bytes.typed()?, d, p)?,
+                KeyKind::I16 => key_pass::<i16>(stream, bytes.typed()?, d, p)?,
+                KeyKind::U8 => key_pass::<u8>(stream, bytes.typed()?, d, p)?,
+                KeyKind::U16 => key_pass::<u16>(stream, bytes.typed()?, d, p)?,
+                KeyKind::Dec => decimal_pass(stream, bytes.typed()?, d, p)?,
+                KeyKind::I32 => key_pass::<i32>(stream, bytes.typed()?, d, p)?,
+                KeyKind::U32 => key_pass::<u32>(stream, bytes.typed()?, d, p)?,
+                KeyKind::F32 => key_pass::<f32>(stream, bytes.typed()?, d, p)?,
+                KeyKind::I64 => key_pass::<i64>(stream, bytes.typed()?, d, p)?,
+                KeyKind::U64 => key_pass::<u64>(stream, bytes.typed()?, d, p)?,
+                KeyKind::F64 => key_pass::<f64>(stream, bytes.typed()?, d, p)?,
+                KeyKind::Str => {
+                    return Err(SpateError::Internal {
+                        message: "a GPU string sort key is laid out as fixed-width values".into(),
+                    });
+                }
+            },
+            _ => {
+                return Err(SpateError::Internal {
+                    message: format!(
+                        "GPU sort key column {} does not have the layout of its type",
+                        key.column
+                    ),
+                });
+            }
         };
         perm = Some(next);
         if let Some(validity) = column.validity() {

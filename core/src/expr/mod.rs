@@ -1,4 +1,5 @@
-//! `PhysicalExpr` → CUDA source: the expression JIT behind GPU filters.
+//! `PhysicalExpr` → CUDA source: the expression JIT behind GPU filters, projections and
+//! aggregate arguments.
 //!
 //! A predicate compiles to one kernel that evaluates it row by row and writes a byte per row:
 //! 1 when the predicate is TRUE, 0 when it is FALSE or NULL (SQL's `WHERE` keeps only TRUE).
@@ -8,18 +9,25 @@
 //! Semantics match DataFusion's CPU kernels:
 //! - comparisons of floats use IEEE total order after normalising -0.0 to +0.0, as DataFusion
 //!   does (NaN equals NaN and is greater than +inf; -0.0 equals +0.0);
-//! - integer `+ - *` wrap on overflow, as DataFusion's do;
+//! - integer `+ - *` wrap on overflow, as DataFusion's do; integer `/` and `%` fail on a zero
+//!   divisor ("Divide by zero error") and `MIN / -1` overflows, as Arrow's checked kernels;
+//!   float `/` and `%` follow IEEE;
 //! - decimals are scaled 128-bit integers: they compare at equal scales, and `+ - *` produce
-//!   DataFusion's result precision and scale; only shapes whose values cannot overflow run on
-//!   the GPU, so the CPU's overflow error can never be due;
+//!   DataFusion's result precision and scale; shapes that may overflow i128 run checked and
+//!   fail the query with Arrow's "Arithmetic overflow";
 //! - casts run when they cannot fail (integer widening, to floats, to decimals with room).
+//!
+//! Errors are raised through a kernel's `err` word only for rows the CPU would evaluate: a
+//! CASE branch for the rows that take it, a COALESCE argument for the rows still NULL. On the
+//! right side of AND/OR DataFusion evaluates a batch-dependent set of rows, so expressions that
+//! can fail stay on the CPU there.
 //!
 //! Also: `[NOT] IN (list)`, searched `CASE WHEN`, `coalesce`, and on strings (read as
 //! offsets + bytes) comparisons, `IN` and `LIKE` with `%`-only patterns; results are never
 //! strings yet.
 //!
-//! Anything else (strings, `CASE x WHEN`, division, other casts) is reported as [`Unsupported`] with the
-//! expression named, and the operator stays on the CPU.
+//! Anything else (`CASE x WHEN`, decimal division, string functions, other casts) is reported
+//! as [`Unsupported`] with the expression named, and the operator stays on the CPU.
 
 use std::fmt::Write as _;
 
@@ -47,7 +55,7 @@ impl std::fmt::Display for Unsupported {
 
 /// Value types the generated code computes with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum DevType {
+pub(crate) enum DevType {
     Bool,
     Int {
         bits: u8,
@@ -65,7 +73,7 @@ enum DevType {
 }
 
 impl DevType {
-    fn of(data_type: &DataType) -> Option<DevType> {
+    pub(crate) fn of(data_type: &DataType) -> Option<DevType> {
         use DataType::*;
         Some(match data_type {
             Boolean => DevType::Bool,
@@ -112,7 +120,7 @@ impl DevType {
         })
     }
 
-    fn c_type(self) -> &'static str {
+    pub(crate) fn c_type(self) -> &'static str {
         match self {
             DevType::Bool => "bool",
             DevType::Int { bits, signed } => match (bits, signed) {
@@ -213,8 +221,12 @@ pub struct PredicateKernel {
     /// The columns, in the kernel's parameter order: each contributes
     /// `(const u8* data, const u8* extra, u64 aux, const u8* validity, u64 validity_offset)`
     /// (for strings `data` holds the offsets, `extra` the bytes and `aux` the offset width; for
-    /// booleans `aux` is the bit offset), followed by `u64 rows, u8* out`.
+    /// booleans `aux` is the bit offset), followed by `u64 rows, u8* out` and, when
+    /// `checks` is not empty, `u32* err`.
     pub inputs: Vec<KernelInput>,
+    /// Expressions that may overflow (decimal arithmetic): the kernel sets `*err` when one did
+    /// in a row where it is not NULL.
+    pub checks: Vec<String>,
 }
 
 struct Operand {
@@ -228,9 +240,48 @@ struct Gen<'a> {
     body: String,
     next: usize,
     inputs: Vec<KernelInput>,
+    /// How deep the expression being generated sits on the right side of AND/OR, which
+    /// DataFusion evaluates for all rows, some rows or none depending on the whole batch: an
+    /// error raised there cannot match the CPU's row for row.
+    conditional: usize,
+    /// Conditions (C expressions) under which the CPU evaluates the code being generated: a
+    /// CASE branch only for the rows that take it, a COALESCE argument only for the rows whose
+    /// earlier arguments are NULL. Errors are raised only where all of them hold.
+    guards: Vec<String>,
+    /// Expressions that can fail (overflow, division by zero), reported through `err`.
+    checks: Vec<String>,
 }
 
 impl Gen<'_> {
+    /// Emits code that raises error `code` (an `ErrorFlag` bit) when `failed` holds in a row
+    /// the CPU evaluates `expr` for.
+    fn raise(
+        &mut self,
+        failed: &str,
+        code: u32,
+        expr: &dyn std::fmt::Display,
+    ) -> Result<(), Unsupported> {
+        if self.conditional > 0 {
+            return Err(Unsupported(format!(
+                "`{expr}` can fail, and inside AND/OR the CPU evaluates it for a batch-dependent \
+                 set of rows"
+            )));
+        }
+        let mut condition = failed.to_string();
+        for g in &self.guards {
+            condition = format!("{g} && {condition}");
+        }
+        let _ = writeln!(
+            self.body,
+            "        if ({condition}) atomicOr(err, {code}u);"
+        );
+        let text = expr.to_string();
+        if !self.checks.contains(&text) {
+            self.checks.push(text);
+        }
+        Ok(())
+    }
+
     fn var(&mut self) -> String {
         self.next += 1;
         format!("t{}", self.next)
@@ -579,6 +630,37 @@ impl Gen<'_> {
         };
         let (p1, p2, p) = (i32::from(p1), i32::from(p2), i32::from(p));
         let (s1i, s2i, si) = (i32::from(s1), i32::from(s2), i32::from(s));
+        // Shapes that may overflow i128 run checked: an overflow in a row that is not NULL
+        // fails the query as the CPU's checked kernels do. The CPU may skip rows of a
+        // conditional branch, so there they stay on the CPU.
+        let checked = match op {
+            Operator::Plus | Operator::Minus => {
+                s1 == s && s2 == s && s >= 0 && (p1 - s1i).max(p2 - s2i) + si + 1 > 38
+            }
+            Operator::Multiply => si == s1i + s2i && s1 >= 0 && s2 >= 0 && p1 + p2 > 38,
+            _ => false,
+        };
+        if checked {
+            let function = match op {
+                Operator::Plus => "add_overflows",
+                Operator::Minus => "sub_overflows",
+                _ => "mul_overflows",
+            };
+            let _ = writeln!(
+                self.body,
+                "        const bool {n} = {ln} || {rn};\n        i128 {v};\n        const bool {v}_ovf = spate::{function}({lv}, {rv}, &{v});",
+                ln = l.null,
+                rn = r.null,
+                lv = l.value,
+                rv = r.value,
+            );
+            self.raise(&format!("!{n} && {v}_ovf"), ErrorFlag::OVERFLOW, b)?;
+            return Ok(Operand {
+                value: v,
+                null: n,
+                ty: DevType::of(&result).unwrap_or(l.ty),
+            });
+        }
         let expr = match op {
             Operator::Plus | Operator::Minus => {
                 if si != s1i.max(s2i) || (p1 - s1i).max(p2 - s2i) + si + 1 > 38 || s1 < 0 || s2 < 0
@@ -775,13 +857,37 @@ impl Gen<'_> {
             ty.c_type(),
             ty.c_type()
         );
+        let depth = self.guards.len();
+        let branches = self.case_branches(c, ty, &v, &n);
+        self.guards.truncate(depth);
+        branches?;
+        Ok(Operand {
+            value: v,
+            null: n,
+            ty,
+        })
+    }
+
+    fn case_branches(
+        &mut self,
+        c: &CaseExpr,
+        ty: DevType,
+        v: &str,
+        n: &str,
+    ) -> Result<(), Unsupported> {
         for (when, then) in c.when_then_expr() {
+            // Each WHEN is evaluated for the rows no earlier WHEN took, each THEN for the rows
+            // its WHEN took; the code runs for every row, but raises errors only there.
+            self.guards.push(format!("!{v}_done"));
             let cond = self.emit(when.as_ref())?;
+            self.guards.pop();
             if cond.ty != DevType::Bool {
                 return Err(Unsupported(format!("a non-boolean WHEN in `{c}`")));
             }
-            // Branch values are computed for every row; they have no side effects.
+            self.guards
+                .push(format!("(!{v}_done && !{} && {})", cond.null, cond.value));
             let value = self.emit(then.as_ref())?;
+            self.guards.pop();
             if value.ty != ty {
                 return Err(Unsupported(format!(
                     "CASE branches of different types in `{c}`"
@@ -794,7 +900,9 @@ impl Gen<'_> {
             );
         }
         if let Some(e) = c.else_expr() {
+            self.guards.push(format!("!{v}_done"));
             let value = self.emit(e.as_ref())?;
+            self.guards.pop();
             if value.ty != ty {
                 return Err(Unsupported(format!(
                     "CASE branches of different types in `{c}`"
@@ -806,11 +914,7 @@ impl Gen<'_> {
                 value.value, value.null
             );
         }
-        Ok(Operand {
-            value: v,
-            null: n,
-            ty,
-        })
+        Ok(())
     }
 
     /// `extract(year|month|day FROM <Date32>)` (DataFusion's `date_part`), as Int32.
@@ -853,27 +957,35 @@ impl Gen<'_> {
 
     /// `coalesce(a, b, ...)`: the first non-NULL argument.
     fn coalesce(&mut self, args: &[Arc<dyn PhysicalExpr>]) -> Result<Operand, Unsupported> {
-        let mut operands = Vec::new();
-        for a in args {
-            operands.push(self.emit(a.as_ref())?);
-        }
-        let Some(first) = operands.first() else {
+        let Some((first, rest)) = args.split_first() else {
             return Err(Unsupported("coalesce() without arguments".into()));
         };
+        let first = self.emit(first.as_ref())?;
         let ty = first.ty;
-        if ty == DevType::Str || operands.iter().any(|o| o.ty != ty) {
+        if ty == DevType::Str {
             return Err(Unsupported(
-                "coalesce of different types on the GPU is not supported yet".into(),
+                "coalesce of strings on the GPU is not supported yet".into(),
             ));
         }
         let (v, n) = (self.var(), self.var());
         let _ = writeln!(
             self.body,
-            "        {} {v} = ({})0;\n        bool {n} = true;",
-            ty.c_type(),
-            ty.c_type()
+            "        {c} {v} = ({c})0;\n        bool {n} = true;\n        if (!{fnull}) {{ {v} = {fv}; {n} = false; }}",
+            c = ty.c_type(),
+            fnull = first.null,
+            fv = first.value
         );
-        for o in &operands {
+        // A later argument is evaluated only for the rows the earlier ones left NULL.
+        for a in rest {
+            self.guards.push(n.clone());
+            let o = self.emit(a.as_ref());
+            self.guards.pop();
+            let o = o?;
+            if o.ty != ty {
+                return Err(Unsupported(
+                    "coalesce of different types on the GPU is not supported yet".into(),
+                ));
+            }
             let _ = writeln!(
                 self.body,
                 "        if ({n} && !{}) {{ {v} = {}; {n} = false; }}",
@@ -888,9 +1000,14 @@ impl Gen<'_> {
     }
 
     fn binary(&mut self, b: &BinaryExpr) -> Result<Operand, Unsupported> {
-        let l = self.emit(b.left().as_ref())?;
-        let r = self.emit(b.right().as_ref())?;
         let op = b.op();
+        let l = self.emit(b.left().as_ref())?;
+        // DataFusion may skip the right side of AND/OR when the left decides the whole batch.
+        let logical = matches!(op, Operator::And | Operator::Or);
+        self.conditional += usize::from(logical);
+        let r = self.emit(b.right().as_ref());
+        self.conditional -= usize::from(logical);
+        let r = r?;
         let (v, n) = (self.var(), self.var());
         match op {
             Operator::And | Operator::Or => {
@@ -1023,10 +1140,80 @@ impl Gen<'_> {
                     ty: l.ty,
                 })
             }
+            Operator::Divide | Operator::Modulo => self.divide(b, op, l, r, v, n),
             other => Err(Unsupported(format!(
                 "operator {other} in `{b}` is not supported on the GPU yet"
             ))),
         }
+    }
+
+    /// Integer and float `/` and `%` as Arrow's checked kernels: an integer division by zero
+    /// fails with "Divide by zero error", `MIN / -1` with an overflow (`MIN % -1` is 0); floats
+    /// follow IEEE (`%` is C's `fmod`, as Rust's). The code never divides by zero itself.
+    fn divide(
+        &mut self,
+        b: &BinaryExpr,
+        op: &Operator,
+        l: Operand,
+        r: Operand,
+        v: String,
+        n: String,
+    ) -> Result<Operand, Unsupported> {
+        if l.ty != r.ty {
+            return Err(Unsupported(format!(
+                "`{b}`: division of different types on the GPU is not supported yet"
+            )));
+        }
+        let c = l.ty.c_type();
+        let (lv, rv) = (&l.value, &r.value);
+        let divide = *op == Operator::Divide;
+        match l.ty {
+            DevType::Int { bits, signed } => {
+                let min = if signed {
+                    format!("(({c})(({})1 << {}))", l.ty.unsigned_twin(), bits - 1)
+                } else {
+                    format!("(({c})0)")
+                };
+                let special = if signed {
+                    format!("({lv} == {min} && {rv} == ({c})-1)")
+                } else {
+                    "false".to_string()
+                };
+                let c_op = if divide { "/" } else { "%" };
+                let _ = writeln!(
+                    self.body,
+                    "        const bool {n} = {} || {};\n        const bool {v}_zero = {rv} == ({c})0;\n        const bool {v}_min = {special};\n        const {c} {v} = ({n} || {v}_zero || {v}_min) ? ({c})0 : ({c})({lv} {c_op} {rv});",
+                    l.null, r.null
+                );
+                self.raise(&format!("!{n} && {v}_zero"), ErrorFlag::DIVIDE_BY_ZERO, b)?;
+                if divide && signed {
+                    self.raise(&format!("!{n} && {v}_min"), ErrorFlag::OVERFLOW, b)?;
+                }
+            }
+            DevType::F32 | DevType::F64 => {
+                let value = if divide {
+                    format!("({c})({lv} / {rv})")
+                } else {
+                    format!("({c})fmod({lv}, {rv})")
+                };
+                let _ = writeln!(
+                    self.body,
+                    "        const bool {n} = {} || {};\n        const {c} {v} = spate::cpu_nan({value}, {lv}, {rv});",
+                    l.null, r.null
+                );
+            }
+            _ => {
+                return Err(Unsupported(format!(
+                    "`{b}`: division of {:?} on the GPU is not supported yet",
+                    l.ty
+                )));
+            }
+        }
+        Ok(Operand {
+            value: v,
+            null: n,
+            ty: l.ty,
+        })
     }
 }
 
@@ -1040,6 +1227,9 @@ pub fn predicate_kernel(
         body: String::new(),
         next: 0,
         inputs: Vec::new(),
+        conditional: 0,
+        guards: Vec::new(),
+        checks: Vec::new(),
     };
     let root = g.emit(predicate)?;
     if root.ty != DevType::Bool {
@@ -1054,14 +1244,19 @@ pub fn predicate_kernel(
             "const u8* d{k}, const u8* e{k}, u64 b{k}, const u8* v{k}, u64 o{k}, "
         );
     }
+    let err = if g.checks.is_empty() {
+        ""
+    } else {
+        ", u32* err"
+    };
     let body = format!(
-        "extern \"C\" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY({params}u64 n, u8* out) {{\n    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{\n{}        out[i] = (!{} && {}) ? 1 : 0;\n    }}\n}}\nSPATE_EXPORT(ENTRY)\n",
+        "extern \"C\" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY({params}u64 n, u8* out{err}) {{\n    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{\n{}        out[i] = (!{} && {}) ? 1 : 0;\n    }}\n}}\nSPATE_EXPORT(ENTRY)\n",
         g.body, root.null, root.value
     );
     let hash = blake3_hex(&body);
     let entry = format!("spate_pred_{hash}");
     let source = format!(
-        "// Generated by spate::expr from `{}`.\n#include \"common/prelude.cuh\"\n#include \"common/bitmap.cuh\"\n#include \"common/order.cuh\"\n#include \"common/strings.cuh\"\n#include \"common/dates.cuh\"\n\n{}",
+        "// Generated by spate::expr from `{}`.\n#include \"common/prelude.cuh\"\n#include \"common/bitmap.cuh\"\n#include \"common/order.cuh\"\n#include \"common/strings.cuh\"\n#include \"common/dates.cuh\"\n#include \"common/checked.cuh\"\n\n{}",
         predicate.to_string().replace('\n', " "),
         body.replace("ENTRY", &entry)
     );
@@ -1069,6 +1264,7 @@ pub fn predicate_kernel(
         source,
         entry,
         inputs: g.inputs,
+        checks: g.checks,
     })
 }
 
@@ -1081,8 +1277,11 @@ pub struct ValueKernel {
     /// The entry point (`spate_proj_<hash>`).
     pub entry: String,
     /// The columns read, laid out as in [`PredicateKernel::inputs`], followed by `u64 rows`
-    /// and then, per output, `(T* values, u32* validity_words)`.
+    /// and then, per output, `(T* values, u32* validity_words)`, and `u32* err` when
+    /// `checks` is not empty.
     pub inputs: Vec<KernelInput>,
+    /// As [`PredicateKernel::checks`].
+    pub checks: Vec<String>,
     /// The Arrow type of each output.
     pub outputs: Vec<DataType>,
 }
@@ -1097,6 +1296,9 @@ pub fn value_kernel(
         body: String::new(),
         next: 0,
         inputs: Vec::new(),
+        conditional: 0,
+        guards: Vec::new(),
+        checks: Vec::new(),
     };
     let mut outputs = Vec::new();
     let mut finals = Vec::new();
@@ -1164,6 +1366,9 @@ pub fn value_kernel(
             );
         }
     }
+    if !g.checks.is_empty() {
+        params.push_str(", u32* err");
+    }
     // Warp-strided rows: a warp owns 32 consecutive rows per step, so every ballot sees all 32
     // lanes and one lane writes each 32-bit validity word.
     let body = format!(
@@ -1173,7 +1378,7 @@ pub fn value_kernel(
     let entry = format!("spate_proj_{}", blake3_hex(&body));
     let names: Vec<String> = exprs.iter().map(|e| e.to_string()).collect();
     let source = format!(
-        "// Generated by spate::expr from [{}].\n#include \"common/prelude.cuh\"\n#include \"common/bitmap.cuh\"\n#include \"common/order.cuh\"\n#include \"common/strings.cuh\"\n#include \"common/dates.cuh\"\n\n{}",
+        "// Generated by spate::expr from [{}].\n#include \"common/prelude.cuh\"\n#include \"common/bitmap.cuh\"\n#include \"common/order.cuh\"\n#include \"common/strings.cuh\"\n#include \"common/dates.cuh\"\n#include \"common/checked.cuh\"\n\n{}",
         names.join(", ").replace('\n', " "),
         body.replace("ENTRY", &entry)
     );
@@ -1182,6 +1387,7 @@ pub fn value_kernel(
         entry,
         inputs: g.inputs,
         outputs,
+        checks: g.checks,
     })
 }
 
@@ -1194,9 +1400,7 @@ fn input_args(
     inputs: &[KernelInput],
     batch: &crate::column::DeviceBatch,
 ) -> crate::error::Result<Vec<spate_kernels::KernelArg>> {
-    use crate::column::DeviceValues;
-    use spate_kernels::KernelArg;
-    let mut args = Vec::with_capacity(inputs.len() * 4 + 2);
+    let mut args = Vec::with_capacity(inputs.len() * 5 + 2);
     for input in inputs {
         let column =
             batch
@@ -1205,32 +1409,44 @@ fn input_args(
                 .ok_or_else(|| crate::error::SpateError::Internal {
                     message: format!("a kernel reads column {} of a narrower batch", input.index),
                 })?;
-        // (data, extra, bit offset or offset width)
-        let (data, extra, aux) = match column.values() {
-            DeviceValues::Fixed { bytes, .. } => (bytes.as_slice().address(), 0, 0),
-            DeviceValues::Bits { bytes, offset } => (bytes.as_slice().address(), 0, *offset),
-            DeviceValues::Utf8 { offsets, bytes } => {
-                (offsets.as_slice().address(), bytes.as_slice().address(), 4)
-            }
-            DeviceValues::LargeUtf8 { offsets, bytes } => {
-                (offsets.as_slice().address(), bytes.as_slice().address(), 8)
-            }
-        };
-        args.push(KernelArg::Ptr(data));
-        args.push(KernelArg::Ptr(extra));
-        args.push(KernelArg::U64(aux as u64));
-        match column.validity() {
-            Some(v) => {
-                args.push(KernelArg::Ptr(v.bytes.as_slice().address()));
-                args.push(KernelArg::U64(v.offset as u64));
-            }
-            None => {
-                args.push(KernelArg::null());
-                args.push(KernelArg::U64(0));
-            }
-        }
+        column_args(column, &mut args);
     }
     Ok(args)
+}
+
+/// The five kernel parameters of one input column, as every generated kernel takes them:
+/// `(const u8* data, const u8* extra, u64 aux, const u8* validity, u64 validity_offset)`. For
+/// strings `data` holds the offsets, `extra` the bytes and `aux` the offset width in bytes; for
+/// booleans `aux` is the bit offset of row 0.
+pub(crate) fn column_args(
+    column: &crate::column::DeviceColumn,
+    args: &mut Vec<spate_kernels::KernelArg>,
+) {
+    use crate::column::DeviceValues;
+    use spate_kernels::KernelArg;
+    let (data, extra, aux) = match column.values() {
+        DeviceValues::Fixed { bytes, .. } => (bytes.as_slice().address(), 0, 0),
+        DeviceValues::Bits { bytes, offset } => (bytes.as_slice().address(), 0, *offset),
+        DeviceValues::Utf8 { offsets, bytes } => {
+            (offsets.as_slice().address(), bytes.as_slice().address(), 4)
+        }
+        DeviceValues::LargeUtf8 { offsets, bytes } => {
+            (offsets.as_slice().address(), bytes.as_slice().address(), 8)
+        }
+    };
+    args.push(KernelArg::Ptr(data));
+    args.push(KernelArg::Ptr(extra));
+    args.push(KernelArg::U64(aux as u64));
+    match column.validity() {
+        Some(v) => {
+            args.push(KernelArg::Ptr(v.bytes.as_slice().address()));
+            args.push(KernelArg::U64(v.offset as u64));
+        }
+        None => {
+            args.push(KernelArg::null());
+            args.push(KernelArg::U64(0));
+        }
+    }
 }
 
 /// Runs a value kernel over a device batch and returns its output columns.
@@ -1258,12 +1474,14 @@ pub fn evaluate_values(
                 });
             }
         };
-        let data = stream.alloc::<u8>(bytes.max(4))?;
+        // At least one 16-byte value, so that an empty column still views as any width.
+        let data = stream.alloc::<u8>(bytes.max(16))?;
         let validity = stream.alloc::<u8>(bitmap_bytes(n).max(4))?;
         args.push((&data).into());
         args.push((&validity).into());
         buffers.push((data, validity));
     }
+    let err = ErrorFlag::new(stream, &values.checks, &mut args)?;
     if n > 0 {
         let blocks = stream.device().grid_stride_blocks(n);
         // SAFETY: the arguments follow `ValueKernel`'s documented layout; inputs hold `n` rows
@@ -1271,6 +1489,7 @@ pub fn evaluate_values(
         // word per 32 rows.
         unsafe { stream.launch(kernel, LaunchConfig::blocks(blocks), &args)? };
     }
+    err.check(stream, &values.checks)?;
     let mut columns = Vec::with_capacity(buffers.len());
     for ((data, validity), data_type) in buffers.into_iter().zip(&values.outputs) {
         let valid = if n == 0 {
@@ -1303,7 +1522,7 @@ pub fn evaluate_values(
     Ok(columns)
 }
 
-fn blake3_hex(text: &str) -> String {
+pub(crate) fn blake3_hex(text: &str) -> String {
     spate_kernels::compile::cache_key(&[text.as_bytes()])[..16].to_string()
 }
 
@@ -1328,10 +1547,58 @@ pub fn evaluate_predicate(
     let mut args = input_args(&predicate.inputs, batch)?;
     args.push(KernelArg::U64(n as u64));
     args.push((&out).into());
+    let err = ErrorFlag::new(stream, &predicate.checks, &mut args)?;
     let cfg = LaunchConfig::blocks(stream.device().grid_stride_blocks(n));
     // SAFETY: the arguments follow `PredicateKernel::inputs`' documented layout; each column
     // holds `n` rows of the type the generated code reads (checked when it was generated), and
     // `out` holds `n` bytes.
     unsafe { stream.launch(kernel, cfg, &args)? };
+    err.check(stream, &predicate.checks)?;
     Ok(out)
+}
+
+/// The `err` word of a kernel whose expressions can fail: a bit per kind of error.
+struct ErrorFlag(Option<spate_kernels::DeviceBuffer<u32>>);
+
+impl ErrorFlag {
+    /// An arithmetic overflow.
+    const OVERFLOW: u32 = 1;
+    /// An integer division (or remainder) by zero.
+    const DIVIDE_BY_ZERO: u32 = 2;
+
+    /// A zeroed flag passed as the kernel's last argument, when it has checks.
+    fn new(
+        stream: &spate_kernels::Stream,
+        checks: &[String],
+        args: &mut Vec<spate_kernels::KernelArg>,
+    ) -> crate::error::Result<Self> {
+        if checks.is_empty() {
+            return Ok(ErrorFlag(None));
+        }
+        let flag = stream.alloc_zeroed::<u32>(1)?;
+        args.push((&flag).into());
+        Ok(ErrorFlag(Some(flag)))
+    }
+
+    /// Fails as the CPU's checked arithmetic does when a check fired (waits for the stream).
+    fn check(self, stream: &spate_kernels::Stream, checks: &[String]) -> crate::error::Result<()> {
+        let Some(flag) = self.0 else {
+            return Ok(());
+        };
+        let bits = stream.to_vec(&flag)?.first().copied().unwrap_or(0);
+        if bits == 0 {
+            return Ok(());
+        }
+        // The CPU evaluates column by column and fails on the first error it meets; with
+        // both kinds in one batch, report division by zero as the more specific one.
+        Err(if bits & Self::DIVIDE_BY_ZERO != 0 {
+            arrow::error::ArrowError::DivideByZero
+        } else {
+            arrow::error::ArrowError::ArithmeticOverflow(format!(
+                "Overflow happened on: {} (on the GPU)",
+                checks.join(", ")
+            ))
+        }
+        .into())
+    }
 }

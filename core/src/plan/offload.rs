@@ -2,13 +2,15 @@
 //!
 //! Walking the finished physical plan bottom-up, the rule swaps every operator that has a GPU
 //! version and whose expressions and types the GPU supports (`FilterExec` → `GpuFilterExec`,
-//! `ProjectionExec` → `GpuProjectionExec`, `SortExec` → `GpuSortExec` today). GPU operators exchange device batches directly (see `crate::exec`), so a chain of
+//! `ProjectionExec` → `GpuProjectionExec`, `SortExec` → `GpuSortExec`, `AggregateExec` →
+//! `GpuAggregateExec` today). GPU operators exchange device batches directly (see `crate::exec`), so a chain of
 //! them keeps its data on the device. Every compute operator left on the CPU is a fallback,
 //! handled by `spate.gpu.fallback`: `cpu` counts it, `warn` also logs the reason, `error`
 //! fails the query naming the operator and the reason.
 //!
-//! Plumbing that has no GPU work in it (scans, exchanges, batch coalescing, projections that only
-//! select or rename columns) is not a fallback.
+//! Plumbing that has no GPU work in it (scans, exchanges including the merge of sorted
+//! partitions, batch coalescing, projections that only select or rename columns) is not a
+//! fallback.
 
 use std::sync::Arc;
 
@@ -18,13 +20,14 @@ use datafusion::error::{DataFusionError, Result as DFResult};
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 
 use crate::config::{FallbackPolicy, SpateOptions};
 use crate::device::GpuContext;
-use crate::exec::{GpuFilterExec, GpuProjectionExec, GpuSortExec, as_gpu_exec};
+use crate::exec::{GpuAggregateExec, GpuFilterExec, GpuProjectionExec, GpuSortExec, as_gpu_exec};
 
 /// Operators that move or read data but compute nothing a GPU would do for them.
 const PLUMBING: &[&str] = &[
@@ -32,6 +35,7 @@ const PLUMBING: &[&str] = &[
     "RepartitionExec",
     "CoalescePartitionsExec",
     "CoalesceBatchesExec",
+    "SortPreservingMergeExec",
     "CooperativeExec",
     "EmptyExec",
     "PlaceholderRowExec",
@@ -90,6 +94,9 @@ fn cpu_reason(node: &dyn ExecutionPlan) -> String {
         "RepartitionExec" | "CoalescePartitionsExec" | "CoalesceBatchesExec" => {
             "moves batches between partitions on the host".into()
         }
+        "SortPreservingMergeExec" => {
+            "merges partitions that are already sorted, on the host (an exchange)".into()
+        }
         "EmptyExec" | "PlaceholderRowExec" => "produces no data to compute on".into(),
         "CooperativeExec" | "OutputRequirementExec" => "scheduling wrapper, no work".into(),
         _ => {
@@ -102,6 +109,11 @@ fn cpu_reason(node: &dyn ExecutionPlan) -> String {
                 match GpuSortExec::try_new(Arc::new(sort.clone())) {
                     Err(reason) => reason.0,
                     Ok(_) => "a GPU sort was not chosen for it".into(),
+                }
+            } else if let Some(aggregate) = node.downcast_ref::<AggregateExec>() {
+                match GpuAggregateExec::try_new(Arc::new(aggregate.clone())) {
+                    Err(reason) => reason.0,
+                    Ok(_) => "a GPU aggregation was not chosen for it".into(),
                 }
             } else if is_column_selection(node) {
                 "only selects or renames columns of a CPU input".into()
@@ -179,6 +191,11 @@ impl PhysicalOptimizerRule for GpuOffloadRule {
             }
             if let Some(sort) = node.downcast_ref::<SortExec>()
                 && let Ok(gpu) = GpuSortExec::try_new(Arc::new(sort.clone()))
+            {
+                return Ok(Transformed::yes(Arc::new(gpu) as Arc<dyn ExecutionPlan>));
+            }
+            if let Some(aggregate) = node.downcast_ref::<AggregateExec>()
+                && let Ok(gpu) = GpuAggregateExec::try_new(Arc::new(aggregate.clone()))
             {
                 return Ok(Transformed::yes(Arc::new(gpu) as Arc<dyn ExecutionPlan>));
             }

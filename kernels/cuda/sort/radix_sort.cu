@@ -254,3 +254,58 @@ extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) radix_key_i128
     }
 }
 SPATE_EXPORT(radix_key_i128)
+
+namespace spate {
+
+template <typename Off>
+__device__ void string_keys(const Off* __restrict__ offsets, const u8* __restrict__ bytes, u64 n, u64 chunk, u32 length_key,
+                            u32 descending, u64* __restrict__ out) {
+    for (u64 i = global_thread_index(); i < n; i += grid_stride()) {
+        const u64 start = (u64)offsets[i];
+        const u64 len = (u64)offsets[i + 1] - start;
+        u64 k = 0;
+        if (length_key) {
+            k = len;
+        } else {
+            const u64 from = chunk * 8;
+            for (u32 b = 0; b < 8; ++b) {
+                const u64 at = from + b;
+                k = (k << 8) | (at < len ? (u64)bytes[start + at] : 0ull);
+            }
+        }
+        out[i] = descending ? ~k : k;
+    }
+}
+
+}  // namespace spate
+
+/**
+ * @brief Radix keys of a string column, 8 bytes at a time, for a byte-wise (UTF-8 code point)
+ *        order: sort stably by the length key, then by chunks from the last to the first.
+ *
+ * Chunk `c` is bytes [8c, 8c + 8) read big-endian, zero past the end. Two strings whose chunks
+ * are all equal differ only by trailing zero bytes, so the shorter one sorts first, which the
+ * length key (the least significant one) decides.
+ *
+ * @param offsets     `n + 1` offsets (i32 or i64 by entry point)
+ * @param bytes       the string bytes
+ * @param n           rows
+ * @param chunk       which 8-byte chunk to key on
+ * @param length_key  1 for the length key instead of a chunk
+ * @param descending  1 to reverse the order
+ * @param out         `n` keys
+ *
+ * Launch: SPATE_BLOCK_THREADS threads, grid-stride, no shared memory.
+ * Memory: caller allocates `out`.
+ * Nulls:  not handled here (see null_ranks); a NULL row's key is that of its (empty) slot.
+ * Stream: asynchronous on the launch stream.
+ */
+#define SPATE_STRING_KEYS(O, SUFFIX)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS)                                                 \
+        radix_key_string_##SUFFIX(const O* offsets, const u8* bytes, u64 n, u64 chunk, u32 length_key, u32 descending, \
+                                  u64* out) {                                                                          \
+        spate::string_keys<O>(offsets, bytes, n, chunk, length_key, descending, out);                                  \
+    }                                                                                                                  \
+    SPATE_EXPORT(radix_key_string_##SUFFIX)
+SPATE_STRING_KEYS(i32, i32)
+SPATE_STRING_KEYS(i64, i64)

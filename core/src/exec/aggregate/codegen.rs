@@ -1,0 +1,576 @@
+//! CUDA source for one GPU aggregation: the key hash, the hash-table build, the group
+//! numbering, the accumulate kernel and the finish kernel, generated together as one program
+//! from an [`AggSpec`].
+//!
+//! Kernel parameters (every column is the five-parameter layout of
+//! `crate::expr::column_args`):
+//! - `hash(keys…, u64 n, u64* hashes)`: XXH64 of each key (a NULL hashes to `SPATE_NULL_HASH`),
+//!   combined left to right.
+//! - `build(keys…, u64 n, const u64* hashes, u32* table, u64 mask, u32* slot_of_row)`: inserts
+//!   every row into an open-addressing table of `mask + 1` slots (linear probing). A slot holds
+//!   `row + 1` of the first row of its group (0 is empty) and is claimed with `atomicCAS`; a row
+//!   whose key equals a slot's row (NULL equals NULL, floats by bit pattern, strings by bytes)
+//!   joins it. Float keys hash and compare with -0.0 folded into +0.0.
+//! - `flags(const u32* table, u64 cap, u32* flags)`: 1 for an occupied slot; their exclusive
+//!   scan numbers the groups.
+//! - `assign(const u32* table, const u32* group_of_slot, u64 cap, const u32* slot_of_row,
+//!   u64 n, u32* gid, u32* reps)`: each row's group, and each group's first row.
+//! - `update(args…, u64 n, const u32* gid, u64 groups, u64* acc, u32* seen)`: folds each row
+//!   into its group's accumulators with atomics. With at most [`SMALL_GROUPS`] groups, each block
+//!   first folds into shared memory and then adds its partial results to `acc` once, so a
+//!   handful of hot groups does not serialise every thread on the same global words.
+//! - `canon(u8* data, u64 n, u64 width)`: folds -0.0 into +0.0 in a float key column, as
+//!   DataFusion's group values store it.
+//! - `finish(u64 groups, const u64* acc, const u32* seen, (T* out, u32* valid)…)`: the output
+//!   values and their validity, one 32-bit validity word per 32 groups.
+//!
+//! Accumulators are `u64` words, zero-initialised, `groups` apart (`acc[word * groups + g]`):
+//! integer sums and counts add as wrapping `u64` (as DataFusion's `add_wrapping`), float sums as
+//! `double`, decimal sums as two words (low, high) with the carry added to the high word, and
+//! MIN/MAX as an order-preserving `u64` key (MIN stores the key's complement), so both are one
+//! `atomicMax`. `seen[slot * groups + g]` is set once a non-null value reached the slot.
+
+use std::fmt::Write as _;
+
+use crate::expr::{DevType, blake3_hex};
+
+/// Groups up to which `update` folds rows in shared memory first.
+pub(super) const SMALL_GROUPS: usize = 32;
+
+/// Shared memory `update` may use for its per-block accumulators.
+const SHARED_BUDGET_BYTES: usize = 24 * 1024;
+
+/// How an accumulator slot combines values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum SlotKind {
+    /// Wrapping 64-bit integer sum.
+    SumInt,
+    /// `double` sum.
+    SumF64,
+    /// Wrapping 128-bit sum of Decimal128 values.
+    SumDec,
+    /// Counts non-null inputs, or (`add_values`) adds non-null counts when merging states.
+    Count { add_values: bool },
+    /// Smallest value in the type's order (floats: IEEE total order).
+    Min,
+    /// Largest value in the type's order.
+    Max,
+}
+
+impl SlotKind {
+    fn words(self) -> usize {
+        if self == SlotKind::SumDec { 2 } else { 1 }
+    }
+}
+
+/// One accumulator.
+#[derive(Debug, Clone)]
+pub(super) struct Slot {
+    pub(super) kind: SlotKind,
+    /// The argument it reads, or `None` when every row counts (`COUNT(*)`).
+    pub(super) arg: Option<usize>,
+}
+
+/// How an output column is made from the accumulators.
+#[derive(Debug, Clone)]
+pub(super) enum Out {
+    /// A slot's value (a SUM, COUNT, MIN or MAX, or one field of a partial state).
+    Slot(usize),
+    /// `sum / count` as `double`; NULL when the count is 0.
+    AvgF64 { count: usize, sum: usize },
+    /// `sum * 10^shift / count` truncated toward zero (DataFusion's `DecimalAverager`); NULL
+    /// when the count is 0.
+    AvgDec { count: usize, sum: usize, shift: i8 },
+}
+
+/// What the generated program computes.
+#[derive(Debug, Clone)]
+pub(super) struct AggSpec {
+    /// The device type of each group key.
+    pub(super) keys: Vec<DevType>,
+    /// The device type of each aggregate argument.
+    pub(super) args: Vec<DevType>,
+    /// The accumulators.
+    pub(super) slots: Vec<Slot>,
+    /// The aggregate output columns (after the keys) and their device types.
+    pub(super) outputs: Vec<(Out, DevType)>,
+}
+
+/// The generated program.
+#[derive(Debug, Clone)]
+pub(super) struct AggProgram {
+    pub(super) source: String,
+    /// Entry points, in the order of [`Entry`].
+    pub(super) entries: Vec<String>,
+    /// Accumulator words per group.
+    pub(super) words: usize,
+}
+
+/// The program's kernels, indexing [`AggProgram::entries`].
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Entry {
+    Hash = 0,
+    Build = 1,
+    Flags = 2,
+    Assign = 3,
+    Update = 4,
+    Finish = 5,
+    Canon = 6,
+}
+
+const SIGN: &str = "0x8000000000000000ull";
+
+fn column_params(prefix: &str, count: usize) -> String {
+    (0..count)
+        .map(|k| {
+            format!(
+                "const u8* {prefix}d{k}, const u8* {prefix}e{k}, u64 {prefix}b{k}, const u8* {prefix}v{k}, u64 {prefix}o{k}, "
+            )
+        })
+        .collect()
+}
+
+fn unsigned_of_width(ty: DevType) -> &'static str {
+    match ty {
+        DevType::Int { bits: 8, .. } => "u8",
+        DevType::Int { bits: 16, .. } => "u16",
+        DevType::Int { bits: 32, .. } | DevType::F32 => "u32",
+        _ => "u64",
+    }
+}
+
+fn width_bytes(ty: DevType) -> u32 {
+    match ty {
+        DevType::Int { bits, .. } => u32::from(bits) / 8,
+        DevType::F32 => 4,
+        _ => 8,
+    }
+}
+
+/// The hash of key `k` at row `i`, as an expression.
+fn key_hash(k: usize, ty: DevType) -> String {
+    let value = match ty {
+        DevType::Str => format!(
+            "spate::xxh64_bytes(ke{k} + spate::string_offset(kd{k}, kb{k}, i), spate::string_offset(kd{k}, kb{k}, i + 1) - spate::string_offset(kd{k}, kb{k}, i))"
+        ),
+        DevType::Bool => {
+            format!("spate::xxh64_word(spate::bit_is_set(kd{k}, kb{k}, i) ? 1ull : 0ull, 1)")
+        }
+        DevType::Dec { .. } => format!("spate::xxh64_u128(((const u128*)kd{k})[i])"),
+        DevType::F32 => {
+            format!("spate::xxh64_word((u64)spate_agg_bits(((const f32*)kd{k})[i]), 4)")
+        }
+        DevType::F64 => format!("spate::xxh64_word(spate_agg_bits(((const f64*)kd{k})[i]), 8)"),
+        _ => format!(
+            "spate::xxh64_word((u64)((const {})kd{k})[i], {})",
+            format_args!("{}*", unsigned_of_width(ty)),
+            width_bytes(ty)
+        ),
+    };
+    format!("(spate::row_is_valid(kv{k}, ko{k}, i) ? {value} : SPATE_NULL_HASH)")
+}
+
+/// Code that clears `eq` unless key `k` of rows `a` and `b` is equal (NULL equals NULL).
+fn key_equal(k: usize, ty: DevType) -> String {
+    let cmp = match ty {
+        DevType::Str => format!(
+            "spate::str_eq(ke{k} + spate::string_offset(kd{k}, kb{k}, a), spate::string_offset(kd{k}, kb{k}, a + 1) - spate::string_offset(kd{k}, kb{k}, a), ke{k} + spate::string_offset(kd{k}, kb{k}, b), spate::string_offset(kd{k}, kb{k}, b + 1) - spate::string_offset(kd{k}, kb{k}, b))"
+        ),
+        DevType::Bool => {
+            format!("spate::bit_is_set(kd{k}, kb{k}, a) == spate::bit_is_set(kd{k}, kb{k}, b)")
+        }
+        DevType::Dec { .. } => format!(
+            "(((const u128*)kd{k})[a].lo == ((const u128*)kd{k})[b].lo && ((const u128*)kd{k})[a].hi == ((const u128*)kd{k})[b].hi)"
+        ),
+        DevType::F32 | DevType::F64 => {
+            let c = ty.c_type();
+            format!(
+                "spate_agg_bits(((const {c}*)kd{k})[a]) == spate_agg_bits(((const {c}*)kd{k})[b])"
+            )
+        }
+        _ => {
+            let u = unsigned_of_width(ty);
+            format!("((const {u}*)kd{k})[a] == ((const {u}*)kd{k})[b]")
+        }
+    };
+    format!(
+        "                if (eq) {{ const bool na = !spate::row_is_valid(kv{k}, ko{k}, a); const bool nb = !spate::row_is_valid(kv{k}, ko{k}, b); eq = na == nb && (na || {cmp}); }}\n"
+    )
+}
+
+/// The order-preserving `u64` key of a MIN/MAX value `v`.
+fn order_key(ty: DevType) -> String {
+    match ty {
+        DevType::Int { signed: true, .. } | DevType::Dec { .. } => {
+            format!("((u64)(i64)v ^ {SIGN})")
+        }
+        DevType::Int { signed: false, .. } => "(u64)v".into(),
+        DevType::F32 => "(u64)spate::total_order(v)".into(),
+        _ => "spate::total_order(v)".into(),
+    }
+}
+
+/// The value of order key `k` as `ty`.
+fn from_order_key(ty: DevType, k: &str) -> String {
+    match ty {
+        DevType::Int { signed: true, .. } => format!("({})(i64)({k} ^ {SIGN})", ty.c_type()),
+        DevType::Dec { .. } => format!("(i128)(i64)({k} ^ {SIGN})"),
+        DevType::Int { signed: false, .. } => format!("({})({k})", ty.c_type()),
+        DevType::F32 => format!("spate_agg_f32((u32)({k}))"),
+        _ => format!("spate_agg_f64({k})"),
+    }
+}
+
+struct Layout {
+    /// First accumulator word of each slot.
+    base: Vec<usize>,
+    words: usize,
+}
+
+fn layout(slots: &[Slot]) -> Layout {
+    let mut base = Vec::with_capacity(slots.len());
+    let mut words = 0;
+    for s in slots {
+        base.push(words);
+        words += s.kind.words();
+    }
+    Layout { base, words }
+}
+
+/// Folds row `i` into group `g` of accumulators `acc`/`seen` laid out `stride` apart.
+fn update_row(spec: &AggSpec, lay: &Layout, acc: &str, seen: &str, stride: &str) -> String {
+    let mut code = String::new();
+    for (j, slot) in spec.slots.iter().enumerate() {
+        let w = lay.base[j];
+        let word = |x: usize| format!("{acc}[{} * {stride} + g]", w + x);
+        let mark = format!("if (!{seen}[{j} * {stride} + g]) {seen}[{j} * {stride} + g] = 1u;");
+        let Some(a) = slot.arg else {
+            let _ = writeln!(code, "            atomicAdd(&{}, 1ull);", word(0));
+            continue;
+        };
+        let ty = spec.args[a];
+        let load = match (ty, slot.kind) {
+            (DevType::Bool | DevType::Str, _) | (_, SlotKind::Count { add_values: false }) => {
+                String::new()
+            }
+            _ => format!(
+                "const {} v = ((const {}*)ad{a})[i]; ",
+                ty.c_type(),
+                ty.c_type()
+            ),
+        };
+        let op = match slot.kind {
+            SlotKind::Count { add_values: false } => format!("atomicAdd(&{}, 1ull);", word(0)),
+            SlotKind::Count { add_values: true } => {
+                format!("atomicAdd(&{}, (u64)v);", word(0))
+            }
+            SlotKind::SumInt => {
+                let widen = match ty {
+                    DevType::Int { signed: true, .. } => "(u64)(i64)v",
+                    _ => "(u64)v",
+                };
+                format!("atomicAdd(&{}, {widen}); {mark}", word(0))
+            }
+            SlotKind::SumF64 => format!("atomicAdd((f64*)&{}, (f64)v); {mark}", word(0)),
+            SlotKind::SumDec => format!(
+                "spate_agg_add128(&{}, &{}, (i128)v); {mark}",
+                word(0),
+                word(1)
+            ),
+            SlotKind::Max => format!("atomicMax(&{}, {}); {mark}", word(0), order_key(ty)),
+            SlotKind::Min => format!("atomicMax(&{}, ~{}); {mark}", word(0), order_key(ty)),
+        };
+        let _ = writeln!(
+            code,
+            "            if (spate::row_is_valid(av{a}, ao{a}, i)) {{ {load}{op} }}"
+        );
+    }
+    code
+}
+
+/// Adds a block's shared accumulators for groups `t` to the global ones.
+fn flush_shared(spec: &AggSpec, lay: &Layout) -> String {
+    let small = SMALL_GROUPS;
+    let mut code = String::new();
+    for (j, slot) in spec.slots.iter().enumerate() {
+        let w = lay.base[j];
+        let sh = |x: usize| format!("sacc[{} * {small} + t]", w + x);
+        let gl = |x: usize| format!("acc[{} * groups + t]", w + x);
+        let seen = format!("sseen[{j} * {small} + t]");
+        let mark = format!("seen[{j} * groups + t] = 1u;");
+        let body = match slot.kind {
+            SlotKind::Count { .. } => {
+                format!("if ({} != 0) atomicAdd(&{}, {});", sh(0), gl(0), sh(0))
+            }
+            SlotKind::SumInt => {
+                format!("if ({seen}) {{ atomicAdd(&{}, {}); {mark} }}", gl(0), sh(0))
+            }
+            SlotKind::SumF64 => format!(
+                "if ({seen}) {{ atomicAdd((f64*)&{}, __longlong_as_double((i64){})); {mark} }}",
+                gl(0),
+                sh(0)
+            ),
+            SlotKind::SumDec => format!(
+                "if ({seen}) {{ spate_agg_add128(&{}, &{}, (i128)(((u128i){} << 64) | (u128i){})); {mark} }}",
+                gl(0),
+                gl(1),
+                sh(1),
+                sh(0)
+            ),
+            SlotKind::Min | SlotKind::Max => {
+                format!("if ({seen}) {{ atomicMax(&{}, {}); {mark} }}", gl(0), sh(0))
+            }
+        };
+        let _ = writeln!(
+            code,
+            "        for (u64 t = threadIdx.x; t < groups; t += blockDim.x) {{ {body} }}"
+        );
+    }
+    code
+}
+
+/// The value and validity of output `o` for group `g`.
+fn finish_value(spec: &AggSpec, lay: &Layout, out: &Out, ty: DevType) -> (String, String) {
+    let word = |slot: usize, x: usize| format!("acc[{} * groups + g]", lay.base[slot] + x);
+    let seen = |slot: usize| format!("(seen[{slot} * groups + g] != 0u)");
+    match *out {
+        Out::Slot(j) => match spec.slots[j].kind {
+            SlotKind::Count { .. } => (format!("({})({})", ty.c_type(), word(j, 0)), "true".into()),
+            SlotKind::SumInt => (format!("({})({})", ty.c_type(), word(j, 0)), seen(j)),
+            SlotKind::SumF64 => (
+                format!("__longlong_as_double((i64){})", word(j, 0)),
+                seen(j),
+            ),
+            SlotKind::SumDec => (
+                format!(
+                    "(i128)(((u128i){} << 64) | (u128i){})",
+                    word(j, 1),
+                    word(j, 0)
+                ),
+                seen(j),
+            ),
+            SlotKind::Max => (from_order_key(ty, &word(j, 0)), seen(j)),
+            SlotKind::Min => (from_order_key(ty, &format!("~{}", word(j, 0))), seen(j)),
+        },
+        Out::AvgF64 { count, sum } => (
+            format!(
+                "({c} != 0ull ? __longlong_as_double((i64){s}) / (f64){c} : 0.0)",
+                c = word(count, 0),
+                s = word(sum, 0)
+            ),
+            format!("({} != 0ull)", word(count, 0)),
+        ),
+        Out::AvgDec { count, sum, shift } => (
+            format!(
+                "({c} != 0ull ? ((i128)(((u128i){hi} << 64) | (u128i){lo}) * (i128){mul}ull) / (i128){c} : (i128)0)",
+                c = word(count, 0),
+                hi = word(sum, 1),
+                lo = word(sum, 0),
+                mul = 10u64.pow(u32::from(shift.unsigned_abs()))
+            ),
+            format!("({} != 0ull)", word(count, 0)),
+        ),
+    }
+}
+
+const PREAMBLE: &str = r#"#include "common/prelude.cuh"
+#include "common/bitmap.cuh"
+#include "common/hash.cuh"
+#include "common/order.cuh"
+#include "common/strings.cuh"
+
+// A wrapping 128-bit atomic add as two 64-bit ones: the low word's carry goes to the high word.
+__device__ __forceinline__ void spate_agg_add128(u64* lo, u64* hi, i128 v) {
+    const u64 vl = (u64)v;
+    const u64 vh = (u64)((u128i)v >> 64);
+    const u64 old = atomicAdd(lo, vl);
+    const u64 add = vh + ((old + vl < old) ? 1ull : 0ull);
+    if (add != 0ull) atomicAdd(hi, add);
+}
+
+// Group keys compare floats as DataFusion's group values do: by bit pattern after folding
+// -0.0 into +0.0 (so each NaN payload is its own group).
+__device__ __forceinline__ u32 spate_agg_bits(f32 v) { return v == 0.0f ? 0u : __float_as_uint(v); }
+__device__ __forceinline__ u64 spate_agg_bits(f64 v) { return v == 0.0 ? 0ull : (u64)__double_as_longlong(v); }
+
+// The inverses of spate::total_order.
+__device__ __forceinline__ f64 spate_agg_f64(u64 k) {
+    const u64 b = (k & 0x8000000000000000ull) ? (k ^ 0x8000000000000000ull) : ~k;
+    return __longlong_as_double((i64)b);
+}
+__device__ __forceinline__ f32 spate_agg_f32(u32 k) {
+    const u32 b = (k & 0x80000000u) ? (k ^ 0x80000000u) : ~k;
+    return __uint_as_float(b);
+}
+"#;
+
+/// Generates the program for `spec`; `label` names the aggregation in a comment.
+pub(super) fn generate(spec: &AggSpec, label: &str) -> AggProgram {
+    let lay = layout(&spec.slots);
+    let keys = column_params("k", spec.keys.len());
+    let args = column_params("a", spec.args.len());
+    let mut body = String::new();
+
+    // hash
+    let mut hash = String::from("        u64 h = 0ull;\n");
+    for (k, ty) in spec.keys.iter().enumerate() {
+        let _ = writeln!(
+            hash,
+            "        h = spate::hash_combine(h, {});",
+            key_hash(k, *ty)
+        );
+    }
+    let _ = write!(
+        body,
+        "extern \"C\" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_hash({keys}u64 n, u64* hashes) {{\n    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{\n{hash}        hashes[i] = h;\n    }}\n}}\nSPATE_EXPORT(ENTRY_hash)\n\n"
+    );
+
+    // build
+    let equal: String = spec
+        .keys
+        .iter()
+        .enumerate()
+        .map(|(k, ty)| key_equal(k, *ty))
+        .collect();
+    let _ = write!(
+        body,
+        r#"extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_build({keys}u64 n, const u64* hashes, u32* table, u64 mask, u32* slot_of_row) {{
+    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{
+        const u64 h = hashes[i];
+        u64 s = h & mask;
+        for (;;) {{
+            u32 cur = *(volatile u32*)&table[s];
+            if (cur == 0u) {{
+                cur = atomicCAS(&table[s], 0u, (u32)(i + 1));
+                if (cur == 0u) break;
+            }}
+            const u64 a = (u64)(cur - 1u);
+            const u64 b = i;
+            bool eq = hashes[a] == h;
+{equal}            if (eq) break;
+            s = (s + 1ull) & mask;
+        }}
+        slot_of_row[i] = (u32)s;
+    }}
+}}
+SPATE_EXPORT(ENTRY_build)
+
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_flags(const u32* table, u64 cap, u32* flags) {{
+    for (u64 s = spate::global_thread_index(); s < cap; s += spate::grid_stride()) flags[s] = table[s] != 0u ? 1u : 0u;
+}}
+SPATE_EXPORT(ENTRY_flags)
+
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_assign(const u32* table, const u32* group_of_slot, u64 cap, const u32* slot_of_row, u64 n, u32* gid, u32* reps) {{
+    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) gid[i] = group_of_slot[slot_of_row[i]];
+    for (u64 s = spate::global_thread_index(); s < cap; s += spate::grid_stride()) {{
+        const u32 row = table[s];
+        if (row != 0u) reps[group_of_slot[s]] = row - 1u;
+    }}
+}}
+SPATE_EXPORT(ENTRY_assign)
+
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_canon(u8* data, u64 n, u64 width) {{
+    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{
+        if (width == 4ull) {{ u32* p = (u32*)data; if (p[i] == 0x80000000u) p[i] = 0u; }}
+        else {{ u64* p = (u64*)data; if (p[i] == 0x8000000000000000ull) p[i] = 0ull; }}
+    }}
+}}
+SPATE_EXPORT(ENTRY_canon)
+
+"#
+    );
+
+    // update
+    let small = SMALL_GROUPS;
+    let shared_bytes = small * (lay.words * 8 + spec.slots.len() * 4);
+    let global_rows = update_row(spec, &lay, "acc", "seen", "groups");
+    let privatized = if shared_bytes <= SHARED_BUDGET_BYTES && lay.words > 0 {
+        format!(
+            r#"    if (groups <= {small}ull) {{
+        __shared__ u64 sacc[{sw}];
+        __shared__ u32 sseen[{ss}];
+        for (u32 t = threadIdx.x; t < {sw}u; t += blockDim.x) sacc[t] = 0ull;
+        for (u32 t = threadIdx.x; t < {ss}u; t += blockDim.x) sseen[t] = 0u;
+        __syncthreads();
+        for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{
+            const u64 g = gid != nullptr ? (u64)gid[i] : 0ull;
+{rows}        }}
+        __syncthreads();
+{flush}        return;
+    }}
+"#,
+            sw = lay.words * small,
+            ss = spec.slots.len().max(1) * small,
+            rows = update_row(spec, &lay, "sacc", "sseen", &format!("{small}ull")),
+            flush = flush_shared(spec, &lay),
+        )
+    } else {
+        String::new()
+    };
+    let _ = write!(
+        body,
+        r#"extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_update({args}u64 n, const u32* gid, u64 groups, u64* acc, u32* seen) {{
+{privatized}    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{
+        const u64 g = gid != nullptr ? (u64)gid[i] : 0ull;
+{global_rows}    }}
+}}
+SPATE_EXPORT(ENTRY_update)
+
+"#
+    );
+
+    // finish
+    let mut params = String::new();
+    let mut compute = String::new();
+    let mut publish = String::new();
+    for (j, (out, ty)) in spec.outputs.iter().enumerate() {
+        let c = ty.c_type();
+        let _ = write!(params, ", {c}* out{j}, u32* valid{j}");
+        let (value, valid) = finish_value(spec, &lay, out, *ty);
+        let _ = writeln!(
+            compute,
+            "            ok{j} = {valid};\n            out{j}[g] = ok{j} ? ({c})({value}) : ({c})0;"
+        );
+        let _ = writeln!(
+            publish,
+            "        {{ const u32 v = __ballot_sync(SPATE_FULL_MASK, ok{j}); if (spate::lane_id() == 0) valid{j}[base / 32] = v; }}"
+        );
+    }
+    let declare: String = (0..spec.outputs.len())
+        .map(|j| format!("        bool ok{j} = false;\n"))
+        .collect();
+    let _ = write!(
+        body,
+        r#"extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_finish(u64 groups, const u64* acc, const u32* seen{params}) {{
+    const u64 warps = spate::grid_stride() / 32;
+    for (u64 base = (spate::global_thread_index() / 32) * 32; base < groups; base += warps * 32) {{
+        const u64 g = base + spate::lane_id();
+{declare}        if (g < groups) {{
+{compute}        }}
+{publish}    }}
+}}
+SPATE_EXPORT(ENTRY_finish)
+"#
+    );
+
+    let tag = blake3_hex(&body);
+    let names = [
+        "hash", "build", "flags", "assign", "update", "finish", "canon",
+    ];
+    let entries: Vec<String> = names
+        .iter()
+        .map(|n| format!("spate_agg_{n}_{tag}"))
+        .collect();
+    let mut text = body;
+    for n in names {
+        text = text.replace(&format!("ENTRY_{n}"), &format!("spate_agg_{n}_{tag}"));
+    }
+    AggProgram {
+        source: format!(
+            "// Generated by spate::exec::aggregate for {}.\n{PREAMBLE}\n{text}",
+            label.replace('\n', " ")
+        ),
+        entries,
+        words: lay.words,
+    }
+}

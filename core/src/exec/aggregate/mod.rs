@@ -1,0 +1,788 @@
+//! `GpuAggregateExec`: DataFusion's `AggregateExec` (hash aggregation) on the GPU.
+//!
+//! Per batch of rows:
+//! 1. group keys and aggregate arguments are input columns, or computed by one generated value
+//!    kernel (the expression JIT);
+//! 2. with group keys, every row is hashed and inserted into an open-addressing table; the
+//!    occupied slots, numbered by a prefix scan, are the groups (in hash order: results equal
+//!    the CPU's up to row order, which only an ORDER BY fixes);
+//! 3. one generated kernel folds every row into its group's accumulators with atomics (in
+//!    shared memory first when there are few groups), and another turns the accumulators into
+//!    output columns;
+//! 4. the key columns are gathered from each group's first row.
+//!
+//! Modes: `Partial` (and `PartialReduce`) aggregates each input batch on its own and emits
+//! partial states; `Final`, `FinalPartitioned`, `Single` and `SinglePartitioned` concatenate
+//! their partition's batches on the device and aggregate once. State layouts and result types
+//! are DataFusion's (`state_fields()`, `field()`), so a GPU partial stage can feed a CPU final
+//! stage and the other way round.
+//!
+//! Aggregates: SUM (Int64/UInt64 wrapping, Float64, Decimal128 wrapping as DataFusion's
+//! `add_wrapping`), COUNT and COUNT(*), MIN/MAX (integers, dates, times, timestamps,
+//! Decimal128 up to precision 18, and floats without GROUP BY, in IEEE total order as
+//! DataFusion's ungrouped MIN/MAX; its grouped float MIN/MAX depends on row order) and AVG (Float64, and Decimal128 up to
+//! precision 24, so that `sum * 10^shift` cannot overflow where the CPU would raise an error).
+//! DISTINCT aggregates stay on the CPU: DataFusion rewrites a query's single COUNT(DISTINCT x)
+//! into a two-level GROUP BY, which runs here. Grouping sets, FILTER clauses, ordered
+//! aggregates and GROUP BY with a pushed-down limit also stay on the CPU.
+//!
+//! Float sums are added in a different order than on the CPU, so they agree within rounding,
+//! not bit for bit. Dynamic filters this aggregate would publish (MIN/MAX bounds for the scan)
+//! are not updated on the GPU: they keep their initial, pass-everything value, which is correct
+//! and only forgoes the pruning.
+
+mod codegen;
+
+use std::fmt;
+use std::sync::Arc;
+
+use arrow::datatypes::{DataType, SchemaRef};
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::error::Result as DFResult;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::{Column, Literal};
+use datafusion::physical_plan::aggregates::{
+    AggregateExec, AggregateInputMode, AggregateMode, AggregateOutputMode,
+};
+use datafusion::physical_plan::execution_plan::CardinalityEffect;
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::{
+    ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan,
+    InputDistributionRequirements, InputOrderMode, PlanProperties, ReplaceChildrenOptions,
+};
+use futures::{StreamExt, TryStreamExt};
+use spate_kernels::gather::bitmap_bytes;
+use spate_kernels::{
+    DeviceBitmap, DeviceBuffer, Kernel, KernelArg, LaunchConfig, Stream as DeviceStream,
+};
+
+use self::codegen::{AggProgram, AggSpec, Entry, Out, Slot, SlotKind};
+use super::{
+    DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, device_input, execute_for_host,
+    gpu_context, rebuild_gpu, to_df,
+};
+use crate::column::{
+    DeviceBatch, DeviceBytes, DeviceColumn, DeviceValidity, DeviceValues, concat_device_batches,
+    gather_column,
+};
+use crate::error::{Result, SpateError};
+use crate::expr::{DevType, Unsupported, ValueKernel, column_args, evaluate_values, value_kernel};
+
+/// Where a key or argument column comes from.
+#[derive(Debug, Clone, Copy)]
+enum Operand {
+    /// An input column.
+    Input(usize),
+    /// Output `k` of the generated value kernel.
+    Computed(usize),
+}
+
+/// Decimal precision up to which AVG runs on the GPU: `sum * 10^4` then stays far inside i128
+/// for up to 10^10 rows, so the CPU's overflow error cannot be due.
+const AVG_MAX_DECIMAL_PRECISION: u8 = 24;
+
+/// Decimal precision up to which MIN/MAX run on the GPU (values fit the 64-bit order key).
+const MINMAX_MAX_DECIMAL_PRECISION: u8 = 18;
+
+/// What the GPU computes for one `AggregateExec`.
+#[derive(Debug)]
+struct AggPlan {
+    keys: Vec<Operand>,
+    args: Vec<Operand>,
+    computed: Option<ValueKernel>,
+    spec: AggSpec,
+    program: AggProgram,
+    /// Aggregate each input batch on its own (partial output).
+    per_batch: bool,
+}
+
+struct Operands<'a> {
+    schema: &'a arrow::datatypes::Schema,
+    computed: Vec<Arc<dyn PhysicalExpr>>,
+}
+
+impl Operands<'_> {
+    fn add(
+        &mut self,
+        expr: &Arc<dyn PhysicalExpr>,
+    ) -> std::result::Result<(Operand, DevType), Unsupported> {
+        let data_type = expr
+            .data_type(self.schema)
+            .map_err(|e| Unsupported(format!("`{expr}`: {e}")))?;
+        let ty = DevType::of(&data_type).ok_or_else(|| {
+            Unsupported(format!(
+                "`{expr}` has type {data_type}, which GPU aggregation does not support yet"
+            ))
+        })?;
+        if let Some(c) = expr.downcast_ref::<Column>() {
+            return Ok((Operand::Input(c.index()), ty));
+        }
+        if ty == DevType::Str {
+            return Err(Unsupported(format!(
+                "`{expr}` computes a string, which GPU expressions do not produce yet"
+            )));
+        }
+        if let Some(k) = self.computed.iter().position(|e| e == expr) {
+            return Ok((Operand::Computed(k), ty));
+        }
+        self.computed.push(Arc::clone(expr));
+        Ok((Operand::Computed(self.computed.len() - 1), ty))
+    }
+}
+
+fn dev_type(data_type: &DataType, what: &str) -> std::result::Result<DevType, Unsupported> {
+    DevType::of(data_type).ok_or_else(|| {
+        Unsupported(format!(
+            "{what} has type {data_type}, which the GPU does not support yet"
+        ))
+    })
+}
+
+fn analyze(agg: &AggregateExec) -> std::result::Result<AggPlan, Unsupported> {
+    let input_schema = agg.input().schema();
+    check_input_types(&input_schema)?;
+    let group = agg.group_expr();
+    if !group.is_single() {
+        return Err(Unsupported(
+            "grouping sets (ROLLUP, CUBE, GROUPING SETS) do not run on the GPU yet".into(),
+        ));
+    }
+    if agg.limit_options().is_some() {
+        return Err(Unsupported(
+            "a GROUP BY with a pushed-down LIMIT does not run on the GPU yet".into(),
+        ));
+    }
+    if *agg.input_order_mode() != InputOrderMode::Linear {
+        return Err(Unsupported(
+            "its input is sorted on the group keys (streaming aggregation keeps the CPU's order)"
+                .into(),
+        ));
+    }
+    if let Some(f) = agg.filter_expr().iter().flatten().next() {
+        return Err(Unsupported(format!(
+            "aggregate FILTER (WHERE {f}) does not run on the GPU yet"
+        )));
+    }
+    let raw = agg.mode().input_mode() == AggregateInputMode::Raw;
+    let partial_out = agg.mode().output_mode() == AggregateOutputMode::Partial;
+    let first_phase_schema = agg.input_schema();
+
+    let mut operands = Operands {
+        schema: &input_schema,
+        computed: Vec::new(),
+    };
+    let mut keys = Vec::new();
+    let mut key_types = Vec::new();
+    for (expr, _) in group.expr() {
+        let (operand, ty) = operands.add(expr)?;
+        keys.push(operand);
+        key_types.push(ty);
+    }
+
+    let mut args: Vec<Operand> = Vec::new();
+    let mut arg_types: Vec<DevType> = Vec::new();
+    let mut slots: Vec<Slot> = Vec::new();
+    let mut outputs: Vec<(Out, DevType)> = Vec::new();
+    let mut next_state = group.expr().len();
+    for f in agg.aggr_expr() {
+        let name = f.fun().name().to_ascii_lowercase();
+        let label = f.name().to_string();
+        if f.is_distinct() {
+            return Err(Unsupported(format!(
+                "`{label}` is a DISTINCT aggregate, which runs on the CPU"
+            )));
+        }
+        if !f.order_bys().is_empty() {
+            return Err(Unsupported(format!(
+                "`{label}` is an ordered aggregate, which runs on the CPU"
+            )));
+        }
+        let exprs = f.expressions();
+        if exprs.len() != 1 {
+            return Err(Unsupported(format!(
+                "`{label}` takes {} arguments; GPU aggregates take one",
+                exprs.len()
+            )));
+        }
+        let states = f
+            .state_fields()
+            .map_err(|e| Unsupported(format!("`{label}`: {e}")))?;
+        let result = f.field().data_type().clone();
+        let result_ty = dev_type(&result, &format!("`{label}`"))?;
+        let arg_type = exprs[0]
+            .data_type(&first_phase_schema)
+            .map_err(|e| Unsupported(format!("`{label}`: {e}")))?;
+        let arg_ty = dev_type(&arg_type, &format!("the argument of `{label}`"))?;
+        let expected_states = if name == "avg" { 2 } else { 1 };
+        if states.len() != expected_states {
+            return Err(Unsupported(format!(
+                "`{label}` has {} state fields; the GPU expects {expected_states}",
+                states.len()
+            )));
+        }
+        let state_types = states
+            .iter()
+            .map(|s| dev_type(s.data_type(), &format!("the state of `{label}`")))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+
+        // The argument each of this aggregate's slots reads: one shared argument for raw
+        // input, one state column per slot when merging.
+        let mut slot_arg = |k: usize, ty: DevType| -> std::result::Result<usize, Unsupported> {
+            let (operand, ty) = if raw {
+                operands.add(&exprs[0])?
+            } else {
+                (Operand::Input(next_state + k), ty)
+            };
+            args.push(operand);
+            arg_types.push(ty);
+            Ok(args.len() - 1)
+        };
+        let first = slots.len();
+        match name.as_str() {
+            "sum" => {
+                let kind = match result_ty {
+                    DevType::Int { bits: 64, .. } if matches!(arg_ty, DevType::Int { .. }) => {
+                        SlotKind::SumInt
+                    }
+                    DevType::F64 if matches!(arg_ty, DevType::F64 | DevType::F32) => {
+                        SlotKind::SumF64
+                    }
+                    DevType::Dec { .. } if matches!(arg_ty, DevType::Dec { .. }) => {
+                        SlotKind::SumDec
+                    }
+                    _ => {
+                        return Err(Unsupported(format!(
+                            "`{label}` sums {arg_type} into {result}, which the GPU does not do yet"
+                        )));
+                    }
+                };
+                let arg = slot_arg(0, state_types[0])?;
+                slots.push(Slot {
+                    kind,
+                    arg: Some(arg),
+                });
+            }
+            "count" => {
+                let rows = raw
+                    && exprs[0]
+                        .downcast_ref::<Literal>()
+                        .is_some_and(|l| !l.value().is_null());
+                let arg = if rows {
+                    None
+                } else if raw && matches!(arg_ty, DevType::Str | DevType::Bool) {
+                    // Only the validity is read, so a column of any type will do.
+                    match exprs[0].downcast_ref::<Column>() {
+                        Some(c) => {
+                            args.push(Operand::Input(c.index()));
+                            arg_types.push(arg_ty);
+                            Some(args.len() - 1)
+                        }
+                        None => Some(slot_arg(0, state_types[0])?),
+                    }
+                } else {
+                    Some(slot_arg(0, state_types[0])?)
+                };
+                slots.push(Slot {
+                    kind: SlotKind::Count { add_values: !raw },
+                    arg,
+                });
+            }
+            "min" | "max" => {
+                if matches!(arg_ty, DevType::F32 | DevType::F64) && !keys.is_empty() {
+                    // DataFusion's grouped MIN/MAX on floats compares with `partial_cmp` from
+                    // a starting value of MIN/MAX: a NaN is kept or dropped depending on the
+                    // rows after it, and which of -0.0 and +0.0 wins depends on row order, so
+                    // no parallel order reproduces it. Without GROUP BY it uses IEEE total
+                    // order, which the GPU matches.
+                    return Err(Unsupported(format!(
+                        "`{label}` on floats with GROUP BY depends on row order on the CPU \
+                         (NaN and -0.0), which the GPU cannot reproduce"
+                    )));
+                }
+                let ok = match arg_ty {
+                    DevType::Int { .. } | DevType::F32 | DevType::F64 => true,
+                    DevType::Dec { precision, .. } => precision <= MINMAX_MAX_DECIMAL_PRECISION,
+                    DevType::Bool | DevType::Str => false,
+                };
+                if !ok || result_ty != arg_ty {
+                    return Err(Unsupported(format!(
+                        "`{label}` over {arg_type} does not run on the GPU yet"
+                    )));
+                }
+                let arg = slot_arg(0, state_types[0])?;
+                slots.push(Slot {
+                    kind: if name == "min" {
+                        SlotKind::Min
+                    } else {
+                        SlotKind::Max
+                    },
+                    arg: Some(arg),
+                });
+            }
+            "avg" => {
+                let out = match (arg_ty, result_ty) {
+                    (DevType::F64, DevType::F64) => None,
+                    (
+                        DevType::Dec {
+                            precision,
+                            scale: s,
+                        },
+                        DevType::Dec { scale: rs, .. },
+                    ) if precision <= AVG_MAX_DECIMAL_PRECISION && rs >= s && rs - s <= 18 => {
+                        Some(rs - s)
+                    }
+                    _ => {
+                        return Err(Unsupported(format!(
+                            "`{label}` over {arg_type} does not run on the GPU yet"
+                        )));
+                    }
+                };
+                let count_arg = slot_arg(0, state_types[0])?;
+                let sum_arg = slot_arg(1, state_types[1])?;
+                slots.push(Slot {
+                    kind: SlotKind::Count { add_values: !raw },
+                    arg: Some(count_arg),
+                });
+                slots.push(Slot {
+                    kind: if out.is_some() {
+                        SlotKind::SumDec
+                    } else {
+                        SlotKind::SumF64
+                    },
+                    arg: Some(sum_arg),
+                });
+                if !partial_out {
+                    let (count, sum) = (first, first + 1);
+                    outputs.push((
+                        match out {
+                            Some(shift) => Out::AvgDec { count, sum, shift },
+                            None => Out::AvgF64 { count, sum },
+                        },
+                        result_ty,
+                    ));
+                }
+            }
+            other => {
+                return Err(Unsupported(format!(
+                    "aggregate function `{other}` does not run on the GPU yet"
+                )));
+            }
+        }
+        if partial_out {
+            for (k, ty) in state_types.iter().enumerate() {
+                outputs.push((Out::Slot(first + k), *ty));
+            }
+        } else if name != "avg" {
+            outputs.push((Out::Slot(first), result_ty));
+        }
+        next_state += states.len();
+    }
+
+    // The output schema must be exactly keys + these outputs.
+    let schema = agg.schema();
+    if schema.fields().len() != keys.len() + outputs.len() {
+        return Err(Unsupported(format!(
+            "its output has {} columns; the GPU plan makes {}",
+            schema.fields().len(),
+            keys.len() + outputs.len()
+        )));
+    }
+    for (field, (_, ty)) in schema.fields()[keys.len()..].iter().zip(&outputs) {
+        if DevType::of(field.data_type()) != Some(*ty) {
+            return Err(Unsupported(format!(
+                "output `{}` is {}, which the GPU plan does not produce",
+                field.name(),
+                field.data_type()
+            )));
+        }
+    }
+
+    let computed = if operands.computed.is_empty() {
+        None
+    } else {
+        let exprs: Vec<&dyn PhysicalExpr> = operands.computed.iter().map(|e| e.as_ref()).collect();
+        Some(value_kernel(&exprs, &input_schema)?)
+    };
+    let spec = AggSpec {
+        keys: key_types,
+        args: arg_types,
+        slots,
+        outputs,
+    };
+    let program = codegen::generate(&spec, &format!("{:?} aggregate", agg.mode()));
+    Ok(AggPlan {
+        keys,
+        args,
+        computed,
+        spec,
+        program,
+        per_batch: matches!(
+            agg.mode(),
+            AggregateMode::Partial | AggregateMode::PartialReduce
+        ),
+    })
+}
+
+/// An aggregation running on the GPU.
+#[derive(Debug)]
+pub struct GpuAggregateExec {
+    cpu: Arc<AggregateExec>,
+    plan: Arc<AggPlan>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl GpuAggregateExec {
+    /// The GPU version of `aggregate`, or why it must stay on the CPU.
+    pub fn try_new(aggregate: Arc<AggregateExec>) -> std::result::Result<Self, Unsupported> {
+        let plan = analyze(&aggregate)?;
+        Ok(GpuAggregateExec {
+            cpu: aggregate,
+            plan: Arc::new(plan),
+            metrics: ExecutionPlanMetricsSet::new(),
+        })
+    }
+
+    fn rebuild(cpu: Arc<dyn ExecutionPlan>) -> DFResult<Arc<dyn ExecutionPlan>> {
+        rebuild_gpu::<AggregateExec, _>(cpu, GpuAggregateExec::try_new)
+    }
+}
+
+/// The compiled kernels of one aggregation.
+struct Kernels {
+    program: Vec<Kernel>,
+    computed: Option<Kernel>,
+}
+
+impl Kernels {
+    fn get(&self, entry: Entry) -> &Kernel {
+        &self.program[entry as usize]
+    }
+}
+
+fn launch(stream: &DeviceStream, kernel: &Kernel, n: usize, args: &[KernelArg]) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let cfg = LaunchConfig::blocks(stream.device().grid_stride_blocks(n));
+    // SAFETY: every caller passes the parameters its generated entry point declares (see
+    // `codegen`), with buffers sized for the `n` items the kernel strides over.
+    unsafe { stream.launch(kernel, cfg, args)? };
+    Ok(())
+}
+
+/// Numbers the groups of `keys`: per row its group, per group its first row, and the count.
+fn group_rows(
+    stream: &DeviceStream,
+    kernels: &Kernels,
+    keys: &[DeviceColumn],
+    n: usize,
+) -> Result<(DeviceBuffer<u32>, DeviceBuffer<u32>, usize)> {
+    let mut key_args = Vec::with_capacity(keys.len() * 5 + 6);
+    for k in keys {
+        column_args(k, &mut key_args);
+    }
+    let hashes = stream.alloc::<u64>(n.max(1))?;
+    let mut args = key_args.clone();
+    args.extend([KernelArg::U64(n as u64), (&hashes).into()]);
+    launch(stream, kernels.get(Entry::Hash), n, &args)?;
+
+    let cap = (2 * n).max(64).next_power_of_two();
+    let table = stream.alloc_zeroed::<u32>(cap)?;
+    let slot_of_row = stream.alloc::<u32>(n.max(1))?;
+    let mut args = key_args;
+    args.extend([
+        KernelArg::U64(n as u64),
+        (&hashes).into(),
+        (&table).into(),
+        KernelArg::U64(cap as u64 - 1),
+        (&slot_of_row).into(),
+    ]);
+    launch(stream, kernels.get(Entry::Build), n, &args)?;
+
+    let flags = stream.alloc::<u32>(cap)?;
+    launch(
+        stream,
+        kernels.get(Entry::Flags),
+        cap,
+        &[(&table).into(), KernelArg::U64(cap as u64), (&flags).into()],
+    )?;
+    let (group_of_slot, groups) =
+        spate_kernels::scan::exclusive_sum_with_total(stream, flags.as_slice())?;
+    let groups = groups as usize;
+    let gid = stream.alloc::<u32>(n.max(1))?;
+    let reps = stream.alloc::<u32>(groups.max(1))?;
+    launch(
+        stream,
+        kernels.get(Entry::Assign),
+        n.max(cap),
+        &[
+            (&table).into(),
+            (&group_of_slot).into(),
+            KernelArg::U64(cap as u64),
+            (&slot_of_row).into(),
+            KernelArg::U64(n as u64),
+            (&gid).into(),
+            (&reps).into(),
+        ],
+    )?;
+    Ok((gid, reps, groups))
+}
+
+/// Aggregates one device batch into one batch of groups.
+fn aggregate_batch(
+    stream: &DeviceStream,
+    kernels: &Kernels,
+    plan: &AggPlan,
+    schema: &SchemaRef,
+    batch: &DeviceBatch,
+) -> Result<DeviceBatch> {
+    let n = batch.num_rows();
+    if n >= u32::MAX as usize {
+        return Err(SpateError::Unsupported {
+            message: format!(
+                "a GPU aggregation over one batch of {n} rows (the limit is 2^32 - 2)"
+            ),
+        });
+    }
+    let computed = match (&plan.computed, &kernels.computed) {
+        (Some(values), Some(kernel)) => evaluate_values(stream, kernel, values, batch)?,
+        _ => Vec::new(),
+    };
+    let pick = |o: &Operand| -> DeviceColumn {
+        match *o {
+            Operand::Input(i) => batch.columns()[i].clone(),
+            Operand::Computed(k) => computed[k].clone(),
+        }
+    };
+    let keys: Vec<DeviceColumn> = plan.keys.iter().map(pick).collect();
+    let args: Vec<DeviceColumn> = plan.args.iter().map(pick).collect();
+
+    let (gid, reps, groups) = if keys.is_empty() {
+        (None, None, 1)
+    } else {
+        let (gid, reps, groups) = group_rows(stream, kernels, &keys, n)?;
+        (Some(gid), Some(reps), groups)
+    };
+
+    let slots = plan.spec.slots.len();
+    let acc = stream.alloc_zeroed::<u64>((plan.program.words * groups).max(1))?;
+    let seen = stream.alloc_zeroed::<u32>((slots * groups).max(1))?;
+    if slots > 0 && groups > 0 {
+        let mut a = Vec::with_capacity(args.len() * 5 + 5);
+        for c in &args {
+            column_args(c, &mut a);
+        }
+        a.extend([
+            KernelArg::U64(n as u64),
+            gid.as_ref().into(),
+            KernelArg::U64(groups as u64),
+            (&acc).into(),
+            (&seen).into(),
+        ]);
+        launch(stream, kernels.get(Entry::Update), n, &a)?;
+    }
+
+    let mut outputs = Vec::with_capacity(plan.spec.outputs.len());
+    let mut a = vec![KernelArg::U64(groups as u64), (&acc).into(), (&seen).into()];
+    for (j, (_, ty)) in plan.spec.outputs.iter().enumerate() {
+        let field = schema.field(plan.keys.len() + j);
+        let width = match ty {
+            DevType::Int { bits, .. } => usize::from(*bits) / 8,
+            DevType::F32 => 4,
+            DevType::F64 => 8,
+            DevType::Dec { .. } => 16,
+            DevType::Bool | DevType::Str => {
+                return Err(SpateError::Internal {
+                    message: format!("a GPU aggregate output is {}", field.data_type()),
+                });
+            }
+        };
+        let data = stream.alloc::<u8>((groups * width).max(16))?;
+        let valid = stream.alloc::<u8>(bitmap_bytes(groups).max(4))?;
+        a.push((&data).into());
+        a.push((&valid).into());
+        outputs.push((data, valid, width, field.data_type().clone()));
+    }
+    launch(stream, kernels.get(Entry::Finish), groups, &a)?;
+
+    let mut columns = Vec::with_capacity(keys.len() + outputs.len());
+    match &reps {
+        Some(reps) => {
+            let reps = reps.slice(..groups)?;
+            for (k, ty) in keys.iter().zip(&plan.spec.keys) {
+                let column = gather_column(stream, k, reps)?;
+                if matches!(ty, DevType::F32 | DevType::F64)
+                    && let DeviceValues::Fixed { bytes, width } = column.values()
+                {
+                    // The gathered column is new, so folding -0.0 in place touches no input.
+                    launch(
+                        stream,
+                        kernels.get(Entry::Canon),
+                        groups,
+                        &[
+                            KernelArg::Ptr(bytes.as_slice().address()),
+                            KernelArg::U64(groups as u64),
+                            KernelArg::U64(*width as u64),
+                        ],
+                    )?;
+                }
+                columns.push(column);
+            }
+        }
+        None => debug_assert!(keys.is_empty()),
+    }
+    for (data, valid, width, data_type) in outputs {
+        let valid_rows = if groups == 0 {
+            0
+        } else {
+            spate_kernels::reduce::count_valid(stream, DeviceBitmap::new(&valid), groups)? as usize
+        };
+        let validity = (valid_rows < groups).then(|| DeviceValidity {
+            bytes: DeviceBytes::new(valid),
+            offset: 0,
+        });
+        columns.push(DeviceColumn::new(
+            data_type,
+            groups,
+            groups - valid_rows,
+            validity,
+            DeviceValues::Fixed {
+                bytes: DeviceBytes::new(data),
+                width,
+            },
+        ));
+    }
+    DeviceBatch::try_new(Arc::clone(schema), columns, groups)
+}
+
+impl DisplayAs for GpuAggregateExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Gpu")?;
+        self.cpu.fmt_as(t, f)
+    }
+}
+
+impl ExecutionPlan for GpuAggregateExec {
+    fn name(&self) -> &str {
+        "GpuAggregateExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.cpu.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![self.cpu.input()]
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DFResult<TreeNodeRecursion>,
+    ) -> DFResult<TreeNodeRecursion> {
+        self.cpu.apply_expressions(f)
+    }
+
+    fn input_distribution_requirements(&self) -> InputDistributionRequirements {
+        self.cpu.input_distribution_requirements()
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        self.cpu.benefits_from_input_partitioning()
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![false]
+    }
+
+    fn cardinality_effect(&self) -> CardinalityEffect {
+        CardinalityEffect::LowerEqual
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+        options: ReplaceChildrenOptions,
+    ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        let cpu = Arc::clone(&self.cpu).replace_children(children, options)?;
+        Self::rebuild(cpu)
+    }
+
+    #[allow(deprecated)]
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+        )
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> DFResult<SendableRecordBatchStream> {
+        execute_for_host(self, partition, context, &self.metrics)
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+}
+
+impl GpuExec for GpuAggregateExec {
+    fn execute_device(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+        stream: Arc<DeviceStream>,
+    ) -> DFResult<DeviceBatchStream> {
+        let gpu = gpu_context(&context)?;
+        let program = &self.plan.program;
+        let entries: Vec<&str> = program.entries.iter().map(String::as_str).collect();
+        let kernels = Kernels {
+            program: gpu
+                .generated_kernels(&program.source, &entries)
+                .map_err(to_df)?,
+            computed: match &self.plan.computed {
+                Some(k) => Some(gpu.generated_kernel(&k.source, &k.entry).map_err(to_df)?),
+                None => None,
+            },
+        };
+        let kernels = Arc::new(kernels);
+        let transfer = TransferMetrics::new(&self.metrics, partition);
+        let input = device_input(self.cpu.input(), partition, &context, &stream, &transfer)?;
+        let baseline = BaselineMetrics::new(&self.metrics, partition);
+        let plan = Arc::clone(&self.plan);
+        let schema = self.schema();
+        let grouped = !plan.keys.is_empty();
+        if plan.per_batch {
+            let out = input.map(move |batch| {
+                let batch = batch?;
+                let _timer = baseline.elapsed_compute().timer();
+                let out =
+                    aggregate_batch(&stream, &kernels, &plan, &schema, &batch).map_err(to_df)?;
+                baseline.record_output(out.num_rows());
+                Ok(out)
+            });
+            return Ok(Box::pin(
+                out.try_filter(|b| futures::future::ready(b.num_rows() > 0)),
+            ));
+        }
+        let input_schema = self.cpu.input().schema();
+        let once = futures::stream::once(async move {
+            let batches: Vec<DeviceBatch> = input.try_collect().await?;
+            let _timer = baseline.elapsed_compute().timer();
+            let all = concat_device_batches(&stream, &input_schema, batches).map_err(to_df)?;
+            let out = aggregate_batch(&stream, &kernels, &plan, &schema, &all).map_err(to_df)?;
+            baseline.record_output(out.num_rows());
+            Ok(out)
+        });
+        // Without group keys the one output row is always produced (COUNT of nothing is 0).
+        Ok(Box::pin(once.try_filter(move |b| {
+            futures::future::ready(!grouped || b.num_rows() > 0)
+        })))
+    }
+}
