@@ -227,16 +227,23 @@ async fn projections_over_gpu_filters_match_the_cpu() {
         let cpu = engine_with(Backend::Cpu, batch_size, 1);
         gpu.register_batches("t", data.clone()).unwrap();
         cpu.register_batches("t", data).unwrap();
-        for projection in PROJECTIONS {
-            let sql = format!("SELECT {projection} FROM t WHERE a IS NULL OR a > -15");
-            let want = rows(&cpu.collect(&sql).await.unwrap());
-            let got = rows(&gpu.collect(&sql).await.unwrap());
-            assert_eq!(
-                got, want,
-                "`{projection}` seed={seed} batch_size={batch_size}"
-            );
-            let plan = explain(&gpu, &sql).await;
-            assert!(plan.contains("GpuProjectionExec"), "{plan}");
+        // Filters keeping most rows, some, and all: the projection is fused with the filter
+        // (it reads the kept rows through their indices, or all rows without them).
+        for filter in ["a IS NULL OR a > -15", "a > 5", "true"] {
+            for projection in PROJECTIONS {
+                let sql = format!("SELECT {projection} FROM t WHERE {filter}");
+                let want = rows(&cpu.collect(&sql).await.unwrap());
+                let got = rows(&gpu.collect(&sql).await.unwrap());
+                assert_eq!(
+                    got, want,
+                    "`{projection}` WHERE {filter} seed={seed} batch_size={batch_size}"
+                );
+                if filter != "true" {
+                    let plan = explain(&gpu, &sql).await;
+                    assert!(plan.contains("GpuProjectionExec"), "{plan}");
+                    assert!(plan.contains("fused_with_filter=true"), "{plan}");
+                }
+            }
         }
     }
 }

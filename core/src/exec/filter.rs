@@ -3,6 +3,11 @@
 //! Per device batch: the generated predicate kernel writes a byte per row (TRUE → 1; FALSE and
 //! NULL → 0), stream compaction turns it into the kept row indices (in order), and every
 //! output column is gathered by them. Output order is input order, as `FilterExec`'s.
+//!
+//! A `GpuProjectionExec` right above takes the kept indices instead of gathered batches
+//! ([`GpuFilterExec::execute_selected`]): its generated kernel reads the kept rows straight
+//! from the filter's input, so the filter and the projection's expressions make one pass over
+//! the data, and only the columns passed through unchanged are gathered.
 
 use std::fmt;
 use std::sync::Arc;
@@ -143,6 +148,39 @@ impl ExecutionPlan for GpuFilterExec {
     }
 }
 
+/// The rows of one input batch that passed a filter, not yet gathered.
+pub(crate) struct Selected {
+    /// The input batch with the filter's embedded projection applied (a view: no copy), in the
+    /// filter's output schema, with all its rows.
+    pub(crate) batch: DeviceBatch,
+    /// The kept rows in order, or `None` when every row was kept.
+    pub(crate) indices: Option<spate_kernels::DeviceBuffer<u32>>,
+    /// How many rows were kept (`indices`' length when present).
+    pub(crate) rows: usize,
+}
+
+impl Selected {
+    /// The kept rows as a batch: the columns gathered, or passed through when all rows passed.
+    pub(crate) fn gather(&self, stream: &DeviceStream) -> crate::error::Result<DeviceBatch> {
+        let columns = match &self.indices {
+            None => self.batch.columns().to_vec(),
+            Some(indices) => {
+                let indices = indices.slice(..self.rows)?;
+                self.batch
+                    .columns()
+                    .iter()
+                    .map(|c| gather_column(stream, c, indices))
+                    .collect::<crate::error::Result<Vec<_>>>()?
+            }
+        };
+        DeviceBatch::try_new(Arc::clone(self.batch.schema()), columns, self.rows)
+    }
+}
+
+/// A stream of [`Selected`] batches.
+pub(crate) type SelectedStream =
+    std::pin::Pin<Box<dyn futures::Stream<Item = DFResult<Selected>> + Send>>;
+
 struct FilterState {
     input: DeviceBatchStream,
     stream: Arc<DeviceStream>,
@@ -155,7 +193,7 @@ struct FilterState {
 }
 
 impl FilterState {
-    fn filter(&mut self, batch: &DeviceBatch) -> DFResult<Option<DeviceBatch>> {
+    fn select(&mut self, batch: &DeviceBatch) -> DFResult<Option<Selected>> {
         let _timer = self.baseline.elapsed_compute().timer();
         let n = batch.num_rows();
         let s = &self.stream;
@@ -171,41 +209,30 @@ impl FilterState {
         if rows == 0 {
             return Ok(None);
         }
-        let indices = kept.slice(..rows).map_err(|e| to_df(e.into()))?;
-        let all: Vec<usize>;
         let columns = match &self.projection {
-            Some(p) => p,
-            None => {
-                all = (0..batch.columns().len()).collect();
-                &all
-            }
+            Some(p) => p.iter().map(|&c| batch.columns()[c].clone()).collect(),
+            None => batch.columns().to_vec(),
         };
-        let out = if rows == n {
-            // Every row passed: the columns pass through without a copy.
-            columns
-                .iter()
-                .map(|&c| batch.columns()[c].clone())
-                .collect()
-        } else {
-            columns
-                .iter()
-                .map(|&c| gather_column(s, &batch.columns()[c], indices))
-                .collect::<crate::error::Result<Vec<_>>>()
-                .map_err(to_df)?
-        };
-        let out = DeviceBatch::try_new(Arc::clone(&self.schema), out, rows).map_err(to_df)?;
+        let view = DeviceBatch::try_new(Arc::clone(&self.schema), columns, n).map_err(to_df)?;
         self.baseline.record_output(rows);
-        Ok(Some(out))
+        Ok(Some(Selected {
+            batch: view,
+            // Every row passed: the columns pass through without a copy.
+            indices: (rows < n).then_some(kept),
+            rows,
+        }))
     }
 }
 
-impl GpuExec for GpuFilterExec {
-    fn execute_device(
+impl GpuFilterExec {
+    /// The kept rows of each input batch, not gathered: for a GPU parent that reads them
+    /// through the indices (a fused projection).
+    pub(crate) fn execute_selected(
         &self,
         partition: usize,
         context: Arc<TaskContext>,
         stream: Arc<DeviceStream>,
-    ) -> DFResult<DeviceBatchStream> {
+    ) -> DFResult<SelectedStream> {
         let gpu = gpu_context(&context)?;
         let kernel = gpu
             .generated_kernel(&self.kernel.source, &self.kernel.entry)
@@ -236,7 +263,7 @@ impl GpuExec for GpuFilterExec {
                             return None;
                         }
                         Some(Err(e)) => return Some((Err(e), s)),
-                        Some(Ok(batch)) => match s.filter(&batch) {
+                        Some(Ok(batch)) => match s.select(&batch) {
                             Ok(Some(out)) => return Some((Ok(out), s)),
                             Ok(None) => continue,
                             Err(e) => return Some((Err(e), s)),
@@ -245,6 +272,20 @@ impl GpuExec for GpuFilterExec {
                 }
             },
         )))
+    }
+}
+
+impl GpuExec for GpuFilterExec {
+    fn execute_device(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+        stream: Arc<DeviceStream>,
+    ) -> DFResult<DeviceBatchStream> {
+        let selected = self.execute_selected(partition, context, Arc::clone(&stream))?;
+        Ok(Box::pin(selected.map(move |s| {
+            s.and_then(|s| s.gather(&stream).map_err(to_df))
+        })))
     }
 }
 

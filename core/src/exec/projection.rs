@@ -3,6 +3,10 @@
 //! Column references pass through without copying (the output column shares the input's
 //! device memory); every computed expression of the projection is evaluated by one generated
 //! kernel per batch. Output order is input order.
+//!
+//! Over a `GpuFilterExec`, the projection is fused with the filter: it takes the filter's kept
+//! row indices and its kernel reads those rows of the filter's input directly, so the computed
+//! columns are never gathered first; only the columns passed through are gathered.
 
 use std::fmt;
 use std::sync::Arc;
@@ -22,12 +26,13 @@ use datafusion::physical_plan::{
 use futures::StreamExt;
 use spate_kernels::Stream as DeviceStream;
 
+use super::filter::GpuFilterExec;
 use super::{
     DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, device_input, execute_for_host,
     gpu_context, rebuild_gpu, to_df,
 };
-use crate::column::DeviceBatch;
-use crate::expr::{Unsupported, ValueKernel, evaluate_values, value_kernel};
+use crate::column::{DeviceBatch, gather_column};
+use crate::expr::{Unsupported, ValueKernel, evaluate_values, evaluate_values_at, value_kernel};
 
 /// Where each output column comes from.
 #[derive(Debug, Clone)]
@@ -84,7 +89,13 @@ impl GpuProjectionExec {
 impl DisplayAs for GpuProjectionExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Gpu")?;
-        self.cpu.fmt_as(t, f)
+        self.cpu.fmt_as(t, f)?;
+        if self.cpu.input().downcast_ref::<GpuFilterExec>().is_some()
+            && !matches!(t, DisplayFormatType::TreeRender)
+        {
+            write!(f, ", fused_with_filter=true")?;
+        }
+        Ok(())
     }
 }
 
@@ -168,11 +179,47 @@ impl GpuExec for GpuProjectionExec {
             )),
             None => None,
         };
-        let transfer = TransferMetrics::new(&self.metrics, partition);
-        let input = device_input(self.cpu.input(), partition, &context, &stream, &transfer)?;
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let sources = self.sources.clone();
         let schema = self.schema();
+        // Over a GPU filter, read the kept rows through their indices: the filter's gather
+        // and this projection's kernel become one pass.
+        if let Some(filter) = self.cpu.input().downcast_ref::<GpuFilterExec>() {
+            let selected = filter.execute_selected(partition, context, Arc::clone(&stream))?;
+            return Ok(Box::pin(selected.map(move |selected| {
+                let selected = selected?;
+                let _timer = baseline.elapsed_compute().timer();
+                let rows = selected.indices.as_ref().map(|i| i.slice(..selected.rows));
+                let rows = rows.transpose().map_err(|e| to_df(e.into()))?;
+                let computed = match &kernel {
+                    Some((k, values)) => {
+                        evaluate_values_at(&stream, k, values, &selected.batch, rows)
+                            .map_err(to_df)?
+                    }
+                    None => Vec::new(),
+                };
+                let columns = sources
+                    .iter()
+                    .map(|s| match s {
+                        Source::Input(i) => {
+                            let column = &selected.batch.columns()[*i];
+                            match rows {
+                                Some(rows) => gather_column(&stream, column, rows),
+                                None => Ok(column.clone()),
+                            }
+                        }
+                        Source::Computed(k) => Ok(computed[*k].clone()),
+                    })
+                    .collect::<crate::error::Result<Vec<_>>>()
+                    .map_err(to_df)?;
+                let out = DeviceBatch::try_new(Arc::clone(&schema), columns, selected.rows)
+                    .map_err(to_df)?;
+                baseline.record_output(out.num_rows());
+                Ok(out)
+            })));
+        }
+        let transfer = TransferMetrics::new(&self.metrics, partition);
+        let input = device_input(self.cpu.input(), partition, &context, &stream, &transfer)?;
         Ok(Box::pin(input.map(move |batch| {
             let batch = batch?;
             let _timer = baseline.elapsed_compute().timer();

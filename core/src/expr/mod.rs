@@ -1276,9 +1276,10 @@ pub struct ValueKernel {
     pub source: String,
     /// The entry point (`spate_proj_<hash>`).
     pub entry: String,
-    /// The columns read, laid out as in [`PredicateKernel::inputs`], followed by `u64 rows`
-    /// and then, per output, `(T* values, u32* validity_words)`, and `u32* err` when
-    /// `checks` is not empty.
+    /// The columns read, laid out as in [`PredicateKernel::inputs`], followed by `u64 n`,
+    /// `const u32* rows` (output `o` reads input row `rows[o]`, or row `o` when null: a filter's
+    /// kept rows, so the gather is fused into the kernel) and then, per output,
+    /// `(T* values, u32* validity_words)`, and `u32* err` when `checks` is not empty.
     pub inputs: Vec<KernelInput>,
     /// As [`PredicateKernel::checks`].
     pub checks: Vec<String>,
@@ -1330,7 +1331,7 @@ pub fn value_kernel(
             "const u8* d{k}, const u8* e{k}, u64 b{k}, const u8* v{k}, u64 o{k}, "
         );
     }
-    params.push_str("u64 n");
+    params.push_str("u64 n, const u32* rows");
     let mut declare = String::new();
     let mut store = String::new();
     let mut publish = String::new();
@@ -1357,7 +1358,7 @@ pub fn value_kernel(
             let _ = writeln!(declare, "        bool ok{j} = false;");
             let _ = writeln!(
                 store,
-                "            ok{j} = !{};\n            out{j}[i] = ok{j} ? ({c}){} : ({c})0;",
+                "            ok{j} = !{};\n            out{j}[o] = ok{j} ? ({c}){} : ({c})0;",
                 f.null, f.value
             );
             let _ = writeln!(
@@ -1372,7 +1373,7 @@ pub fn value_kernel(
     // Warp-strided rows: a warp owns 32 consecutive rows per step, so every ballot sees all 32
     // lanes and one lane writes each 32-bit validity word.
     let body = format!(
-        "extern \"C\" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY({params}) {{\n    const u64 warps = spate::grid_stride() / 32;\n    for (u64 base = (spate::global_thread_index() / 32) * 32; base < n; base += warps * 32) {{\n        const u64 i = base + spate::lane_id();\n{declare}        if (i < n) {{\n{}{store}        }}\n{publish}    }}\n}}\nSPATE_EXPORT(ENTRY)\n",
+        "extern \"C\" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY({params}) {{\n    const u64 warps = spate::grid_stride() / 32;\n    for (u64 base = (spate::global_thread_index() / 32) * 32; base < n; base += warps * 32) {{\n        const u64 o = base + spate::lane_id();\n{declare}        if (o < n) {{\n            const u64 i = rows != nullptr ? (u64)rows[o] : o;\n{}{store}        }}\n{publish}    }}\n}}\nSPATE_EXPORT(ENTRY)\n",
         indent(&g.body)
     );
     let entry = format!("spate_proj_{}", blake3_hex(&body));
@@ -1449,20 +1450,34 @@ pub(crate) fn column_args(
     }
 }
 
-/// Runs a value kernel over a device batch and returns its output columns.
+/// Runs a value kernel over a device batch and returns its output columns, one value per row.
 pub fn evaluate_values(
     stream: &spate_kernels::Stream,
     kernel: &spate_kernels::Kernel,
     values: &ValueKernel,
     batch: &crate::column::DeviceBatch,
 ) -> crate::error::Result<Vec<crate::column::DeviceColumn>> {
+    evaluate_values_at(stream, kernel, values, batch, None)
+}
+
+/// [`evaluate_values`] for the listed rows only (in that order): a gather fused into the
+/// kernel. Every index in `rows` must be below the batch's row count (they come from a
+/// filter's compaction), as the kernel reads the columns at them unchecked.
+pub(crate) fn evaluate_values_at(
+    stream: &spate_kernels::Stream,
+    kernel: &spate_kernels::Kernel,
+    values: &ValueKernel,
+    batch: &crate::column::DeviceBatch,
+    rows: Option<spate_kernels::DeviceSlice<'_, u32>>,
+) -> crate::error::Result<Vec<crate::column::DeviceColumn>> {
     use crate::column::{DeviceBytes, DeviceColumn, DeviceValidity, DeviceValues, device_layout};
     use spate_kernels::gather::bitmap_bytes;
     use spate_kernels::{DeviceBitmap, KernelArg, LaunchConfig, reduce};
 
-    let n = batch.num_rows();
+    let n = rows.map_or(batch.num_rows(), |r| r.len());
     let mut args = input_args(&values.inputs, batch)?;
     args.push(KernelArg::U64(n as u64));
+    args.push(rows.map_or_else(KernelArg::null, KernelArg::from));
     let mut buffers = Vec::with_capacity(values.outputs.len());
     for data_type in &values.outputs {
         let bytes = match device_layout(data_type) {
@@ -1484,9 +1499,10 @@ pub fn evaluate_values(
     let err = ErrorFlag::new(stream, &values.checks, &mut args)?;
     if n > 0 {
         let blocks = stream.device().grid_stride_blocks(n);
-        // SAFETY: the arguments follow `ValueKernel`'s documented layout; inputs hold `n` rows
-        // of the types the generated code reads, outputs `n` values (or bits) and a validity
-        // word per 32 rows.
+        // SAFETY: the arguments follow `ValueKernel`'s documented layout; inputs hold the
+        // batch's rows of the types the generated code reads, `rows` (when given) holds `n`
+        // indices of those rows (a filter's kept rows), outputs `n` values (or bits) and a
+        // validity word per 32 of them.
         unsafe { stream.launch(kernel, LaunchConfig::blocks(blocks), &args)? };
     }
     err.check(stream, &values.checks)?;
