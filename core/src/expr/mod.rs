@@ -1279,7 +1279,9 @@ pub struct ValueKernel {
     /// The columns read, laid out as in [`PredicateKernel::inputs`], followed by `u64 n`,
     /// `const u32* rows` (output `o` reads input row `rows[o]`, or row `o` when null: a filter's
     /// kept rows, so the gather is fused into the kernel) and then, per output,
-    /// `(T* values, u32* validity_words)`, and `u32* err` when `checks` is not empty.
+    /// `(T* values, u32* validity_words)`, then `u64* valid_counts` (one zeroed counter per
+    /// output, to which the kernel adds its non-null values, so null counts need no extra pass)
+    /// and `u32* err` when `checks` is not empty.
     pub inputs: Vec<KernelInput>,
     /// As [`PredicateKernel::checks`].
     pub checks: Vec<String>,
@@ -1350,7 +1352,7 @@ pub fn value_kernel(
             );
             let _ = writeln!(
                 publish,
-                "        {{ const u32 w = __ballot_sync(SPATE_FULL_MASK, set{j}); const u32 v = __ballot_sync(SPATE_FULL_MASK, ok{j}); if (spate::lane_id() == 0) {{ out{j}[base / 32] = w; valid{j}[base / 32] = v; }} }}"
+                "        {{ const u32 w = __ballot_sync(SPATE_FULL_MASK, set{j}); const u32 v = __ballot_sync(SPATE_FULL_MASK, ok{j}); if (spate::lane_id() == 0) {{ out{j}[base / 32] = w; valid{j}[base / 32] = v; if (v != 0u) atomicAdd(&valid_counts[{j}], (u64)__popc(v)); }} }}"
             );
         } else {
             let c = dev.c_type();
@@ -1363,10 +1365,11 @@ pub fn value_kernel(
             );
             let _ = writeln!(
                 publish,
-                "        {{ const u32 v = __ballot_sync(SPATE_FULL_MASK, ok{j}); if (spate::lane_id() == 0) valid{j}[base / 32] = v; }}"
+                "        {{ const u32 v = __ballot_sync(SPATE_FULL_MASK, ok{j}); if (spate::lane_id() == 0) {{ valid{j}[base / 32] = v; if (v != 0u) atomicAdd(&valid_counts[{j}], (u64)__popc(v)); }} }}"
             );
         }
     }
+    params.push_str(", u64* valid_counts");
     if !g.checks.is_empty() {
         params.push_str(", u32* err");
     }
@@ -1472,7 +1475,7 @@ pub(crate) fn evaluate_values_at(
 ) -> crate::error::Result<Vec<crate::column::DeviceColumn>> {
     use crate::column::{DeviceBytes, DeviceColumn, DeviceValidity, DeviceValues, device_layout};
     use spate_kernels::gather::bitmap_bytes;
-    use spate_kernels::{DeviceBitmap, KernelArg, LaunchConfig, reduce};
+    use spate_kernels::{KernelArg, LaunchConfig};
 
     let n = rows.map_or(batch.num_rows(), |r| r.len());
     let mut args = input_args(&values.inputs, batch)?;
@@ -1496,6 +1499,8 @@ pub(crate) fn evaluate_values_at(
         args.push((&validity).into());
         buffers.push((data, validity));
     }
+    let valid_counts = stream.alloc_zeroed::<u64>(values.outputs.len().max(1))?;
+    args.push((&valid_counts).into());
     let err = ErrorFlag::new(stream, &values.checks, &mut args)?;
     if n > 0 {
         let blocks = stream.device().grid_stride_blocks(n);
@@ -1506,13 +1511,17 @@ pub(crate) fn evaluate_values_at(
         unsafe { stream.launch(kernel, LaunchConfig::blocks(blocks), &args)? };
     }
     err.check(stream, &values.checks)?;
+    // One small read for every output's null count.
+    let valid_counts = if n == 0 {
+        vec![0; values.outputs.len()]
+    } else {
+        stream.to_vec(&valid_counts)?
+    };
     let mut columns = Vec::with_capacity(buffers.len());
-    for ((data, validity), data_type) in buffers.into_iter().zip(&values.outputs) {
-        let valid = if n == 0 {
-            0
-        } else {
-            reduce::count_valid(stream, DeviceBitmap::new(&validity), n)? as usize
-        };
+    for (((data, validity), data_type), valid) in
+        buffers.into_iter().zip(&values.outputs).zip(valid_counts)
+    {
+        let valid = valid as usize;
         let validity = (valid < n).then(|| DeviceValidity {
             bytes: DeviceBytes::new(validity),
             offset: 0,

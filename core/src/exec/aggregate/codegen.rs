@@ -21,8 +21,9 @@
 //!   handful of hot groups does not serialise every thread on the same global words.
 //! - `canon(u8* data, u64 n, u64 width)`: folds -0.0 into +0.0 in a float key column, as
 //!   DataFusion's group values store it.
-//! - `finish(u64 groups, const u64* acc, const u32* seen, (T* out, u32* valid)…)`: the output
-//!   values and their validity, one 32-bit validity word per 32 groups.
+//! - `finish(u64 groups, const u64* acc, const u32* seen, (T* out, u32* valid)…,
+//!   u64* valid_counts)`: the output values and their validity, one 32-bit validity word per 32
+//!   groups, and each output's count of non-null values (added to zeroed counters).
 //!
 //! Accumulators are `u64` words, zero-initialised, `groups` apart (`acc[word * groups + g]`):
 //! integer sums and counts add as wrapping `u64` (as DataFusion's `add_wrapping`), float sums as
@@ -533,7 +534,7 @@ SPATE_EXPORT(ENTRY_update)
         );
         let _ = writeln!(
             publish,
-            "        {{ const u32 v = __ballot_sync(SPATE_FULL_MASK, ok{j}); if (spate::lane_id() == 0) valid{j}[base / 32] = v; }}"
+            "        {{ const u32 v = __ballot_sync(SPATE_FULL_MASK, ok{j}); if (spate::lane_id() == 0) {{ valid{j}[base / 32] = v; if (v != 0u) atomicAdd(&valid_counts[{j}], (u64)__popc(v)); }} }}"
         );
     }
     let declare: String = (0..spec.outputs.len())
@@ -541,7 +542,7 @@ SPATE_EXPORT(ENTRY_update)
         .collect();
     let _ = write!(
         body,
-        r#"extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_finish(u64 groups, const u64* acc, const u32* seen{params}) {{
+        r#"extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_finish(u64 groups, const u64* acc, const u32* seen{params}, u64* valid_counts) {{
     const u64 warps = spate::grid_stride() / 32;
     for (u64 base = (spate::global_thread_index() / 32) * 32; base < groups; base += warps * 32) {{
         const u64 g = base + spate::lane_id();

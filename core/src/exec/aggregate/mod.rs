@@ -53,9 +53,7 @@ use datafusion::physical_plan::{
 };
 use futures::{StreamExt, TryStreamExt};
 use spate_kernels::gather::bitmap_bytes;
-use spate_kernels::{
-    DeviceBitmap, DeviceBuffer, Kernel, KernelArg, LaunchConfig, Stream as DeviceStream,
-};
+use spate_kernels::{DeviceBuffer, Kernel, KernelArg, LaunchConfig, Stream as DeviceStream};
 
 use self::codegen::{AggProgram, AggSpec, Entry, Out, Slot, SlotKind};
 use super::{
@@ -604,7 +602,15 @@ fn aggregate_batch(
         a.push((&valid).into());
         outputs.push((data, valid, width, field.data_type().clone()));
     }
+    let valid_counts = stream.alloc_zeroed::<u64>(plan.spec.outputs.len().max(1))?;
+    a.push((&valid_counts).into());
     launch(stream, kernels.get(Entry::Finish), groups, &a)?;
+    // One small read for every output's null count.
+    let valid_counts = if groups == 0 {
+        vec![0; plan.spec.outputs.len()]
+    } else {
+        stream.to_vec(&valid_counts)?
+    };
 
     let mut columns = Vec::with_capacity(keys.len() + outputs.len());
     match &reps {
@@ -632,12 +638,8 @@ fn aggregate_batch(
         }
         None => debug_assert!(keys.is_empty()),
     }
-    for (data, valid, width, data_type) in outputs {
-        let valid_rows = if groups == 0 {
-            0
-        } else {
-            spate_kernels::reduce::count_valid(stream, DeviceBitmap::new(&valid), groups)? as usize
-        };
+    for ((data, valid, width, data_type), valid_rows) in outputs.into_iter().zip(valid_counts) {
+        let valid_rows = valid_rows as usize;
         let validity = (valid_rows < groups).then(|| DeviceValidity {
             bytes: DeviceBytes::new(valid),
             offset: 0,
