@@ -154,6 +154,13 @@ const PREDICATES: &[&str] = &[
     "f % 1.5 > 0.5",
     "CASE WHEN a <> 0 THEN 100 / a ELSE 0 END > 5",
     "coalesce(b / NULLIF(a * a, 0), 0) > 100",
+    "CASE a WHEN 1 THEN 10 WHEN 2 THEN 20 ELSE 0 END = 10",
+    "CASE s WHEN 'xyz' THEN true WHEN 'é' THEN p ELSE false END",
+    "length(s) > 3 AND char_length(s) < 9",
+    "octet_length(s) = 2",
+    "dt + INTERVAL '1 month' > DATE '1994-10-15'",
+    "dt - INTERVAL '1 year 2 days' < DATE '1993-09-01'",
+    "dt + INTERVAL '3 days' = DATE '1994-09-05'",
 ];
 
 /// Rows as strings, sorted (for results whose order is not fixed).
@@ -197,6 +204,10 @@ async fn filters_match_the_cpu_at_every_batch_size() {
                 got, want,
                 "`{predicate}` seed={seed} batch_size={batch_size}"
             );
+            if seed == 1 {
+                let plan = explain(&gpu, &sql).await;
+                assert!(plan.contains("GpuFilterExec"), "`{predicate}`: {plan}");
+            }
             let sql = format!("SELECT s, a FROM t WHERE {predicate} LIMIT 5");
             let got = gpu.collect(&sql).await.unwrap();
             let n: usize = got.iter().map(RecordBatch::num_rows).sum();
@@ -213,6 +224,8 @@ const PROJECTIONS: &[&str] = &[
     "b + 9223372036854775807, t * t",
     "coalesce(b, a, 0), CASE WHEN p THEN a END, CASE WHEN f > 0 THEN m ELSE -m END",
     "extract(year FROM dt), extract(month FROM dt) * 100 + extract(day FROM dt)",
+    "dt + INTERVAL '1 month', dt - INTERVAL '1 year 3 days', dt + INTERVAL '40 days'",
+    "length(s), octet_length(s), CASE a WHEN 1 THEN b WHEN -1 THEN -b END, b / 7, b % 7",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,6 +19,8 @@ const QUERIES: &[&str] = &[
     "SELECT * FROM t WHERE extract(year FROM dt) = 2024 AND m * w > 0 AND i / 2 <> 0",
     "SELECT * FROM t WHERE CASE WHEN i > 0 THEN b % i ELSE coalesce(b, 0) END > 1",
     "SELECT * FROM t WHERE f % 1.5 > 0 AND r / 2.0 < 1 AND m + m > 0.5 AND u < 7",
+    "SELECT * FROM t WHERE CASE s WHEN 'x' THEN length(s) ELSE octet_length(s) END > 0 \
+     AND dt + INTERVAL '1 month 2 days' > DATE '2000-01-01'",
     "SELECT s, p, count(*), count(s), sum(i), sum(b), sum(d), sum(m), sum(w), min(i), max(b), \
      min(dt), max(m), min(t), max(u), avg(d), avg(m), avg(i) FROM t GROUP BY s, p",
     "SELECT d, r, dt, m, t, u, count(*) FROM t GROUP BY d, r, dt, m, t, u",

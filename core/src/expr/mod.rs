@@ -22,11 +22,13 @@
 //! right side of AND/OR DataFusion evaluates a batch-dependent set of rows, so expressions that
 //! can fail stay on the CPU there.
 //!
-//! Also: `[NOT] IN (list)`, searched `CASE WHEN`, `coalesce`, and on strings (read as
-//! offsets + bytes) comparisons, `IN` and `LIKE` with `%`-only patterns; results are never
-//! strings yet.
+//! Also: `[NOT] IN (list)`, `CASE WHEN` and `CASE x WHEN` (not on floats), `coalesce`,
+//! `extract(year|month|day)` and `date ± interval` (months and days, the day clamped to the
+//! month's end as Arrow does) on Date32, and on strings (read as offsets + bytes) comparisons,
+//! `IN`, `LIKE` with `%`-only patterns, `character_length` and `octet_length`; results are
+//! never strings yet.
 //!
-//! Anything else (`CASE x WHEN`, decimal division, string functions, other casts) is reported
+//! Anything else (decimal division, other string functions, casts that can fail) is reported
 //! as [`Unsupported`] with the expression named, and the operator stays on the CPU.
 
 use std::fmt::Write as _;
@@ -326,6 +328,9 @@ impl Gen<'_> {
             }
             if f.name() == "date_part" {
                 return self.date_part(f);
+            }
+            if matches!(f.name(), "character_length" | "octet_length") {
+                return self.length(f);
             }
         }
         if let Some(n) = expr.downcast_ref::<NotExpr>() {
@@ -837,10 +842,20 @@ impl Gen<'_> {
     /// Searched `CASE WHEN c THEN v ... [ELSE e] END`: the first TRUE condition's value (a
     /// NULL condition counts as not TRUE), else the ELSE value, else NULL.
     fn case(&mut self, c: &CaseExpr) -> Result<Operand, Unsupported> {
-        if c.expr().is_some() {
-            return Err(Unsupported(format!(
-                "`CASE <expr> WHEN ...` in `{c}` is not supported on the GPU yet"
-            )));
+        if let Some(base) = c.expr() {
+            // `CASE x WHEN v` matches where `x = v` is TRUE (a NULL x matches nothing). Floats
+            // stay on the CPU: its CASE compares them with Arrow's `eq`, not SQL's `=`.
+            let base_type = base
+                .data_type(self.schema)
+                .map_err(|e| Unsupported(format!("`{c}`: {e}")))?;
+            if matches!(
+                DevType::of(&base_type),
+                None | Some(DevType::F32 | DevType::F64)
+            ) {
+                return Err(Unsupported(format!(
+                    "`CASE <expr> WHEN ...` on {base_type} in `{c}` is not supported on the GPU yet"
+                )));
+            }
         }
         let data_type = c
             .data_type(self.schema)
@@ -879,8 +894,15 @@ impl Gen<'_> {
             // Each WHEN is evaluated for the rows no earlier WHEN took, each THEN for the rows
             // its WHEN took; the code runs for every row, but raises errors only there.
             self.guards.push(format!("!{v}_done"));
-            let cond = self.emit(when.as_ref())?;
+            let cond = match c.expr() {
+                Some(base) => {
+                    let eq = BinaryExpr::new(Arc::clone(base), Operator::Eq, Arc::clone(when));
+                    self.binary(&eq)
+                }
+                None => self.emit(when.as_ref()),
+            };
             self.guards.pop();
+            let cond = cond?;
             if cond.ty != DevType::Bool {
                 return Err(Unsupported(format!("a non-boolean WHEN in `{c}`")));
             }
@@ -915,6 +937,88 @@ impl Gen<'_> {
             );
         }
         Ok(())
+    }
+
+    /// `character_length(s)` (also `length`, `char_length`: code points, counted as the
+    /// UTF-8 bytes that do not continue a character) and `octet_length(s)` (bytes), typed as
+    /// DataFusion types them (Int32, or Int64 for LargeUtf8).
+    fn length(&mut self, f: &ScalarFunctionExpr) -> Result<Operand, Unsupported> {
+        let unsupported = || Unsupported(format!("`{f}` is not supported on the GPU yet"));
+        let [arg] = f.args() else {
+            return Err(unsupported());
+        };
+        let ty = DevType::of(f.return_type())
+            .filter(|t| {
+                matches!(
+                    t,
+                    DevType::Int {
+                        bits: 32 | 64,
+                        signed: true
+                    }
+                )
+            })
+            .ok_or_else(unsupported)?;
+        let a = self.emit(arg.as_ref())?;
+        if a.ty != DevType::Str {
+            return Err(unsupported());
+        }
+        let v = self.var();
+        let c = ty.c_type();
+        if f.name() == "octet_length" {
+            let _ = writeln!(self.body, "        const {c} {v} = ({c}){}_n;", a.value);
+        } else {
+            let _ = writeln!(
+                self.body,
+                "        {c} {v} = 0;\n        for (u64 k = 0; k < {a}_n; ++k) {v} += ((({a})[k] & 0xC0) != 0x80) ? 1 : 0;",
+                a = a.value
+            );
+        }
+        Ok(Operand {
+            value: v,
+            null: a.null,
+            ty,
+        })
+    }
+
+    /// `date ± interval` for Date32 and a literal interval of months and days (no time part):
+    /// months first, the day clamped to the month's end, then days, as Arrow does.
+    fn date_interval(
+        &mut self,
+        b: &BinaryExpr,
+        date: Operand,
+        interval: &ScalarValue,
+        v: String,
+        n: String,
+    ) -> Result<Operand, Unsupported> {
+        let (months, days) = match interval {
+            ScalarValue::IntervalYearMonth(Some(m)) => (i64::from(*m), 0),
+            ScalarValue::IntervalDayTime(Some(d)) if d.milliseconds == 0 => (0, i64::from(d.days)),
+            ScalarValue::IntervalMonthDayNano(Some(i)) if i.nanoseconds == 0 => {
+                (i64::from(i.months), i64::from(i.days))
+            }
+            _ => {
+                return Err(Unsupported(format!(
+                    "`{b}`: intervals with a time part on dates are not supported on the GPU yet"
+                )));
+            }
+        };
+        let sign = if *b.op() == Operator::Minus { -1 } else { 1 };
+        let _ = writeln!(
+            self.body,
+            "        const bool {n} = {};\n        const i32 {v} = spate::date_add_interval({}, (i64){}ll, (i64){}ll);",
+            date.null,
+            date.value,
+            sign * months,
+            sign * days
+        );
+        Ok(Operand {
+            value: v,
+            null: n,
+            ty: DevType::Int {
+                bits: 32,
+                signed: true,
+            },
+        })
     }
 
     /// `extract(year|month|day FROM <Date32>)` (DataFusion's `date_part`), as Int32.
@@ -1001,6 +1105,15 @@ impl Gen<'_> {
 
     fn binary(&mut self, b: &BinaryExpr) -> Result<Operand, Unsupported> {
         let op = b.op();
+        if matches!(op, Operator::Plus | Operator::Minus)
+            && b.left().data_type(self.schema).ok() == Some(DataType::Date32)
+            && let Some(interval) = b.right().downcast_ref::<Literal>().map(Literal::value)
+            && matches!(interval.data_type(), DataType::Interval(_))
+        {
+            let date = self.emit(b.left().as_ref())?;
+            let (v, n) = (self.var(), self.var());
+            return self.date_interval(b, date, interval, v, n);
+        }
         let l = self.emit(b.left().as_ref())?;
         // DataFusion may skip the right side of AND/OR when the left decides the whole batch.
         let logical = matches!(op, Operator::And | Operator::Or);

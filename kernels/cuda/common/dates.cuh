@@ -37,3 +37,37 @@ __device__ __forceinline__ i32 date_day(i32 days) {
 }
 
 }  // namespace spate
+
+namespace spate {
+
+// The day number of a proleptic Gregorian date (the inverse of civil_from_days).
+__device__ __forceinline__ i64 days_from_civil(i64 year, i64 month, i64 day) {
+    const i64 y = year - (month <= 2 ? 1 : 0);
+    const i64 era = (y >= 0 ? y : y - 399) / 400;
+    const i64 yoe = y - era * 400;
+    const i64 doy = (153 * (month > 2 ? month - 3 : month + 9) + 2) / 5 + day - 1;
+    const i64 doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    return era * 146097 + doe - 719468;
+}
+
+__device__ __forceinline__ i64 days_in_month(i64 year, i64 month) {
+    if (month == 2) {
+        const bool leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+        return leap ? 29 : 28;
+    }
+    return (month == 4 || month == 6 || month == 9 || month == 11) ? 30 : 31;
+}
+
+// A date plus whole months, the day clamped to the end of the target month (Jan 31 + 1 month is
+// Feb 28 or 29), then plus days: Arrow's (and so DataFusion's) `date + interval`.
+__device__ __forceinline__ i32 date_add_interval(i32 days, i64 months, i64 add_days) {
+    i64 y, m, d;
+    civil_from_days(days, y, m, d);
+    const i64 total = y * 12 + (m - 1) + months;
+    const i64 ny = total >= 0 ? total / 12 : -((-total + 11) / 12);
+    const i64 nm = total - ny * 12 + 1;
+    const i64 last = days_in_month(ny, nm);
+    return (i32)(days_from_civil(ny, nm, d > last ? last : d) + add_days);
+}
+
+}  // namespace spate
