@@ -226,6 +226,9 @@ const PROJECTIONS: &[&str] = &[
     "extract(year FROM dt), extract(month FROM dt) * 100 + extract(day FROM dt)",
     "dt + INTERVAL '1 month', dt - INTERVAL '1 year 3 days', dt + INTERVAL '40 days'",
     "length(s), octet_length(s), CASE a WHEN 1 THEN b WHEN -1 THEN -b END, b / 7, b % 7",
+    "CAST(m AS DECIMAL(6,1)) AS c1, CAST(m AS SMALLINT) AS c2, CAST(a AS TINYINT) AS c3, \
+     CAST(m AS DECIMAL(20,5)) AS c4",
+    "CAST(a * 0.5 AS INT) AS c1, CAST(m * 3 AS BIGINT) AS c2",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -619,19 +622,77 @@ async fn integer_division_errors_match_the_cpu() {
             );
             match (cpu.collect(&sql).await, gpu.collect(&sql).await) {
                 (Ok(want), Ok(got)) => assert_eq!(rows(&got), rows(&want), "{sql}"),
-                (Err(want), Err(got)) => {
-                    let kind = |e: &SpateError| {
-                        let m = e.to_string();
-                        if m.contains("Divide by zero error") {
-                            "zero"
-                        } else if m.contains("Arithmetic overflow") {
-                            "overflow"
-                        } else {
-                            panic!("{sql}: unexpected error {m}")
-                        }
-                    };
-                    assert_eq!(kind(&got), kind(&want), "{sql}: {got} vs {want}");
-                }
+                (Err(want), Err(got)) => assert_eq!(
+                    error_kind(&sql, &got),
+                    error_kind(&sql, &want),
+                    "{sql}: {got} vs {want}"
+                ),
+                (want, got) => panic!("{sql}: the CPU gave {want:?}, the GPU {got:?}"),
+            }
+        }
+    }
+}
+
+/// The kind of a query error, for comparing the GPU's with the CPU's.
+fn error_kind(sql: &str, e: &SpateError) -> &'static str {
+    let m = e.to_string();
+    for (needle, kind) in [
+        ("Divide by zero error", "zero"),
+        ("Arithmetic overflow", "overflow"),
+        ("Cast error", "cast"),
+        ("too large to store in a Decimal128", "precision"),
+    ] {
+        if m.contains(needle) {
+            return kind;
+        }
+    }
+    panic!("{sql}: unexpected error {m}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn casts_fail_on_the_gpu_as_on_the_cpu() {
+    // One partition: no repartition between the filter and the projection, so both run on
+    // the GPU.
+    let gpu = engine_with(Backend::Emulated, 8192, 1);
+    let cpu = engine_with(Backend::Cpu, 8192, 1);
+    for (name, values) in [
+        (
+            "fine",
+            "(1, 7, 2.5, 1.25), (2, -3, -2.5, -2.75), (3, NULL, 0.45, 2.45), (4, 0, NULL, NULL)",
+        ),
+        ("wide", "(1, 3000000000, 1.0, 1.0)"),
+        ("nan", "(1, 1, 'NaN'::DOUBLE, 1.0)"),
+        ("huge", "(1, 1, 1e10, 1.0)"),
+        ("big", "(1, 1, 1.0, 12345.67)"),
+    ] {
+        let create = format!(
+            "CREATE TABLE {name} (i INT, b BIGINT, d DOUBLE, m DECIMAL(12,2)) AS VALUES {values}"
+        );
+        gpu.collect(&create).await.unwrap();
+        cpu.collect(&create).await.unwrap();
+        for sql in [
+            format!("SELECT i FROM {name} WHERE CAST(b AS INT) >= 0"),
+            format!("SELECT i FROM {name} WHERE CAST(d AS INT) >= 0"),
+            format!("SELECT i FROM {name} WHERE CAST(m AS DECIMAL(4,1)) <> 0"),
+            format!(
+                "SELECT i, CAST(m AS DECIMAL(5,1)) AS c1, CAST(m AS INT) AS c2, \
+                 CAST(d AS SMALLINT) AS c3, CAST(b AS TINYINT UNSIGNED) AS c4 FROM {name} \
+                 WHERE i > 0 AND b >= 0 AND b < 256"
+            ),
+        ] {
+            let plan = explain(&gpu, &sql).await;
+            assert!(plan.contains("GpuFilterExec"), "{plan}");
+            assert!(
+                !sql.contains("AS c1") || plan.contains("GpuProjectionExec"),
+                "{plan}"
+            );
+            match (cpu.collect(&sql).await, gpu.collect(&sql).await) {
+                (Ok(want), Ok(got)) => assert_eq!(rows(&got), rows(&want), "{sql}"),
+                (Err(want), Err(got)) => assert_eq!(
+                    error_kind(&sql, &got),
+                    error_kind(&sql, &want),
+                    "{sql}: {got} vs {want}"
+                ),
                 (want, got) => panic!("{sql}: the CPU gave {want:?}, the GPU {got:?}"),
             }
         }

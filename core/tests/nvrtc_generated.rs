@@ -21,6 +21,10 @@ const QUERIES: &[&str] = &[
     "SELECT * FROM t WHERE f % 1.5 > 0 AND r / 2.0 < 1 AND m + m > 0.5 AND u < 7",
     "SELECT * FROM t WHERE CASE s WHEN 'x' THEN length(s) ELSE octet_length(s) END > 0 \
      AND dt + INTERVAL '1 month 2 days' > DATE '2000-01-01'",
+    // Casts that can fail, each leftmost (on the right of AND they stay on the CPU).
+    "SELECT * FROM t WHERE CAST(b AS INT) + CAST(d AS SMALLINT) > 0",
+    "SELECT * FROM t WHERE CAST(m AS DECIMAL(5,1)) > CAST(i AS DECIMAL(5,1))",
+    "SELECT * FROM t WHERE CAST(m AS INT) > 0",
     "SELECT s, p, count(*), count(s), sum(i), sum(b), sum(d), sum(m), sum(w), min(i), max(b), \
      min(dt), max(m), min(t), max(u), avg(d), avg(m), avg(i) FROM t GROUP BY s, p",
     "SELECT d, r, dt, m, t, u, count(*) FROM t GROUP BY d, r, dt, m, t, u",

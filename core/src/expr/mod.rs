@@ -15,7 +15,10 @@
 //! - decimals are scaled 128-bit integers: they compare at equal scales, and `+ - *` produce
 //!   DataFusion's result precision and scale; shapes that may overflow i128 run checked and
 //!   fail the query with Arrow's "Arithmetic overflow";
-//! - casts run when they cannot fail (integer widening, to floats, to decimals with room).
+//! - casts: widening ones directly; narrowing integer casts, floats to integers (truncated),
+//!   decimals to integers (truncated), decimal rescaling (half away from zero) and casts into
+//!   a smaller precision are checked, failing as Arrow's casts do (or yielding NULL for a safe
+//!   cast).
 //!
 //! Errors are raised through a kernel's `err` word only for rows the CPU would evaluate: a
 //! CASE branch for the rows that take it, a COALESCE argument for the rows still NULL. On the
@@ -28,7 +31,7 @@
 //! `IN`, `LIKE` with `%`-only patterns, `character_length` and `octet_length`; results are
 //! never strings yet.
 //!
-//! Anything else (decimal division, other string functions, casts that can fail) is reported
+//! Anything else (decimal division, other string functions, casts from and to strings) is reported
 //! as [`Unsupported`] with the expression named, and the operator stays on the CPU.
 
 use std::fmt::Write as _;
@@ -226,9 +229,9 @@ pub struct PredicateKernel {
     /// booleans `aux` is the bit offset), followed by `u64 rows, u8* out` and, when
     /// `checks` is not empty, `u32* err`.
     pub inputs: Vec<KernelInput>,
-    /// Expressions that may overflow (decimal arithmetic): the kernel sets `*err` when one did
-    /// in a row where it is not NULL.
-    pub checks: Vec<String>,
+    /// What can fail (overflow, division by zero, a cast): an `ErrorFlag` bit and the message
+    /// the query fails with when the kernel sets it in `*err`.
+    pub checks: Vec<(u32, String)>,
 }
 
 struct Operand {
@@ -250,18 +253,20 @@ struct Gen<'a> {
     /// CASE branch only for the rows that take it, a COALESCE argument only for the rows whose
     /// earlier arguments are NULL. Errors are raised only where all of them hold.
     guards: Vec<String>,
-    /// Expressions that can fail (overflow, division by zero), reported through `err`.
-    checks: Vec<String>,
+    /// What can fail (overflow, division by zero, casts), reported through `err`: the
+    /// `ErrorFlag` bit and the message.
+    checks: Vec<(u32, String)>,
 }
 
 impl Gen<'_> {
     /// Emits code that raises error `code` (an `ErrorFlag` bit) when `failed` holds in a row
-    /// the CPU evaluates `expr` for.
+    /// the CPU evaluates `expr` for; the query then fails with `message`.
     fn raise(
         &mut self,
         failed: &str,
         code: u32,
         expr: &dyn std::fmt::Display,
+        message: String,
     ) -> Result<(), Unsupported> {
         if self.conditional > 0 {
             return Err(Unsupported(format!(
@@ -277,9 +282,8 @@ impl Gen<'_> {
             self.body,
             "        if ({condition}) atomicOr(err, {code}u);"
         );
-        let text = expr.to_string();
-        if !self.checks.contains(&text) {
-            self.checks.push(text);
+        if !self.checks.iter().any(|(c, m)| *c == code && *m == message) {
+            self.checks.push((code, message));
         }
         Ok(())
     }
@@ -659,7 +663,12 @@ impl Gen<'_> {
                 lv = l.value,
                 rv = r.value,
             );
-            self.raise(&format!("!{n} && {v}_ovf"), ErrorFlag::OVERFLOW, b)?;
+            self.raise(
+                &format!("!{n} && {v}_ovf"),
+                ErrorFlag::OVERFLOW,
+                b,
+                format!("Overflow happened on: {b} (on the GPU)"),
+            )?;
             return Ok(Operand {
                 value: v,
                 null: n,
@@ -771,7 +780,10 @@ impl Gen<'_> {
             ) if s2 >= s1 && i32::from(p2) - i32::from(s2) >= i32::from(p1) - i32::from(s1) => {
                 format!("({} * {})", a.value, pow10(s2 - s1))
             }
-            _ => return Err(unsupported()),
+            _ => {
+                let reason = unsupported();
+                return self.checked_cast(c, a, to)?.ok_or(reason);
+            }
         };
         let v = self.var();
         let _ = writeln!(self.body, "        const {} {v} = {value};", to.c_type());
@@ -937,6 +949,143 @@ impl Gen<'_> {
             );
         }
         Ok(())
+    }
+
+    /// Casts that can fail, as Arrow's: integers to narrower integers and floats to integers
+    /// fail with "Can't cast value" when out of range (floats truncate toward zero; NaN
+    /// fails), decimals to integers truncate, decimals rescale down rounding half away from
+    /// zero, and a decimal result too large for its precision fails with "too large to store".
+    /// A safe cast (`CastOptions::safe`) yields NULL instead.
+    ///
+    /// `Ok(None)`: a cast this does not handle.
+    fn checked_cast(
+        &mut self,
+        c: &CastExpr,
+        a: Operand,
+        to: DevType,
+    ) -> Result<Option<Operand>, Unsupported> {
+        let (v, bad) = (self.var(), self.var());
+        let t = to.c_type();
+        let int_range = |ty: DevType| -> Option<(i128, i128)> {
+            match ty {
+                DevType::Int { bits, signed: true } => {
+                    Some((-(1i128 << (bits - 1)), (1i128 << (bits - 1)) - 1))
+                }
+                DevType::Int {
+                    bits,
+                    signed: false,
+                } => Some((0, (1i128 << bits) - 1)),
+                _ => None,
+            }
+        };
+        let (compute, code, what) = match (a.ty, to) {
+            (DevType::Int { .. } | DevType::Dec { .. }, DevType::Int { .. }) => {
+                let Some((lo, hi)) = int_range(to) else {
+                    return Ok(None);
+                };
+                let whole = match a.ty {
+                    DevType::Dec { scale, .. } if scale >= 0 => {
+                        format!("({} / {})", a.value, pow10(scale))
+                    }
+                    DevType::Dec { .. } => return Ok(None),
+                    _ => format!("((i128){})", a.value),
+                };
+                (
+                    format!(
+                        "        const i128 {v}_w = {whole};\n        const bool {bad} = {v}_w < {} || {v}_w > {};\n        const {t} {v} = {bad} ? ({t})0 : ({t}){v}_w;",
+                        i128_literal(lo),
+                        i128_literal(hi)
+                    ),
+                    ErrorFlag::CAST,
+                    format!(
+                        "Cast error: a value of `{c}` does not fit {} (on the GPU)",
+                        c.cast_type()
+                    ),
+                )
+            }
+            (DevType::F32 | DevType::F64, DevType::Int { bits, signed }) => {
+                // NumCast's bounds: the truncated value must lie in [MIN, MAX + 1).
+                let (lo, hi) = if signed {
+                    (
+                        -(2f64.powi(i32::from(bits) - 1)),
+                        2f64.powi(i32::from(bits) - 1),
+                    )
+                } else {
+                    (0.0, 2f64.powi(i32::from(bits)))
+                };
+                (
+                    format!(
+                        "        const f64 {v}_t = trunc((f64){});\n        const bool {bad} = !({v}_t >= __longlong_as_double((i64){}ull) && {v}_t < __longlong_as_double((i64){}ull));\n        const {t} {v} = {bad} ? ({t})0 : ({t}){v}_t;",
+                        a.value,
+                        lo.to_bits(),
+                        hi.to_bits()
+                    ),
+                    ErrorFlag::CAST,
+                    format!(
+                        "Cast error: a value of `{c}` does not fit {} (on the GPU)",
+                        c.cast_type()
+                    ),
+                )
+            }
+            (
+                DevType::Int { .. } | DevType::Dec { .. },
+                DevType::Dec {
+                    precision: p2,
+                    scale: s2,
+                },
+            ) => {
+                let (p1, s1) = match a.ty {
+                    DevType::Dec { precision, scale } => (precision, scale),
+                    ty => match ty.int_digits() {
+                        Some(digits) => (digits, 0),
+                        None => return Ok(None),
+                    },
+                };
+                if s1 < 0 || s2 < 0 || p2 > 38 || p1 > 38 {
+                    return Ok(None);
+                }
+                let scaled = if s2 >= s1 {
+                    format!(
+                        "        i128 {v}_r;\n        const bool {v}_o = spate::mul_overflows((i128){}, {}, &{v}_r);",
+                        a.value,
+                        pow10(s2 - s1)
+                    )
+                } else {
+                    // Round half away from zero, as Arrow's decimal rescale.
+                    format!(
+                        "        const i128 {v}_d = {};\n        i128 {v}_r = (i128){} / {v}_d;\n        const i128 {v}_m = (i128){} % {v}_d;\n        if (({v}_m < 0 ? -{v}_m : {v}_m) * 2 >= {v}_d) {v}_r += ((i128){} < 0 ? -1 : 1);\n        const bool {v}_o = false;",
+                        pow10(s1 - s2),
+                        a.value,
+                        a.value,
+                        a.value
+                    )
+                };
+                let limit = pow10(i8::try_from(p2).unwrap_or(38));
+                (
+                    format!(
+                        "{scaled}\n        const bool {bad} = {v}_o || {v}_r >= {limit} || {v}_r <= -{limit};\n        const i128 {v} = {bad} ? (i128)0 : {v}_r;"
+                    ),
+                    ErrorFlag::PRECISION,
+                    format!(
+                        "a value of `{c}` is too large to store in a Decimal128 of precision {p2} (on the GPU)"
+                    ),
+                )
+            }
+            _ => return Ok(None),
+        };
+        let _ = writeln!(self.body, "{compute}");
+        let n = self.var();
+        if c.cast_options().safe {
+            let _ = writeln!(self.body, "        const bool {n} = {} || {bad};", a.null);
+        } else {
+            let _ = writeln!(self.body, "        const bool {n} = {};", a.null);
+            self.raise(&format!("!{n} && {bad}"), code, c, what)?;
+        }
+        Ok(Some(Operand {
+            value: v,
+            null: n,
+            ty: to,
+        }))
     }
 
     /// `character_length(s)` (also `length`, `char_length`: code points, counted as the
@@ -1298,9 +1447,19 @@ impl Gen<'_> {
                     "        const bool {n} = {} || {};\n        const bool {v}_zero = {rv} == ({c})0;\n        const bool {v}_min = {special};\n        const {c} {v} = ({n} || {v}_zero || {v}_min) ? ({c})0 : ({c})({lv} {c_op} {rv});",
                     l.null, r.null
                 );
-                self.raise(&format!("!{n} && {v}_zero"), ErrorFlag::DIVIDE_BY_ZERO, b)?;
+                self.raise(
+                    &format!("!{n} && {v}_zero"),
+                    ErrorFlag::DIVIDE_BY_ZERO,
+                    b,
+                    String::new(),
+                )?;
                 if divide && signed {
-                    self.raise(&format!("!{n} && {v}_min"), ErrorFlag::OVERFLOW, b)?;
+                    self.raise(
+                        &format!("!{n} && {v}_min"),
+                        ErrorFlag::OVERFLOW,
+                        b,
+                        format!("Overflow happened on: {b} (on the GPU)"),
+                    )?;
                 }
             }
             DevType::F32 | DevType::F64 => {
@@ -1397,7 +1556,7 @@ pub struct ValueKernel {
     /// and `u32* err` when `checks` is not empty.
     pub inputs: Vec<KernelInput>,
     /// As [`PredicateKernel::checks`].
-    pub checks: Vec<String>,
+    pub checks: Vec<(u32, String)>,
     /// The Arrow type of each output.
     pub outputs: Vec<DataType>,
 }
@@ -1703,11 +1862,15 @@ impl ErrorFlag {
     const OVERFLOW: u32 = 1;
     /// An integer division (or remainder) by zero.
     const DIVIDE_BY_ZERO: u32 = 2;
+    /// A value a cast cannot represent in the target type.
+    const CAST: u32 = 4;
+    /// A decimal too large for its target precision.
+    const PRECISION: u32 = 8;
 
     /// A zeroed flag passed as the kernel's last argument, when it has checks.
     fn new(
         stream: &spate_kernels::Stream,
-        checks: &[String],
+        checks: &[(u32, String)],
         args: &mut Vec<spate_kernels::KernelArg>,
     ) -> crate::error::Result<Self> {
         if checks.is_empty() {
@@ -1718,8 +1881,13 @@ impl ErrorFlag {
         Ok(ErrorFlag(Some(flag)))
     }
 
-    /// Fails as the CPU's checked arithmetic does when a check fired (waits for the stream).
-    fn check(self, stream: &spate_kernels::Stream, checks: &[String]) -> crate::error::Result<()> {
+    /// Fails as the CPU's checked kernels do when a check fired (waits for the stream).
+    fn check(
+        self,
+        stream: &spate_kernels::Stream,
+        checks: &[(u32, String)],
+    ) -> crate::error::Result<()> {
+        use arrow::error::ArrowError;
         let Some(flag) = self.0 else {
             return Ok(());
         };
@@ -1727,15 +1895,24 @@ impl ErrorFlag {
         if bits == 0 {
             return Ok(());
         }
-        // The CPU evaluates column by column and fails on the first error it meets; with
-        // both kinds in one batch, report division by zero as the more specific one.
+        // The CPU fails on the first error it meets; with several kinds in one batch, report
+        // the most specific.
+        let message = |code: u32| {
+            checks
+                .iter()
+                .filter(|(c, _)| *c == code)
+                .map(|(_, m)| m.as_str())
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
         Err(if bits & Self::DIVIDE_BY_ZERO != 0 {
-            arrow::error::ArrowError::DivideByZero
+            ArrowError::DivideByZero
+        } else if bits & Self::CAST != 0 {
+            ArrowError::CastError(message(Self::CAST))
+        } else if bits & Self::PRECISION != 0 {
+            ArrowError::InvalidArgumentError(message(Self::PRECISION))
         } else {
-            arrow::error::ArrowError::ArithmeticOverflow(format!(
-                "Overflow happened on: {} (on the GPU)",
-                checks.join(", ")
-            ))
+            ArrowError::ArithmeticOverflow(message(Self::OVERFLOW))
         }
         .into())
     }
