@@ -161,6 +161,11 @@ const PREDICATES: &[&str] = &[
     "dt + INTERVAL '1 month' > DATE '1994-10-15'",
     "dt - INTERVAL '1 year 2 days' < DATE '1993-09-01'",
     "dt + INTERVAL '3 days' = DATE '1994-09-05'",
+    "s LIKE 'x_z%'",
+    "s LIKE '_'",
+    "s NOT LIKE '%y_x%'",
+    "s LIKE 'xyzxyzxy_'",
+    "s LIKE '%\\_%' OR s LIKE '_yz%z'",
 ];
 
 /// Rows as strings, sorted (for results whose order is not fixed).

@@ -28,8 +28,8 @@
 //! Also: `[NOT] IN (list)`, `CASE WHEN` and `CASE x WHEN` (not on floats), `coalesce`,
 //! `extract(year|month|day)` and `date ± interval` (months and days, the day clamped to the
 //! month's end as Arrow does) on Date32, and on strings (read as offsets + bytes) comparisons,
-//! `IN`, `LIKE` with `%`-only patterns, `character_length` and `octet_length`; results are
-//! never strings yet.
+//! `IN`, `LIKE` (`%`, `_` and `\\` escapes), `character_length` and `octet_length`; results
+//! are never strings yet.
 //!
 //! Anything else (decimal division, other string functions, casts from and to strings) is reported
 //! as [`Unsupported`] with the expression named, and the operator stays on the CPU.
@@ -531,6 +531,53 @@ impl Gen<'_> {
 
     /// `s [NOT] LIKE 'pattern'` for patterns made of literal text and `%` (no `_`, no escapes,
     /// case-sensitive): anchored first and last segments, the middle ones found in order.
+    /// LIKE with `_` or escapes: the pattern becomes tokens for `spate::like_match`. As
+    /// Arrow's LIKE: `\\x` is a literal `x` (a trailing `\\` is itself), `_` one character, `%`
+    /// any run of characters.
+    fn like_tokens(&mut self, l: &LikeExpr, a: &Operand, pattern: &str) -> Operand {
+        let (mut kinds, mut bytes) = (Vec::new(), Vec::new());
+        let mut chars = pattern.chars();
+        while let Some(ch) = chars.next() {
+            let (kind, literal) = match ch {
+                '%' => (2u8, None),
+                '_' => (1, None),
+                '\\' => (0, Some(chars.next().unwrap_or('\\'))),
+                other => (0, Some(other)),
+            };
+            match literal {
+                None => {
+                    kinds.push(kind);
+                    bytes.push(0);
+                }
+                Some(c) => {
+                    let mut buf = [0u8; 4];
+                    for b in c.encode_utf8(&mut buf).bytes() {
+                        kinds.push(0);
+                        bytes.push(b);
+                    }
+                }
+            }
+        }
+        let k = self.string_literal(&kinds);
+        let b = self.string_literal(&bytes);
+        let (v, n) = (self.var(), self.var());
+        let _ = writeln!(
+            self.body,
+            "        const bool {n} = {};\n        const bool {v} = {}spate::like_match({a}, {a}_n, {k}, {b}, {});",
+            a.null,
+            if l.negated() { "!" } else { "" },
+            kinds.len(),
+            a = a.value,
+            k = k.value,
+            b = b.value,
+        );
+        Operand {
+            value: v,
+            null: n,
+            ty: DevType::Bool,
+        }
+    }
+
     fn like(&mut self, l: &LikeExpr) -> Result<Operand, Unsupported> {
         let unsupported =
             |why: &str| Unsupported(format!("`{l}`: {why} is not supported on the GPU yet"));
@@ -545,12 +592,12 @@ impl Gen<'_> {
             ) => p.clone(),
             _ => return Err(unsupported("a LIKE pattern that is not a string literal")),
         };
-        if pattern.contains('_') || pattern.contains('\\') {
-            return Err(unsupported("a LIKE pattern with `_` or escapes"));
-        }
         let a = self.emit(l.expr().as_ref())?;
         if a.ty != DevType::Str {
             return Err(unsupported("LIKE on a non-string"));
+        }
+        if pattern.contains('_') || pattern.contains('\\') {
+            return Ok(self.like_tokens(l, &a, &pattern));
         }
         let segments: Vec<&str> = pattern.split('%').collect();
         let (v, n) = (self.var(), self.var());

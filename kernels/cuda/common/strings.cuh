@@ -43,4 +43,40 @@ __device__ inline i64 str_find(const u8* a, u64 an, u64 from, const u8* p, u64 p
     return -1;
 }
 
+// Bytes in the UTF-8 character that starts with `lead` (1 for a stray continuation byte).
+__device__ __forceinline__ u64 utf8_width(u8 lead) {
+    return lead < 0xC0 ? 1 : (lead < 0xE0 ? 2 : (lead < 0xF0 ? 3 : 4));
+}
+
+// SQL LIKE over a pattern compiled to tokens: kinds[k] is 0 for the literal byte bytes[k], 1 for
+// `_` (one character) and 2 for `%` (any run of characters). Greedy matching that backtracks to
+// the last `%`, which is exact for these two wildcards; text and pattern advance by whole UTF-8
+// characters, so a literal never matches from the middle of one.
+__device__ inline bool like_match(const u8* s, u64 sn, const u8* kinds, const u8* bytes, u64 pn) {
+    u64 si = 0, pi = 0, star_s = 0;
+    u64 star_p = ~0ull;
+    while (si < sn) {
+        if (pi < pn && kinds[pi] == 1) {
+            const u64 w = utf8_width(s[si]);
+            si = si + w < sn ? si + w : sn;
+            ++pi;
+        } else if (pi < pn && kinds[pi] == 0 && s[si] == bytes[pi]) {
+            ++si;
+            ++pi;
+        } else if (pi < pn && kinds[pi] == 2) {
+            star_p = pi++;
+            star_s = si;
+        } else if (star_p != ~0ull) {
+            pi = star_p + 1;
+            const u64 w = utf8_width(s[star_s]);
+            star_s = star_s + w < sn ? star_s + w : sn;
+            si = star_s;
+        } else {
+            return false;
+        }
+    }
+    while (pi < pn && kinds[pi] == 2) ++pi;
+    return pi == pn;
+}
+
 }  // namespace spate
