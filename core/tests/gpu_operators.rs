@@ -166,6 +166,11 @@ const PREDICATES: &[&str] = &[
     "s NOT LIKE '%y_x%'",
     "s LIKE 'xyzxyzxy_'",
     "s LIKE '%\\_%' OR s LIKE '_yz%z'",
+    "substr(s, 2, 3) = 'yzx'",
+    "substr(s, 0, 2) IN ('x', 'é')",
+    "substring(s FROM 4) LIKE 'xyz%'",
+    "length(substr(s, -1, 5)) = 3",
+    "substr(s, 10, 1) = 'A' OR substr(s, 9) = ''",
 ];
 
 /// Rows as strings, sorted (for results whose order is not fixed).

@@ -28,8 +28,8 @@
 //! Also: `[NOT] IN (list)`, `CASE WHEN` and `CASE x WHEN` (not on floats), `coalesce`,
 //! `extract(year|month|day)` and `date ± interval` (months and days, the day clamped to the
 //! month's end as Arrow does) on Date32, and on strings (read as offsets + bytes) comparisons,
-//! `IN`, `LIKE` (`%`, `_` and `\\` escapes), `character_length` and `octet_length`; results
-//! are never strings yet.
+//! `IN`, `LIKE` (`%`, `_` and backslash escapes), `character_length`, `octet_length` and `substr`
+//! with literal positions; results are never strings yet.
 //!
 //! Anything else (decimal division, other string functions, casts from and to strings) is reported
 //! as [`Unsupported`] with the expression named, and the operator stays on the CPU.
@@ -335,6 +335,9 @@ impl Gen<'_> {
             }
             if matches!(f.name(), "character_length" | "octet_length") {
                 return self.length(f);
+            }
+            if matches!(f.name(), "substr" | "substring") {
+                return self.substr(f);
             }
         }
         if let Some(n) = expr.downcast_ref::<NotExpr>() {
@@ -1173,6 +1176,55 @@ impl Gen<'_> {
             value: v,
             null: a.null,
             ty,
+        })
+    }
+
+    /// `substr(s, start[, count])` with literal positions, as a string operand (for
+    /// comparisons, IN, LIKE and lengths): the characters at 1-based positions
+    /// `[start, start + count)` that exist, as DataFusion (and PostgreSQL) define it. A
+    /// negative count is an error on the CPU, so it stays there.
+    fn substr(&mut self, f: &ScalarFunctionExpr) -> Result<Operand, Unsupported> {
+        let unsupported = || Unsupported(format!("`{f}` is not supported on the GPU yet"));
+        let literal_int = |e: &Arc<dyn PhysicalExpr>| match e.downcast_ref::<Literal>()?.value() {
+            ScalarValue::Int64(Some(v)) => Some(*v),
+            ScalarValue::Int32(Some(v)) => Some(i64::from(*v)),
+            _ => None,
+        };
+        let (arg, start, count) = match f.args() {
+            [arg, start] => (arg, literal_int(start).ok_or_else(unsupported)?, None),
+            [arg, start, count] => (
+                arg,
+                literal_int(start).ok_or_else(unsupported)?,
+                Some(literal_int(count).ok_or_else(unsupported)?),
+            ),
+            _ => return Err(unsupported()),
+        };
+        if count.is_some_and(|c| c < 0) {
+            return Err(unsupported());
+        }
+        let a = self.emit(arg.as_ref())?;
+        if a.ty != DevType::Str {
+            return Err(unsupported());
+        }
+        let lo = start.max(1);
+        let hi = count.map_or(i64::MAX, |c| start.saturating_add(c));
+        let v = self.var();
+        let _ = writeln!(
+            self.body,
+            "        const u8* {v} = {a};\n        u64 {v}_n = 0;",
+            a = a.value
+        );
+        if hi > lo {
+            let _ = writeln!(
+                self.body,
+                "        {{ u64 lo_b = {a}_n, hi_b = {a}_n; i64 pos = 1; for (u64 bi = 0; bi < {a}_n; bi += spate::utf8_width({a}[bi]), ++pos) {{ if (pos == {lo}ll) lo_b = bi; if (pos == {hi}ll) {{ hi_b = bi; break; }} }} if (hi_b < lo_b) hi_b = lo_b; {v} = {a} + lo_b; {v}_n = hi_b - lo_b; }}",
+                a = a.value
+            );
+        }
+        Ok(Operand {
+            value: v,
+            null: a.null,
+            ty: DevType::Str,
         })
     }
 
