@@ -768,3 +768,71 @@ async fn decimal_overflow_fails_on_the_gpu_as_on_the_cpu() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aggregation_handles_many_groups_and_hot_groups() {
+    // 200k rows: ~50k integer groups (hash collisions, the global-atomics path), ~1k string
+    // groups, and 3 hot groups (the shared-memory path).
+    let n = 200_000usize;
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("s", DataType::Utf8, true),
+        Field::new("h", DataType::Int32, true),
+        Field::new("v", DataType::Int64, true),
+        Field::new("m", DataType::Decimal128(15, 2), true),
+    ]));
+    let mut batches = Vec::new();
+    for start in (0..n).step_by(65_536) {
+        let rows = (start..n.min(start + 65_536)).collect::<Vec<_>>();
+        let k: Vec<i64> = rows.iter().map(|i| (*i as i64 * 7919) % 50_021).collect();
+        let s: Vec<Option<String>> = rows
+            .iter()
+            .map(|i| (i % 13 != 0).then(|| format!("key-{}", i % 997)))
+            .collect();
+        let h: Vec<Option<i32>> = rows
+            .iter()
+            .map(|i| (i % 11 != 0).then_some((i % 3) as i32))
+            .collect();
+        let v: Vec<Option<i64>> = rows
+            .iter()
+            .map(|i| (i % 5 != 0).then_some(*i as i64 - 77_777))
+            .collect();
+        let m: Vec<Option<i128>> = rows
+            .iter()
+            .map(|i| (i % 7 != 0).then_some((*i as i128 % 100_000) - 50_000))
+            .collect();
+        batches.push(
+            RecordBatch::try_new(
+                Arc::clone(&schema),
+                vec![
+                    Arc::new(Int64Array::from(k)) as ArrayRef,
+                    Arc::new(StringArray::from(s)),
+                    Arc::new(Int32Array::from(h)),
+                    Arc::new(Int64Array::from(v)),
+                    Arc::new(
+                        Decimal128Array::from(m)
+                            .with_precision_and_scale(15, 2)
+                            .unwrap(),
+                    ),
+                ],
+            )
+            .unwrap(),
+        );
+    }
+    let gpu = engine(Backend::Emulated, 8192);
+    let cpu = engine(Backend::Cpu, 8192);
+    gpu.register_batches("big", batches.clone()).unwrap();
+    cpu.register_batches("big", batches).unwrap();
+    for keys in ["k", "s", "h", "s, h", "k, s"] {
+        let sql = format!(
+            "SELECT {keys}, count(*), count(v), sum(v), min(v), max(v), sum(m), avg(m) \
+             FROM big GROUP BY {keys}"
+        );
+        let want = rows(&cpu.collect(&sql).await.unwrap());
+        let got = rows(&gpu.collect(&sql).await.unwrap());
+        assert_eq!(got.len(), want.len(), "groups of [{keys}]");
+        assert_eq!(got, want, "GROUP BY [{keys}]");
+        let plan = explain(&gpu, &sql).await;
+        assert!(!plan.contains("  AggregateExec"), "{plan}");
+    }
+}
