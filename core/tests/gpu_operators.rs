@@ -836,3 +836,36 @@ async fn aggregation_handles_many_groups_and_hot_groups() {
         assert!(!plan.contains("  AggregateExec"), "{plan}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn count_distinct_matches_the_cpu() {
+    // Several DISTINCT aggregates are not rewritten into GROUP BYs; with one input partition
+    // DataFusion aggregates in a single stage, which runs on the GPU.
+    for (seed, rows_in_table, batch_size) in
+        [(31u64, 3000usize, 8192usize), (32, 300, 7), (33, 0, 8192)]
+    {
+        let data = table(rows_in_table, seed);
+        let gpu = engine_with(Backend::Emulated, batch_size, 1);
+        let cpu = engine_with(Backend::Cpu, batch_size, 1);
+        gpu.register_batches("t", data.clone()).unwrap();
+        cpu.register_batches("t", data).unwrap();
+        for keys in ["", "a", "s", "p, dt"] {
+            let aggregates = "count(DISTINCT b), count(DISTINCT s), count(DISTINCT m), \
+                              count(DISTINCT dt), count(DISTINCT p), count(*), sum(a)";
+            let sql = if keys.is_empty() {
+                format!("SELECT {aggregates} FROM t")
+            } else {
+                format!("SELECT {keys}, {aggregates} FROM t GROUP BY {keys}")
+            };
+            let want = rows(&cpu.collect(&sql).await.unwrap());
+            assert_eq!(
+                rows(&gpu.collect(&sql).await.unwrap()),
+                want,
+                "{sql} seed={seed}"
+            );
+            let plan = explain(&gpu, &sql).await;
+            assert!(plan.contains("GpuAggregateExec"), "{plan}");
+            assert!(!plan.contains("  AggregateExec"), "{plan}");
+        }
+    }
+}

@@ -30,6 +30,7 @@ const QUERIES: &[&str] = &[
      min(dt), max(m), min(t), max(u), avg(d), avg(m), avg(i) FROM t GROUP BY s, p",
     "SELECT d, r, dt, m, t, u, count(*) FROM t GROUP BY d, r, dt, m, t, u",
     "SELECT count(*), min(d), max(r), sum(i * 2 + t), avg(m) FROM t WHERE i > 0",
+    "SELECT p, count(DISTINCT s), count(DISTINCT m), count(DISTINCT i) FROM t GROUP BY p",
 ];
 
 fn main() {
@@ -46,7 +47,8 @@ fn main() {
     let runtime = tokio::runtime::Runtime::new().unwrap_or_else(|e| panic!("{e}"));
     let engine = Engine::builder()
         .backend(Backend::Emulated)
-        .target_partitions(2)
+        // One partition: single-stage aggregations, which COUNT(DISTINCT) needs.
+        .target_partitions(1)
         .build()
         .unwrap_or_else(|e| panic!("{e}"));
     runtime.block_on(async {

@@ -19,6 +19,10 @@
 //!   into its group's accumulators with atomics. With at most [`SMALL_GROUPS`] groups, each block
 //!   first folds into shared memory and then adds its partial results to `acc` once, so a
 //!   handful of hot groups does not serialise every thread on the same global words.
+//! - `dhash<j>`, `dbuild<j>` (as `hash` and `build`, keyed by the group keys and the value of
+//!   COUNT(DISTINCT) slot `j`) and `dcount<j>(const u8* valid, u64 valid_offset,
+//!   const u32* reps, u64 distinct, const u32* gid, u64 groups, u64* acc)`: each distinct
+//!   (keys, value) pair with a non-null value adds one to its group's count.
 //! - `canon(u8* data, u64 n, u64 width)`: folds -0.0 into +0.0 in a float key column, as
 //!   DataFusion's group values store it.
 //! - `finish(u64 groups, const u64* acc, const u32* seen, (T* out, u32* valid)…,
@@ -56,6 +60,9 @@ pub(super) enum SlotKind {
     Min,
     /// Largest value in the type's order.
     Max,
+    /// Distinct non-null values per group (COUNT(DISTINCT)): counted by `dcount` from a second
+    /// hash table over (group keys, value), not by `update`.
+    CountDistinct,
 }
 
 impl SlotKind {
@@ -101,22 +108,12 @@ pub(super) struct AggSpec {
 #[derive(Debug, Clone)]
 pub(super) struct AggProgram {
     pub(super) source: String,
-    /// Entry points, in the order of [`Entry`].
-    pub(super) entries: Vec<String>,
+    /// Entry points: `(kernel, entry point)`, the kernel named as in the module docs
+    /// (`hash`, `build`, ..., and `dhash<j>`, `dbuild<j>`, `dcount<j>` for COUNT(DISTINCT)
+    /// slot `j`).
+    pub(super) entries: Vec<(String, String)>,
     /// Accumulator words per group.
     pub(super) words: usize,
-}
-
-/// The program's kernels, indexing [`AggProgram::entries`].
-#[derive(Debug, Clone, Copy)]
-pub(super) enum Entry {
-    Hash = 0,
-    Build = 1,
-    Flags = 2,
-    Assign = 3,
-    Update = 4,
-    Finish = 5,
-    Canon = 6,
 }
 
 const SIGN: &str = "0x8000000000000000ull";
@@ -245,6 +242,9 @@ fn update_row(spec: &AggSpec, lay: &Layout, acc: &str, seen: &str, stride: &str)
         let w = lay.base[j];
         let word = |x: usize| format!("{acc}[{} * {stride} + g]", w + x);
         let mark = format!("if (!{seen}[{j} * {stride} + g]) {seen}[{j} * {stride} + g] = 1u;");
+        if slot.kind == SlotKind::CountDistinct {
+            continue;
+        }
         let Some(a) = slot.arg else {
             let _ = writeln!(code, "            atomicAdd(&{}, 1ull);", word(0));
             continue;
@@ -280,6 +280,7 @@ fn update_row(spec: &AggSpec, lay: &Layout, acc: &str, seen: &str, stride: &str)
             ),
             SlotKind::Max => format!("atomicMax(&{}, {}); {mark}", word(0), order_key(ty)),
             SlotKind::Min => format!("atomicMax(&{}, ~{}); {mark}", word(0), order_key(ty)),
+            SlotKind::CountDistinct => continue,
         };
         let _ = writeln!(
             code,
@@ -300,6 +301,7 @@ fn flush_shared(spec: &AggSpec, lay: &Layout) -> String {
         let seen = format!("sseen[{j} * {small} + t]");
         let mark = format!("seen[{j} * groups + t] = 1u;");
         let body = match slot.kind {
+            SlotKind::CountDistinct => continue,
             SlotKind::Count { .. } => {
                 format!("if ({} != 0) atomicAdd(&{}, {});", sh(0), gl(0), sh(0))
             }
@@ -336,7 +338,9 @@ fn finish_value(spec: &AggSpec, lay: &Layout, out: &Out, ty: DevType) -> (String
     let seen = |slot: usize| format!("(seen[{slot} * groups + g] != 0u)");
     match *out {
         Out::Slot(j) => match spec.slots[j].kind {
-            SlotKind::Count { .. } => (format!("({})({})", ty.c_type(), word(j, 0)), "true".into()),
+            SlotKind::Count { .. } | SlotKind::CountDistinct => {
+                (format!("({})({})", ty.c_type(), word(j, 0)), "true".into())
+            }
             SlotKind::SumInt => (format!("({})({})", ty.c_type(), word(j, 0)), seen(j)),
             SlotKind::SumF64 => (
                 format!("__longlong_as_double((i64){})", word(j, 0)),
@@ -405,37 +409,32 @@ __device__ __forceinline__ f32 spate_agg_f32(u32 k) {
 }
 "#;
 
-/// Generates the program for `spec`; `label` names the aggregation in a comment.
-pub(super) fn generate(spec: &AggSpec, label: &str) -> AggProgram {
-    let lay = layout(&spec.slots);
-    let keys = column_params("k", spec.keys.len());
-    let args = column_params("a", spec.args.len());
-    let mut body = String::new();
-
-    // hash
+/// The `hash` and `build` kernels (named `hash_name`, `build_name`) for rows keyed by columns
+/// of `keys`, passed as `k<i>` columns.
+fn hash_and_build(keys: &[DevType], hash_name: &str, build_name: &str) -> String {
+    let params = column_params("k", keys.len());
     let mut hash = String::from("        u64 h = 0ull;\n");
-    for (k, ty) in spec.keys.iter().enumerate() {
+    for (k, ty) in keys.iter().enumerate() {
         let _ = writeln!(
             hash,
             "        h = spate::hash_combine(h, {});",
             key_hash(k, *ty)
         );
     }
-    let _ = write!(
-        body,
-        "extern \"C\" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_hash({keys}u64 n, u64* hashes) {{\n    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{\n{hash}        hashes[i] = h;\n    }}\n}}\nSPATE_EXPORT(ENTRY_hash)\n\n"
-    );
-
-    // build
-    let equal: String = spec
-        .keys
+    let equal: String = keys
         .iter()
         .enumerate()
         .map(|(k, ty)| key_equal(k, *ty))
         .collect();
-    let _ = write!(
-        body,
-        r#"extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_build({keys}u64 n, const u64* hashes, u32* table, u64 mask, u32* slot_of_row) {{
+    format!(
+        r#"extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_{hash_name}({params}u64 n, u64* hashes) {{
+    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{
+{hash}        hashes[i] = h;
+    }}
+}}
+SPATE_EXPORT(ENTRY_{hash_name})
+
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_{build_name}({params}u64 n, const u64* hashes, u32* table, u64 mask, u32* slot_of_row) {{
     for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{
         const u64 h = hashes[i];
         u64 s = h & mask;
@@ -454,9 +453,22 @@ pub(super) fn generate(spec: &AggSpec, label: &str) -> AggProgram {
         slot_of_row[i] = (u32)s;
     }}
 }}
-SPATE_EXPORT(ENTRY_build)
+SPATE_EXPORT(ENTRY_{build_name})
 
-extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_flags(const u32* table, u64 cap, u32* flags) {{
+"#
+    )
+}
+
+/// Generates the program for `spec`; `label` names the aggregation in a comment.
+pub(super) fn generate(spec: &AggSpec, label: &str) -> AggProgram {
+    let lay = layout(&spec.slots);
+    let args = column_params("a", spec.args.len());
+    let mut body = String::new();
+
+    body.push_str(&hash_and_build(&spec.keys, "hash", "build"));
+    let _ = write!(
+        body,
+        r#"extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_flags(const u32* table, u64 cap, u32* flags) {{
     for (u64 s = spate::global_thread_index(); s < cap; s += spate::grid_stride()) flags[s] = table[s] != 0u ? 1u : 0u;
 }}
 SPATE_EXPORT(ENTRY_flags)
@@ -554,17 +566,57 @@ SPATE_EXPORT(ENTRY_finish)
 "#
     );
 
-    let tag = blake3_hex(&body);
-    let names = [
+    // COUNT(DISTINCT): a second table over (group keys, value) per slot; each distinct pair
+    // with a non-null value adds one to its group.
+    let mut names: Vec<String> = [
         "hash", "build", "flags", "assign", "update", "finish", "canon",
-    ];
-    let entries: Vec<String> = names
+    ]
+    .iter()
+    .map(|n| n.to_string())
+    .collect();
+    for (j, slot) in spec.slots.iter().enumerate() {
+        let (SlotKind::CountDistinct, Some(a)) = (slot.kind, slot.arg) else {
+            continue;
+        };
+        let mut keys = spec.keys.clone();
+        keys.push(spec.args[a]);
+        body.push_str(&hash_and_build(
+            &keys,
+            &format!("dhash{j}"),
+            &format!("dbuild{j}"),
+        ));
+        let _ = write!(
+            body,
+            r#"extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_dcount{j}(const u8* valid, u64 valid_offset, const u32* reps, u64 distinct, const u32* gid, u64 groups, u64* acc) {{
+    for (u64 r = spate::global_thread_index(); r < distinct; r += spate::grid_stride()) {{
+        const u64 row = reps[r];
+        if (spate::row_is_valid(valid, valid_offset, row)) atomicAdd(&acc[{w}ull * groups + (gid != nullptr ? (u64)gid[row] : 0ull)], 1ull);
+    }}
+}}
+SPATE_EXPORT(ENTRY_dcount{j})
+
+"#,
+            w = lay.base[j]
+        );
+        names.extend([
+            format!("dhash{j}"),
+            format!("dbuild{j}"),
+            format!("dcount{j}"),
+        ]);
+    }
+
+    let tag = blake3_hex(&body);
+    let entries: Vec<(String, String)> = names
         .iter()
-        .map(|n| format!("spate_agg_{n}_{tag}"))
+        .map(|n| (n.clone(), format!("spate_agg_{n}_{tag}")))
         .collect();
+    // Longest names first, so that no name is replaced inside a longer one.
+    let mut by_length: Vec<&(String, String)> = entries.iter().collect();
+    by_length.sort_by_key(|(n, _)| std::cmp::Reverse(n.len()));
     let mut text = body;
-    for n in names {
-        text = text.replace(&format!("ENTRY_{n}"), &format!("spate_agg_{n}_{tag}"));
+    for (n, entry) in by_length {
+        text = text.replace(&format!("ENTRY_{n}("), &format!("{entry}("));
+        text = text.replace(&format!("ENTRY_{n})"), &format!("{entry})"));
     }
     AggProgram {
         source: format!(

@@ -22,8 +22,10 @@
 //! Decimal128 up to precision 18, and floats without GROUP BY, in IEEE total order as
 //! DataFusion's ungrouped MIN/MAX; its grouped float MIN/MAX depends on row order) and AVG (Float64, and Decimal128 up to
 //! precision 24, so that `sum * 10^shift` cannot overflow where the CPU would raise an error).
-//! DISTINCT aggregates stay on the CPU: DataFusion rewrites a query's single COUNT(DISTINCT x)
-//! into a two-level GROUP BY, which runs here. Grouping sets, FILTER clauses, ordered
+//! COUNT(DISTINCT x) (not on floats) runs in single-stage aggregations (`Single`,
+//! `SinglePartitioned`): a second hash table over (group keys, x) finds the distinct pairs.
+//! In two-stage plans its partial state is a list, which stays on the CPU; DataFusion rewrites
+//! a query's single COUNT(DISTINCT x) into a two-level GROUP BY, which runs here anyway. Grouping sets, FILTER clauses, ordered
 //! aggregates and GROUP BY with a pushed-down limit also stay on the CPU.
 //!
 //! Float sums are added in a different order than on the CPU, so they agree within rounding,
@@ -55,7 +57,7 @@ use futures::{StreamExt, TryStreamExt};
 use spate_kernels::gather::bitmap_bytes;
 use spate_kernels::{DeviceBuffer, Kernel, KernelArg, LaunchConfig, Stream as DeviceStream};
 
-use self::codegen::{AggProgram, AggSpec, Entry, Out, Slot, SlotKind};
+use self::codegen::{AggProgram, AggSpec, Out, Slot, SlotKind};
 use super::{
     DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, device_input, execute_for_host,
     gpu_context, rebuild_gpu, to_df,
@@ -186,9 +188,11 @@ fn analyze(agg: &AggregateExec) -> std::result::Result<AggPlan, Unsupported> {
     for f in agg.aggr_expr() {
         let name = f.fun().name().to_ascii_lowercase();
         let label = f.name().to_string();
-        if f.is_distinct() {
+        let distinct = f.is_distinct();
+        if distinct && (name != "count" || !raw || partial_out) {
             return Err(Unsupported(format!(
-                "`{label}` is a DISTINCT aggregate, which runs on the CPU"
+                "`{label}`: a DISTINCT aggregate runs on the GPU only as COUNT(DISTINCT) in a \
+                 single-stage aggregation (its partial state is a list)"
             )));
         }
         if !f.order_bys().is_empty() {
@@ -219,10 +223,15 @@ fn analyze(agg: &AggregateExec) -> std::result::Result<AggPlan, Unsupported> {
                 states.len()
             )));
         }
-        let state_types = states
-            .iter()
-            .map(|s| dev_type(s.data_type(), &format!("the state of `{label}`")))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
+        // A single-stage COUNT(DISTINCT) never materialises its (list) state.
+        let state_types = if distinct {
+            vec![result_ty]
+        } else {
+            states
+                .iter()
+                .map(|s| dev_type(s.data_type(), &format!("the state of `{label}`")))
+                .collect::<std::result::Result<Vec<_>, _>>()?
+        };
 
         // The argument each of this aggregate's slots reads: one shared argument for raw
         // input, one state column per slot when merging.
@@ -258,6 +267,25 @@ fn analyze(agg: &AggregateExec) -> std::result::Result<AggPlan, Unsupported> {
                 let arg = slot_arg(0, state_types[0])?;
                 slots.push(Slot {
                     kind,
+                    arg: Some(arg),
+                });
+            }
+            "count" if distinct => {
+                if matches!(arg_ty, DevType::F32 | DevType::F64) {
+                    return Err(Unsupported(format!(
+                        "`{label}` over floats does not run on the GPU yet"
+                    )));
+                }
+                let arg = match exprs[0].downcast_ref::<Column>() {
+                    Some(c) => {
+                        args.push(Operand::Input(c.index()));
+                        arg_types.push(arg_ty);
+                        args.len() - 1
+                    }
+                    None => slot_arg(0, state_types[0])?,
+                };
+                slots.push(Slot {
+                    kind: SlotKind::CountDistinct,
                     arg: Some(arg),
                 });
             }
@@ -446,15 +474,17 @@ impl GpuAggregateExec {
     }
 }
 
-/// The compiled kernels of one aggregation.
+/// The compiled kernels of one aggregation, by the names in `codegen`'s docs.
 struct Kernels {
-    program: Vec<Kernel>,
+    program: std::collections::HashMap<String, Kernel>,
     computed: Option<Kernel>,
 }
 
 impl Kernels {
-    fn get(&self, entry: Entry) -> &Kernel {
-        &self.program[entry as usize]
+    fn get(&self, name: &str) -> Result<&Kernel> {
+        self.program.get(name).ok_or_else(|| SpateError::Internal {
+            message: format!("the aggregation program has no `{name}` kernel"),
+        })
     }
 }
 
@@ -469,10 +499,12 @@ fn launch(stream: &DeviceStream, kernel: &Kernel, n: usize, args: &[KernelArg]) 
     Ok(())
 }
 
-/// Numbers the groups of `keys`: per row its group, per group its first row, and the count.
+/// Numbers the groups of `keys` with the `hash` and `build` kernels named: per row its group,
+/// per group its first row, and the count.
 fn group_rows(
     stream: &DeviceStream,
     kernels: &Kernels,
+    (hash, build): (&str, &str),
     keys: &[DeviceColumn],
     n: usize,
 ) -> Result<(DeviceBuffer<u32>, DeviceBuffer<u32>, usize)> {
@@ -483,7 +515,7 @@ fn group_rows(
     let hashes = stream.alloc::<u64>(n.max(1))?;
     let mut args = key_args.clone();
     args.extend([KernelArg::U64(n as u64), (&hashes).into()]);
-    launch(stream, kernels.get(Entry::Hash), n, &args)?;
+    launch(stream, kernels.get(hash)?, n, &args)?;
 
     let cap = (2 * n).max(64).next_power_of_two();
     let table = stream.alloc_zeroed::<u32>(cap)?;
@@ -496,12 +528,12 @@ fn group_rows(
         KernelArg::U64(cap as u64 - 1),
         (&slot_of_row).into(),
     ]);
-    launch(stream, kernels.get(Entry::Build), n, &args)?;
+    launch(stream, kernels.get(build)?, n, &args)?;
 
     let flags = stream.alloc::<u32>(cap)?;
     launch(
         stream,
-        kernels.get(Entry::Flags),
+        kernels.get("flags")?,
         cap,
         &[(&table).into(), KernelArg::U64(cap as u64), (&flags).into()],
     )?;
@@ -512,7 +544,7 @@ fn group_rows(
     let reps = stream.alloc::<u32>(groups.max(1))?;
     launch(
         stream,
-        kernels.get(Entry::Assign),
+        kernels.get("assign")?,
         n.max(cap),
         &[
             (&table).into(),
@@ -559,7 +591,7 @@ fn aggregate_batch(
     let (gid, reps, groups) = if keys.is_empty() {
         (None, None, 1)
     } else {
-        let (gid, reps, groups) = group_rows(stream, kernels, &keys, n)?;
+        let (gid, reps, groups) = group_rows(stream, kernels, ("hash", "build"), &keys, n)?;
         (Some(gid), Some(reps), groups)
     };
 
@@ -578,7 +610,41 @@ fn aggregate_batch(
             (&acc).into(),
             (&seen).into(),
         ]);
-        launch(stream, kernels.get(Entry::Update), n, &a)?;
+        launch(stream, kernels.get("update")?, n, &a)?;
+    }
+    for (j, slot) in plan.spec.slots.iter().enumerate() {
+        let (SlotKind::CountDistinct, Some(arg)) = (slot.kind, slot.arg) else {
+            continue;
+        };
+        if n == 0 {
+            continue;
+        }
+        let value = &args[arg];
+        let mut pair = keys.clone();
+        pair.push(value.clone());
+        let (hash, build) = (format!("dhash{j}"), format!("dbuild{j}"));
+        let (_, pair_reps, distinct) = group_rows(stream, kernels, (&hash, &build), &pair, n)?;
+        let (valid, offset) = match value.validity() {
+            Some(v) => (
+                KernelArg::Ptr(v.bytes.as_slice().address()),
+                v.offset as u64,
+            ),
+            None => (KernelArg::null(), 0),
+        };
+        launch(
+            stream,
+            kernels.get(&format!("dcount{j}"))?,
+            distinct,
+            &[
+                valid,
+                KernelArg::U64(offset),
+                (&pair_reps).into(),
+                KernelArg::U64(distinct as u64),
+                gid.as_ref().into(),
+                KernelArg::U64(groups as u64),
+                (&acc).into(),
+            ],
+        )?;
     }
 
     let mut outputs = Vec::with_capacity(plan.spec.outputs.len());
@@ -604,7 +670,7 @@ fn aggregate_batch(
     }
     let valid_counts = stream.alloc_zeroed::<u64>(plan.spec.outputs.len().max(1))?;
     a.push((&valid_counts).into());
-    launch(stream, kernels.get(Entry::Finish), groups, &a)?;
+    launch(stream, kernels.get("finish")?, groups, &a)?;
     // One small read for every output's null count.
     let valid_counts = if groups == 0 {
         vec![0; plan.spec.outputs.len()]
@@ -624,7 +690,7 @@ fn aggregate_batch(
                     // The gathered column is new, so folding -0.0 in place touches no input.
                     launch(
                         stream,
-                        kernels.get(Entry::Canon),
+                        kernels.get("canon")?,
                         groups,
                         &[
                             KernelArg::Ptr(bytes.as_slice().address()),
@@ -743,11 +809,17 @@ impl GpuExec for GpuAggregateExec {
     ) -> DFResult<DeviceBatchStream> {
         let gpu = gpu_context(&context)?;
         let program = &self.plan.program;
-        let entries: Vec<&str> = program.entries.iter().map(String::as_str).collect();
+        let entries: Vec<&str> = program.entries.iter().map(|(_, e)| e.as_str()).collect();
+        let compiled = gpu
+            .generated_kernels(&program.source, &entries)
+            .map_err(to_df)?;
         let kernels = Kernels {
-            program: gpu
-                .generated_kernels(&program.source, &entries)
-                .map_err(to_df)?,
+            program: program
+                .entries
+                .iter()
+                .map(|(name, _)| name.clone())
+                .zip(compiled)
+                .collect(),
             computed: match &self.plan.computed {
                 Some(k) => Some(gpu.generated_kernel(&k.source, &k.entry).map_err(to_df)?),
                 None => None,
