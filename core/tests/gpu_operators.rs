@@ -171,6 +171,8 @@ const PREDICATES: &[&str] = &[
     "substring(s FROM 4) LIKE 'xyz%'",
     "length(substr(s, -1, 5)) = 3",
     "substr(s, 10, 1) = 'A' OR substr(s, 9) = ''",
+    "m / 0.25 > 2",
+    "m % 1.5 = 0.5",
 ];
 
 /// Rows as strings, sorted (for results whose order is not fixed).
@@ -239,6 +241,7 @@ const PROJECTIONS: &[&str] = &[
     "CAST(m AS DECIMAL(6,1)) AS c1, CAST(m AS SMALLINT) AS c2, CAST(a AS TINYINT) AS c3, \
      CAST(m AS DECIMAL(20,5)) AS c4",
     "CAST(a * 0.5 AS INT) AS c1, CAST(m * 3 AS BIGINT) AS c2",
+    "m / (m * m + 1) AS q1, m % 0.7 AS q2, m / 3 AS q3, a / 2.5 AS q4, m / -0.03 AS q5",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -866,6 +869,44 @@ async fn count_distinct_matches_the_cpu() {
             let plan = explain(&gpu, &sql).await;
             assert!(plan.contains("GpuAggregateExec"), "{plan}");
             assert!(!plan.contains("  AggregateExec"), "{plan}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decimal_division_matches_the_cpu_and_fails_on_zero() {
+    let gpu = engine(Backend::Emulated, 8192);
+    let cpu = engine(Backend::Cpu, 8192);
+    for (name, values) in [
+        (
+            "fine",
+            "(10.00, 3.00), (-10.00, 3.00), (2.00, -3.00), (1.00, 0.07), (NULL, 0.00)",
+        ),
+        ("zero", "(10.00, 3.00), (1.00, 0.00)"),
+    ] {
+        let create =
+            format!("CREATE TABLE {name} (a DECIMAL(15,2), b DECIMAL(15,2)) AS VALUES {values}");
+        gpu.collect(&create).await.unwrap();
+        cpu.collect(&create).await.unwrap();
+        for sql in [
+            format!("SELECT a FROM {name} WHERE a / b > 0.5"),
+            format!("SELECT a FROM {name} WHERE a % b <> 0"),
+            format!("SELECT sum(a / b), sum(a % b) FROM {name}"),
+        ] {
+            let plan = explain(&gpu, &sql).await;
+            assert!(
+                plan.contains("GpuFilterExec") || plan.contains("GpuAggregateExec"),
+                "{plan}"
+            );
+            match (cpu.collect(&sql).await, gpu.collect(&sql).await) {
+                (Ok(want), Ok(got)) => assert_eq!(rows(&got), rows(&want), "{sql}"),
+                (Err(want), Err(got)) => assert_eq!(
+                    error_kind(&sql, &got),
+                    error_kind(&sql, &want),
+                    "{sql}: {got} vs {want}"
+                ),
+                (want, got) => panic!("{sql}: the CPU gave {want:?}, the GPU {got:?}"),
+            }
         }
     }
 }

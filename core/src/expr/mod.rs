@@ -12,9 +12,10 @@
 //! - integer `+ - *` wrap on overflow, as DataFusion's do; integer `/` and `%` fail on a zero
 //!   divisor ("Divide by zero error") and `MIN / -1` overflows, as Arrow's checked kernels;
 //!   float `/` and `%` follow IEEE;
-//! - decimals are scaled 128-bit integers: they compare at equal scales, and `+ - *` produce
-//!   DataFusion's result precision and scale; shapes that may overflow i128 run checked and
-//!   fail the query with Arrow's "Arithmetic overflow";
+//! - decimals are scaled 128-bit integers: they compare at equal scales, and `+ - * / %`
+//!   produce DataFusion's result precision and scale (division: scale `s1 + 4`, truncated
+//!   toward zero, as Arrow's); shapes that may overflow i128 run checked and fail the query with
+//!   Arrow's "Arithmetic overflow", a zero divisor with "Divide by zero error";
 //! - casts: widening ones directly; narrowing integer casts, floats to integers (truncated),
 //!   decimals to integers (truncated), decimal rescaling (half away from zero) and casts into
 //!   a smaller precision are checked, failing as Arrow's casts do (or yielding NULL for a safe
@@ -31,7 +32,7 @@
 //! `IN`, `LIKE` (`%`, `_` and backslash escapes), `character_length`, `octet_length` and `substr`
 //! with literal positions; results are never strings yet.
 //!
-//! Anything else (decimal division, other string functions, casts from and to strings) is reported
+//! Anything else (other string functions, casts from and to strings) is reported
 //! as [`Unsupported`] with the expression named, and the operator stays on the CPU.
 
 use std::fmt::Write as _;
@@ -1501,11 +1502,105 @@ impl Gen<'_> {
                     ty: l.ty,
                 })
             }
+            Operator::Divide | Operator::Modulo
+                if matches!(l.ty, DevType::Dec { .. }) || matches!(r.ty, DevType::Dec { .. }) =>
+            {
+                self.decimal_divide(b, op, l, r, v, n)
+            }
             Operator::Divide | Operator::Modulo => self.divide(b, op, l, r, v, n),
             other => Err(Unsupported(format!(
                 "operator {other} in `{b}` is not supported on the GPU yet"
             ))),
         }
+    }
+
+    /// Decimal `/` and `%` as Arrow's kernels. Division: the result scale is `s1 + 4` (at most
+    /// 38); the dividend is multiplied by `10^(scale - s1 + s2)` (checked) and divided by the
+    /// divisor, truncating toward zero. Remainder: both sides at the larger scale, the sign of
+    /// the dividend. A zero divisor fails with "Divide by zero error".
+    fn decimal_divide(
+        &mut self,
+        b: &BinaryExpr,
+        op: &Operator,
+        l: Operand,
+        r: Operand,
+        v: String,
+        n: String,
+    ) -> Result<Operand, Unsupported> {
+        let unsupported =
+            |why: &str| Unsupported(format!("`{b}`: {why} on the GPU is not supported yet"));
+        let (
+            DevType::Dec {
+                precision: p1,
+                scale: s1,
+            },
+            DevType::Dec {
+                precision: p2,
+                scale: s2,
+            },
+        ) = (l.ty, r.ty)
+        else {
+            return Err(unsupported("mixing decimals with other types"));
+        };
+        let result = b
+            .data_type(self.schema)
+            .map_err(|e| Unsupported(format!("`{b}`: {e}")))?;
+        let Some(DevType::Dec { scale: s, .. }) = DevType::of(&result) else {
+            return Err(unsupported("a non-decimal result"));
+        };
+        if s1 < 0 || s2 < 0 || p1 > 38 || p2 > 38 {
+            return Err(unsupported("negative decimal scales"));
+        }
+        let (lv, rv) = (&l.value, &r.value);
+        let _ = writeln!(
+            self.body,
+            "        const bool {n} = {} || {};",
+            l.null, r.null
+        );
+        let divide = *op == Operator::Divide;
+        if divide {
+            let expected = s1.saturating_add(4).min(38);
+            if s != expected {
+                return Err(unsupported("this decimal division scale"));
+            }
+            let shift = i32::from(s) - i32::from(s1) + i32::from(s2);
+            let (l_mul, r_mul) = if shift >= 0 {
+                (pow10(shift as i8), pow10(0))
+            } else {
+                (pow10(0), pow10((-shift) as i8))
+            };
+            let _ = writeln!(
+                self.body,
+                "        i128 {v}_l, {v}_r;\n        const bool {v}_ovf = spate::mul_overflows({lv}, {l_mul}, &{v}_l) || spate::mul_overflows({rv}, {r_mul}, &{v}_r);\n        const bool {v}_zero = {v}_r == 0;\n        const bool {v}_ovf2 = {v}_ovf || ({v}_l == (i128)((u128i)1 << 127) && {v}_r == -1);\n        const i128 {v} = ({n} || {v}_ovf2 || {v}_zero) ? (i128)0 : {v}_l / {v}_r;"
+            );
+        } else {
+            if s != s1.max(s2) {
+                return Err(unsupported("this decimal remainder scale"));
+            }
+            let _ = writeln!(
+                self.body,
+                "        i128 {v}_l, {v}_r;\n        const bool {v}_ovf = spate::mul_overflows({lv}, {}, &{v}_l) || spate::mul_overflows({rv}, {}, &{v}_r);\n        const bool {v}_zero = {v}_r == 0;\n        const bool {v}_ovf2 = {v}_ovf;\n        const i128 {v} = ({n} || {v}_ovf2 || {v}_zero || {v}_r == -1) ? (i128)0 : {v}_l % {v}_r;",
+                pow10(s - s1),
+                pow10(s - s2)
+            );
+        }
+        self.raise(
+            &format!("!{n} && {v}_zero && !{v}_ovf"),
+            ErrorFlag::DIVIDE_BY_ZERO,
+            b,
+            String::new(),
+        )?;
+        self.raise(
+            &format!("!{n} && {v}_ovf2"),
+            ErrorFlag::OVERFLOW,
+            b,
+            format!("Overflow happened on: {b} (on the GPU)"),
+        )?;
+        Ok(Operand {
+            value: v,
+            null: n,
+            ty: DevType::of(&result).unwrap_or(l.ty),
+        })
     }
 
     /// Integer and float `/` and `%` as Arrow's checked kernels: an integer division by zero
