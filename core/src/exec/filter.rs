@@ -49,6 +49,14 @@ impl GpuFilterExec {
         let input_schema = filter.input().schema();
         check_input_types(&input_schema)?;
         let kernel = predicate_kernel(filter.predicate().as_ref(), &input_schema)?;
+        if filter.fetch().is_some() && !kernel.checks.is_empty() {
+            // With a LIMIT the CPU stops reading once it has enough rows, so rows after that
+            // never fail it; the GPU evaluates larger (coalesced) batches and could.
+            return Err(Unsupported(format!(
+                "the predicate `{}` can fail, and under a LIMIT the CPU evaluates fewer rows",
+                filter.predicate()
+            )));
+        }
         Ok(GpuFilterExec {
             cpu: filter,
             kernel,
