@@ -913,3 +913,68 @@ async fn decimal_division_matches_the_cpu_and_fails_on_zero() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hash_joins_match_the_cpu() {
+    const KEYS: &[&str] = &["a", "s", "dt, a", "m", "p, a", "b"];
+    for (seed, rows_in_table, batch_size, partitioned) in [
+        (41u64, 1500usize, 8192usize, false),
+        (42, 400, 7, true),
+        (43, 900, 8192, true),
+        (44, 0, 8192, false),
+    ] {
+        let gpu = engine(Backend::Emulated, batch_size);
+        let cpu = engine(Backend::Cpu, batch_size);
+        for e in [&gpu, &cpu] {
+            e.register_batches("lt", table(rows_in_table, seed))
+                .unwrap();
+            e.register_batches("rt", table(rows_in_table / 2 + 1, seed + 100))
+                .unwrap();
+            if partitioned {
+                // Hash-partition both sides instead of collecting the build side.
+                for setting in [
+                    "SET datafusion.optimizer.hash_join_single_partition_threshold = 0",
+                    "SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 0",
+                ] {
+                    e.collect(setting).await.unwrap();
+                }
+            }
+        }
+        for keys in KEYS {
+            let on: Vec<String> = keys
+                .split(", ")
+                .map(|k| format!("lt.{k} = rt.{k}"))
+                .collect();
+            let on = on.join(" AND ");
+            let mut queries: Vec<String> = ["JOIN", "LEFT JOIN", "RIGHT JOIN", "FULL JOIN"]
+                .iter()
+                .map(|j| {
+                    format!("SELECT lt.a, lt.b, lt.s, rt.m, rt.s, rt.dt FROM lt {j} rt ON {on}")
+                })
+                .collect();
+            if *keys == "a" {
+                queries.push(
+                    "SELECT lt.a, rt.b FROM lt JOIN rt ON lt.a IS NOT DISTINCT FROM rt.a".into(),
+                );
+            }
+            for exists in ["EXISTS", "NOT EXISTS"] {
+                queries.push(format!(
+                    "SELECT lt.a, lt.f, lt.s FROM lt WHERE {exists} (SELECT 1 FROM rt WHERE {on})"
+                ));
+                queries.push(format!(
+                    "SELECT rt.a, rt.m FROM rt WHERE {exists} (SELECT 1 FROM lt WHERE {on})"
+                ));
+            }
+            for sql in queries {
+                let want = rows(&cpu.collect(&sql).await.unwrap());
+                let got = rows(&gpu.collect(&sql).await.unwrap());
+                assert_eq!(
+                    got, want,
+                    "{sql} seed={seed} batch_size={batch_size} partitioned={partitioned}"
+                );
+                let plan = explain(&gpu, &sql).await;
+                assert!(plan.contains("GpuHashJoinExec"), "{sql}\n{plan}");
+            }
+        }
+    }
+}

@@ -12,8 +12,8 @@ use spate::{Backend, Engine};
 const ARCHS: &[&str] = &["sm_80", "sm_90"];
 
 /// Queries whose plans generate every kind of kernel: predicates and projections over every
-/// device type (checked decimal arithmetic, division, CASE, COALESCE, strings, dates), and
-/// aggregations with keys and aggregates of every supported type.
+/// device type (checked decimal arithmetic, division, CASE, COALESCE, strings, dates),
+/// aggregations with keys and aggregates of every supported type, and hash joins.
 const QUERIES: &[&str] = &[
     "SELECT * FROM t WHERE (i > 1 AND d < 2.5) OR NOT p OR s LIKE 'x%' OR s IN ('a', 'b')",
     "SELECT * FROM t WHERE extract(year FROM dt) = 2024 AND m * w > 0 AND i / 2 <> 0",
@@ -33,6 +33,10 @@ const QUERIES: &[&str] = &[
     "SELECT d, r, dt, m, t, u, count(*) FROM t GROUP BY d, r, dt, m, t, u",
     "SELECT count(*), min(d), max(r), sum(i * 2 + t), avg(m) FROM t WHERE i > 0",
     "SELECT p, count(DISTINCT s), count(DISTINCT m), count(DISTINCT i) FROM t GROUP BY p",
+    // Hash joins on keys of every kind, inner, outer, semi and anti.
+    "SELECT * FROM t a JOIN t b ON a.i = b.i AND a.s = b.s AND a.m = b.m AND a.p = b.p",
+    "SELECT * FROM t a FULL JOIN t b ON a.dt = b.dt AND a.b = b.b",
+    "SELECT * FROM t a WHERE NOT EXISTS (SELECT 1 FROM t b WHERE a.w = b.w AND a.u = b.u)",
 ];
 
 fn main() {

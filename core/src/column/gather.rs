@@ -15,10 +15,30 @@ pub fn gather_column(
     column: &DeviceColumn,
     indices: DeviceSlice<'_, u32>,
 ) -> Result<DeviceColumn> {
+    gather_rows(stream, column, indices, false)
+}
+
+/// [`gather_column`] where indices may also be `NULL_INDEX` ("no row", as outer joins
+/// produce), which gives NULL.
+pub fn gather_column_or_null(
+    stream: &Stream,
+    column: &DeviceColumn,
+    indices: DeviceSlice<'_, u32>,
+) -> Result<DeviceColumn> {
+    gather_rows(stream, column, indices, true)
+}
+
+fn gather_rows(
+    stream: &Stream,
+    column: &DeviceColumn,
+    indices: DeviceSlice<'_, u32>,
+    may_be_null: bool,
+) -> Result<DeviceColumn> {
     let n = indices.len();
-    let (validity, null_count) = match column.validity() {
-        Some(v) => {
-            let bits = kg::gather_bitmap(stream, Some(v.bitmap()), indices)?;
+    let validity = column.validity().map(|v| v.bitmap());
+    let (validity, null_count) = match validity {
+        Some(_) if n > 0 || may_be_null => {
+            let bits = kg::gather_bitmap(stream, validity, indices)?;
             let valid = reduce::count_valid(stream, DeviceBitmap::new(&bits), n)? as usize;
             let validity = DeviceValidity {
                 bytes: DeviceBytes::new(bits),
@@ -26,7 +46,16 @@ pub fn gather_column(
             };
             (Some(validity), n - valid)
         }
-        None => (None, 0),
+        None if may_be_null && n > 0 => {
+            let bits = kg::gather_bitmap(stream, None, indices)?;
+            let valid = reduce::count_valid(stream, DeviceBitmap::new(&bits), n)? as usize;
+            let validity = DeviceValidity {
+                bytes: DeviceBytes::new(bits),
+                offset: 0,
+            };
+            (Some(validity), n - valid)
+        }
+        _ => (None, 0),
     };
     let values = match column.values() {
         DeviceValues::Fixed { bytes, width } => {

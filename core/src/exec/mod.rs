@@ -12,6 +12,7 @@
 
 pub mod aggregate;
 pub mod filter;
+pub mod join;
 pub mod projection;
 pub mod sort;
 
@@ -35,6 +36,7 @@ use crate::device::GpuContext;
 
 pub use aggregate::GpuAggregateExec;
 pub use filter::GpuFilterExec;
+pub use join::GpuHashJoinExec;
 pub use projection::GpuProjectionExec;
 pub use sort::GpuSortExec;
 
@@ -65,6 +67,9 @@ pub fn as_gpu_exec(plan: &dyn ExecutionPlan) -> Option<&dyn GpuExec> {
     }
     if let Some(a) = plan.downcast_ref::<GpuAggregateExec>() {
         return Some(a);
+    }
+    if let Some(j) = plan.downcast_ref::<GpuHashJoinExec>() {
+        return Some(j);
     }
     None
 }

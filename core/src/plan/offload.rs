@@ -3,7 +3,7 @@
 //! Walking the finished physical plan bottom-up, the rule swaps every operator that has a GPU
 //! version and whose expressions and types the GPU supports (`FilterExec` → `GpuFilterExec`,
 //! `ProjectionExec` → `GpuProjectionExec`, `SortExec` → `GpuSortExec`, `AggregateExec` →
-//! `GpuAggregateExec` today). GPU operators exchange device batches directly (see `crate::exec`), so a chain of
+//! `GpuAggregateExec`, `HashJoinExec` → `GpuHashJoinExec` today). GPU operators exchange device batches directly (see `crate::exec`), so a chain of
 //! them keeps its data on the device. Every compute operator left on the CPU is a fallback,
 //! handled by `spate.gpu.fallback`: `cpu` counts it, `warn` also logs the reason, `error`
 //! fails the query naming the operator and the reason.
@@ -22,12 +22,15 @@ use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 
 use crate::config::{FallbackPolicy, SpateOptions};
 use crate::device::GpuContext;
-use crate::exec::{GpuAggregateExec, GpuFilterExec, GpuProjectionExec, GpuSortExec, as_gpu_exec};
+use crate::exec::{
+    GpuAggregateExec, GpuFilterExec, GpuHashJoinExec, GpuProjectionExec, GpuSortExec, as_gpu_exec,
+};
 
 /// Operators that move or read data but compute nothing a GPU would do for them.
 const PLUMBING: &[&str] = &[
@@ -115,6 +118,11 @@ fn cpu_reason(node: &dyn ExecutionPlan) -> String {
                     Err(reason) => reason.0,
                     Ok(_) => "a GPU aggregation was not chosen for it".into(),
                 }
+            } else if let Some(join) = node.downcast_ref::<HashJoinExec>() {
+                match GpuHashJoinExec::check(join) {
+                    Err(reason) => reason.0,
+                    Ok(()) => "a GPU join was not chosen for it".into(),
+                }
             } else if is_column_selection(node) {
                 "only selects or renames columns of a CPU input".into()
             } else if let Some(projection) = node.downcast_ref::<ProjectionExec>() {
@@ -196,6 +204,11 @@ impl PhysicalOptimizerRule for GpuOffloadRule {
             }
             if let Some(aggregate) = node.downcast_ref::<AggregateExec>()
                 && let Ok(gpu) = GpuAggregateExec::try_new(Arc::new(aggregate.clone()))
+            {
+                return Ok(Transformed::yes(Arc::new(gpu) as Arc<dyn ExecutionPlan>));
+            }
+            if node.downcast_ref::<HashJoinExec>().is_some()
+                && let Ok(gpu) = GpuHashJoinExec::try_new(Arc::clone(&node))
             {
                 return Ok(Transformed::yes(Arc::new(gpu) as Arc<dyn ExecutionPlan>));
             }

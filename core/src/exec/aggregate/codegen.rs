@@ -118,7 +118,7 @@ pub(super) struct AggProgram {
 
 const SIGN: &str = "0x8000000000000000ull";
 
-fn column_params(prefix: &str, count: usize) -> String {
+pub(crate) fn column_params(prefix: &str, count: usize) -> String {
     (0..count)
         .map(|k| {
             format!(
@@ -145,54 +145,57 @@ fn width_bytes(ty: DevType) -> u32 {
     }
 }
 
-/// The hash of key `k` at row `i`, as an expression.
-fn key_hash(k: usize, ty: DevType) -> String {
+/// The hash of key column `k` (parameters prefixed `p`) at row `i`, as an expression.
+pub(crate) fn key_hash(p: &str, k: usize, ty: DevType) -> String {
     let value = match ty {
         DevType::Str => format!(
-            "spate::xxh64_bytes(ke{k} + spate::string_offset(kd{k}, kb{k}, i), spate::string_offset(kd{k}, kb{k}, i + 1) - spate::string_offset(kd{k}, kb{k}, i))"
+            "spate::xxh64_bytes({p}e{k} + spate::string_offset({p}d{k}, {p}b{k}, i), spate::string_offset({p}d{k}, {p}b{k}, i + 1) - spate::string_offset({p}d{k}, {p}b{k}, i))"
         ),
         DevType::Bool => {
-            format!("spate::xxh64_word(spate::bit_is_set(kd{k}, kb{k}, i) ? 1ull : 0ull, 1)")
+            format!("spate::xxh64_word(spate::bit_is_set({p}d{k}, {p}b{k}, i) ? 1ull : 0ull, 1)")
         }
-        DevType::Dec { .. } => format!("spate::xxh64_u128(((const u128*)kd{k})[i])"),
+        DevType::Dec { .. } => format!("spate::xxh64_u128(((const u128*){p}d{k})[i])"),
         DevType::F32 => {
-            format!("spate::xxh64_word((u64)spate_agg_bits(((const f32*)kd{k})[i]), 4)")
+            format!("spate::xxh64_word((u64)spate_agg_bits(((const f32*){p}d{k})[i]), 4)")
         }
-        DevType::F64 => format!("spate::xxh64_word(spate_agg_bits(((const f64*)kd{k})[i]), 8)"),
+        DevType::F64 => format!("spate::xxh64_word(spate_agg_bits(((const f64*){p}d{k})[i]), 8)"),
         _ => format!(
-            "spate::xxh64_word((u64)((const {})kd{k})[i], {})",
+            "spate::xxh64_word((u64)((const {}){p}d{k})[i], {})",
             format_args!("{}*", unsigned_of_width(ty)),
             width_bytes(ty)
         ),
     };
-    format!("(spate::row_is_valid(kv{k}, ko{k}, i) ? {value} : SPATE_NULL_HASH)")
+    format!("(spate::row_is_valid({p}v{k}, {p}o{k}, i) ? {value} : SPATE_NULL_HASH)")
 }
 
-/// Code that clears `eq` unless key `k` of rows `a` and `b` is equal (NULL equals NULL).
-fn key_equal(k: usize, ty: DevType) -> String {
+/// Code that clears `eq` unless key `k` of row `a` (of the columns prefixed `pa`) equals key
+/// `k` of row `b` (prefixed `pb`); NULL equals NULL.
+pub(crate) fn key_equal(pa: &str, pb: &str, k: usize, ty: DevType) -> String {
     let cmp = match ty {
         DevType::Str => format!(
-            "spate::str_eq(ke{k} + spate::string_offset(kd{k}, kb{k}, a), spate::string_offset(kd{k}, kb{k}, a + 1) - spate::string_offset(kd{k}, kb{k}, a), ke{k} + spate::string_offset(kd{k}, kb{k}, b), spate::string_offset(kd{k}, kb{k}, b + 1) - spate::string_offset(kd{k}, kb{k}, b))"
+            "spate::str_eq({pa}e{k} + spate::string_offset({pa}d{k}, {pa}b{k}, a), spate::string_offset({pa}d{k}, {pa}b{k}, a + 1) - spate::string_offset({pa}d{k}, {pa}b{k}, a), {pb}e{k} + spate::string_offset({pb}d{k}, {pb}b{k}, b), spate::string_offset({pb}d{k}, {pb}b{k}, b + 1) - spate::string_offset({pb}d{k}, {pb}b{k}, b))"
         ),
         DevType::Bool => {
-            format!("spate::bit_is_set(kd{k}, kb{k}, a) == spate::bit_is_set(kd{k}, kb{k}, b)")
+            format!(
+                "spate::bit_is_set({pa}d{k}, {pa}b{k}, a) == spate::bit_is_set({pb}d{k}, {pb}b{k}, b)"
+            )
         }
         DevType::Dec { .. } => format!(
-            "(((const u128*)kd{k})[a].lo == ((const u128*)kd{k})[b].lo && ((const u128*)kd{k})[a].hi == ((const u128*)kd{k})[b].hi)"
+            "(((const u128*){pa}d{k})[a].lo == ((const u128*){pb}d{k})[b].lo && ((const u128*){pa}d{k})[a].hi == ((const u128*){pb}d{k})[b].hi)"
         ),
         DevType::F32 | DevType::F64 => {
             let c = ty.c_type();
             format!(
-                "spate_agg_bits(((const {c}*)kd{k})[a]) == spate_agg_bits(((const {c}*)kd{k})[b])"
+                "spate_agg_bits(((const {c}*){pa}d{k})[a]) == spate_agg_bits(((const {c}*){pb}d{k})[b])"
             )
         }
         _ => {
             let u = unsigned_of_width(ty);
-            format!("((const {u}*)kd{k})[a] == ((const {u}*)kd{k})[b]")
+            format!("((const {u}*){pa}d{k})[a] == ((const {u}*){pb}d{k})[b]")
         }
     };
     format!(
-        "                if (eq) {{ const bool na = !spate::row_is_valid(kv{k}, ko{k}, a); const bool nb = !spate::row_is_valid(kv{k}, ko{k}, b); eq = na == nb && (na || {cmp}); }}\n"
+        "                if (eq) {{ const bool na = !spate::row_is_valid({pa}v{k}, {pa}o{k}, a); const bool nb = !spate::row_is_valid({pb}v{k}, {pb}o{k}, b); eq = na == nb && (na || {cmp}); }}\n"
     )
 }
 
@@ -378,7 +381,25 @@ fn finish_value(spec: &AggSpec, lay: &Layout, out: &Out, ty: DevType) -> (String
     }
 }
 
-const PREAMBLE: &str = r#"#include "common/prelude.cuh"
+/// `flags` and `assign` (see the module docs): numbering the occupied slots of a table built
+/// by `build`.
+pub(crate) const NUMBERING: &str = r#"extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_flags(const u32* table, u64 cap, u32* flags) {
+    for (u64 s = spate::global_thread_index(); s < cap; s += spate::grid_stride()) flags[s] = table[s] != 0u ? 1u : 0u;
+}
+SPATE_EXPORT(ENTRY_flags)
+
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_assign(const u32* table, const u32* group_of_slot, u64 cap, const u32* slot_of_row, u64 n, u32* gid, u32* reps) {
+    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) gid[i] = group_of_slot[slot_of_row[i]];
+    for (u64 s = spate::global_thread_index(); s < cap; s += spate::grid_stride()) {
+        const u32 row = table[s];
+        if (row != 0u) reps[group_of_slot[s]] = row - 1u;
+    }
+}
+SPATE_EXPORT(ENTRY_assign)
+
+"#;
+
+pub(crate) const PREAMBLE: &str = r#"#include "common/prelude.cuh"
 #include "common/bitmap.cuh"
 #include "common/hash.cuh"
 #include "common/order.cuh"
@@ -411,20 +432,20 @@ __device__ __forceinline__ f32 spate_agg_f32(u32 k) {
 
 /// The `hash` and `build` kernels (named `hash_name`, `build_name`) for rows keyed by columns
 /// of `keys`, passed as `k<i>` columns.
-fn hash_and_build(keys: &[DevType], hash_name: &str, build_name: &str) -> String {
+pub(crate) fn hash_and_build(keys: &[DevType], hash_name: &str, build_name: &str) -> String {
     let params = column_params("k", keys.len());
     let mut hash = String::from("        u64 h = 0ull;\n");
     for (k, ty) in keys.iter().enumerate() {
         let _ = writeln!(
             hash,
             "        h = spate::hash_combine(h, {});",
-            key_hash(k, *ty)
+            key_hash("k", k, *ty)
         );
     }
     let equal: String = keys
         .iter()
         .enumerate()
-        .map(|(k, ty)| key_equal(k, *ty))
+        .map(|(k, ty)| key_equal("k", "k", k, *ty))
         .collect();
     format!(
         r#"extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_{hash_name}({params}u64 n, u64* hashes) {{
@@ -466,23 +487,10 @@ pub(super) fn generate(spec: &AggSpec, label: &str) -> AggProgram {
     let mut body = String::new();
 
     body.push_str(&hash_and_build(&spec.keys, "hash", "build"));
+    body.push_str(NUMBERING);
     let _ = write!(
         body,
-        r#"extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_flags(const u32* table, u64 cap, u32* flags) {{
-    for (u64 s = spate::global_thread_index(); s < cap; s += spate::grid_stride()) flags[s] = table[s] != 0u ? 1u : 0u;
-}}
-SPATE_EXPORT(ENTRY_flags)
-
-extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_assign(const u32* table, const u32* group_of_slot, u64 cap, const u32* slot_of_row, u64 n, u32* gid, u32* reps) {{
-    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) gid[i] = group_of_slot[slot_of_row[i]];
-    for (u64 s = spate::global_thread_index(); s < cap; s += spate::grid_stride()) {{
-        const u32 row = table[s];
-        if (row != 0u) reps[group_of_slot[s]] = row - 1u;
-    }}
-}}
-SPATE_EXPORT(ENTRY_assign)
-
-extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_canon(u8* data, u64 n, u64 width) {{
+        r#"extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_canon(u8* data, u64 n, u64 width) {{
     for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{
         if (width == 4ull) {{ u32* p = (u32*)data; if (p[i] == 0x80000000u) p[i] = 0u; }}
         else {{ u64* p = (u64*)data; if (p[i] == 0x8000000000000000ull) p[i] = 0ull; }}
@@ -605,25 +613,44 @@ SPATE_EXPORT(ENTRY_dcount{j})
         ]);
     }
 
-    let tag = blake3_hex(&body);
+    let (source, entries) = finish_program(
+        &body,
+        &names,
+        "agg",
+        &format!("spate::exec::aggregate for {label}"),
+    );
+    AggProgram {
+        source,
+        entries,
+        words: lay.words,
+    }
+}
+
+/// Names a generated program's kernels: each `ENTRY_<name>` in `body` becomes
+/// `spate_<family>_<name>_<hash of the body>`. Returns the full source (with the preamble and
+/// a comment naming `origin`) and the `(name, entry point)` pairs.
+pub(crate) fn finish_program(
+    body: &str,
+    names: &[String],
+    family: &str,
+    origin: &str,
+) -> (String, Vec<(String, String)>) {
+    let tag = blake3_hex(body);
     let entries: Vec<(String, String)> = names
         .iter()
-        .map(|n| (n.clone(), format!("spate_agg_{n}_{tag}")))
+        .map(|n| (n.clone(), format!("spate_{family}_{n}_{tag}")))
         .collect();
     // Longest names first, so that no name is replaced inside a longer one.
     let mut by_length: Vec<&(String, String)> = entries.iter().collect();
     by_length.sort_by_key(|(n, _)| std::cmp::Reverse(n.len()));
-    let mut text = body;
+    let mut text = body.to_string();
     for (n, entry) in by_length {
         text = text.replace(&format!("ENTRY_{n}("), &format!("{entry}("));
         text = text.replace(&format!("ENTRY_{n})"), &format!("{entry})"));
     }
-    AggProgram {
-        source: format!(
-            "// Generated by spate::exec::aggregate for {}.\n{PREAMBLE}\n{text}",
-            label.replace('\n', " ")
-        ),
-        entries,
-        words: lay.words,
-    }
+    let source = format!(
+        "// Generated by {}.\n{PREAMBLE}\n{text}",
+        origin.replace('\n', " ")
+    );
+    (source, entries)
 }

@@ -33,7 +33,7 @@
 //! are not updated on the GPU: they keep their initial, pass-everything value, which is correct
 //! and only forgoes the pruning.
 
-mod codegen;
+pub(crate) mod codegen;
 
 use std::fmt;
 use std::sync::Arc;
@@ -474,21 +474,42 @@ impl GpuAggregateExec {
     }
 }
 
-/// The compiled kernels of one aggregation, by the names in `codegen`'s docs.
-struct Kernels {
-    program: std::collections::HashMap<String, Kernel>,
-    computed: Option<Kernel>,
+/// The compiled kernels of one generated program, by the names in its `codegen` docs.
+pub(super) struct Kernels {
+    pub(super) program: std::collections::HashMap<String, Kernel>,
+    pub(super) computed: Option<Kernel>,
 }
 
 impl Kernels {
-    fn get(&self, name: &str) -> Result<&Kernel> {
+    /// Compiles (once per session) the program `source` with its `(name, entry)` kernels.
+    pub(super) fn compile(
+        gpu: &crate::device::GpuContext,
+        source: &str,
+        entries: &[(String, String)],
+    ) -> Result<std::collections::HashMap<String, Kernel>> {
+        let names: Vec<&str> = entries.iter().map(|(_, e)| e.as_str()).collect();
+        let compiled = gpu.generated_kernels(source, &names)?;
+        Ok(entries
+            .iter()
+            .map(|(name, _)| name.clone())
+            .zip(compiled)
+            .collect())
+    }
+
+    pub(super) fn get(&self, name: &str) -> Result<&Kernel> {
         self.program.get(name).ok_or_else(|| SpateError::Internal {
             message: format!("the aggregation program has no `{name}` kernel"),
         })
     }
 }
 
-fn launch(stream: &DeviceStream, kernel: &Kernel, n: usize, args: &[KernelArg]) -> Result<()> {
+/// Launches a generated grid-stride kernel over `n` items (nothing when `n` is 0).
+pub(super) fn launch(
+    stream: &DeviceStream,
+    kernel: &Kernel,
+    n: usize,
+    args: &[KernelArg],
+) -> Result<()> {
     if n == 0 {
         return Ok(());
     }
@@ -501,13 +522,42 @@ fn launch(stream: &DeviceStream, kernel: &Kernel, n: usize, args: &[KernelArg]) 
 
 /// Numbers the groups of `keys` with the `hash` and `build` kernels named: per row its group,
 /// per group its first row, and the count.
-fn group_rows(
+pub(super) fn group_rows(
+    stream: &DeviceStream,
+    kernels: &Kernels,
+    names: (&str, &str),
+    keys: &[DeviceColumn],
+    n: usize,
+) -> Result<(DeviceBuffer<u32>, DeviceBuffer<u32>, usize)> {
+    let g = build_table(stream, kernels, names, keys, n)?;
+    Ok((g.gid, g.reps, g.groups))
+}
+
+/// A hash table over rows' keys, and the groups of equal keys it found.
+pub(super) struct Grouping {
+    /// Per row, its group.
+    pub(super) gid: DeviceBuffer<u32>,
+    /// Per group, its first row.
+    pub(super) reps: DeviceBuffer<u32>,
+    /// Groups.
+    pub(super) groups: usize,
+    /// Per row, its key hash.
+    pub(super) hashes: DeviceBuffer<u64>,
+    /// The open-addressing table: `row + 1` of a group's first row, 0 when empty.
+    pub(super) table: DeviceBuffer<u32>,
+    /// Per slot, the group it holds (meaningful for occupied slots).
+    pub(super) group_of_slot: DeviceBuffer<u32>,
+}
+
+/// Builds the table over `keys` (n rows) with the `hash` and `build` kernels named, and numbers
+/// its groups.
+pub(super) fn build_table(
     stream: &DeviceStream,
     kernels: &Kernels,
     (hash, build): (&str, &str),
     keys: &[DeviceColumn],
     n: usize,
-) -> Result<(DeviceBuffer<u32>, DeviceBuffer<u32>, usize)> {
+) -> Result<Grouping> {
     let mut key_args = Vec::with_capacity(keys.len() * 5 + 6);
     for k in keys {
         column_args(k, &mut key_args);
@@ -556,7 +606,14 @@ fn group_rows(
             (&reps).into(),
         ],
     )?;
-    Ok((gid, reps, groups))
+    Ok(Grouping {
+        gid,
+        reps,
+        groups,
+        hashes,
+        table,
+        group_of_slot,
+    })
 }
 
 /// Aggregates one device batch into one batch of groups.
@@ -809,17 +866,8 @@ impl GpuExec for GpuAggregateExec {
     ) -> DFResult<DeviceBatchStream> {
         let gpu = gpu_context(&context)?;
         let program = &self.plan.program;
-        let entries: Vec<&str> = program.entries.iter().map(|(_, e)| e.as_str()).collect();
-        let compiled = gpu
-            .generated_kernels(&program.source, &entries)
-            .map_err(to_df)?;
         let kernels = Kernels {
-            program: program
-                .entries
-                .iter()
-                .map(|(name, _)| name.clone())
-                .zip(compiled)
-                .collect(),
+            program: Kernels::compile(&gpu, &program.source, &program.entries).map_err(to_df)?,
             computed: match &self.plan.computed {
                 Some(k) => Some(gpu.generated_kernel(&k.source, &k.entry).map_err(to_df)?),
                 None => None,

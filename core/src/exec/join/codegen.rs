@@ -1,0 +1,152 @@
+//! CUDA source for one GPU hash join, generated from the join keys' device types.
+//!
+//! Kernels (columns take the five-parameter layout of `crate::expr::column_args`; `k` columns
+//! are the build side's keys, `p` columns the probe side's):
+//! - `hash`, `build`, `flags`, `assign`: the build side's table and its groups of equal keys,
+//!   as for aggregation (see `exec::aggregate::codegen`).
+//! - `bcount(const u32* gid, u64 n, u32* sizes)`: rows per group.
+//! - `bscatter(const u32* gid, u64 n, const u32* group_start, u32* fill, u32* rows_by_group)`:
+//!   the build rows listed group by group (CSR), `group_start` being the scan of `sizes`.
+//! - `probe(p…, k…, u64 n, const u64* bhashes, const u32* table, u64 mask,
+//!   const u32* group_of_slot, const u32* sizes, u32 null_equal, u32 outer, u32* pgroup,
+//!   u64* counts, u32* matched)`: per probe row, the build group with equal keys (or `NONE`),
+//!   and how many output rows it makes (`outer`: at least one). A probe row with a NULL key
+//!   matches nothing unless `null_equal`. Marks `matched[group]` when `matched` is not null.
+//! - `pairs(const u32* pgroup, const u64* offsets, u64 n, const u32* group_start,
+//!   const u32* sizes, const u32* rows_by_group, u32 outer, u32* out_probe, u32* out_build)`:
+//!   the (probe row, build row) pairs at each probe row's offset; an unmatched probe row of an
+//!   outer join pairs with `SPATE_NULL_INDEX`.
+//! - `pmask(const u32* pgroup, u64 n, u32 want_match, u8* mask)` and `bmask(const u32* gid,
+//!   u64 n, const u32* matched, u32 want_match, u8* mask)`: probe or build rows that did (or
+//!   did not) match, for semi and anti joins and the unmatched rows of outer joins.
+
+use std::fmt::Write as _;
+
+use crate::exec::aggregate::codegen::{
+    NUMBERING, column_params, finish_program, hash_and_build, key_equal, key_hash,
+};
+use crate::expr::DevType;
+
+/// The generated program: its source and `(kernel, entry point)` pairs.
+#[derive(Debug, Clone)]
+pub(super) struct JoinProgram {
+    pub(super) source: String,
+    pub(super) entries: Vec<(String, String)>,
+}
+
+const FIXED: &str = r#"#define SPATE_JOIN_NONE 0xFFFFFFFFu
+
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_bcount(const u32* gid, u64 n, u32* sizes) {
+    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) atomicAdd(&sizes[gid[i]], 1u);
+}
+SPATE_EXPORT(ENTRY_bcount)
+
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_bscatter(const u32* gid, u64 n, const u32* group_start, u32* fill, u32* rows_by_group) {
+    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {
+        const u32 g = gid[i];
+        rows_by_group[group_start[g] + atomicAdd(&fill[g], 1u)] = (u32)i;
+    }
+}
+SPATE_EXPORT(ENTRY_bscatter)
+
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_pairs(const u32* pgroup, const u64* offsets, u64 n, const u32* group_start, const u32* sizes, const u32* rows_by_group, u32 outer, u32* out_probe, u32* out_build) {
+    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {
+        const u32 g = pgroup[i];
+        const u64 o = offsets[i];
+        if (g == SPATE_JOIN_NONE) {
+            if (outer) {
+                out_probe[o] = (u32)i;
+                out_build[o] = SPATE_NULL_INDEX;
+            }
+            continue;
+        }
+        const u32 start = group_start[g];
+        const u32 size = sizes[g];
+        for (u32 k = 0; k < size; ++k) {
+            out_probe[o + k] = (u32)i;
+            out_build[o + k] = rows_by_group[start + k];
+        }
+    }
+}
+SPATE_EXPORT(ENTRY_pairs)
+
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_pmask(const u32* pgroup, u64 n, u32 want_match, u8* mask) {
+    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride())
+        mask[i] = ((pgroup[i] != SPATE_JOIN_NONE) == (want_match != 0u)) ? 1 : 0;
+}
+SPATE_EXPORT(ENTRY_pmask)
+
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_bmask(const u32* gid, u64 n, const u32* matched, u32 want_match, u8* mask) {
+    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride())
+        mask[i] = ((matched[gid[i]] != 0u) == (want_match != 0u)) ? 1 : 0;
+}
+SPATE_EXPORT(ENTRY_bmask)
+
+"#;
+
+/// Generates the join program for keys of `keys` (the same device types on both sides).
+pub(super) fn generate(keys: &[DevType], label: &str) -> JoinProgram {
+    let mut body = hash_and_build(keys, "hash", "build");
+    body.push_str(NUMBERING);
+    body.push_str(FIXED);
+    let pparams = column_params("p", keys.len());
+    let kparams = column_params("k", keys.len());
+    let mut any_null = String::from("        bool any_null = false;\n");
+    let mut hash = String::from("            u64 h = 0ull;\n");
+    let mut equal = String::new();
+    for (k, ty) in keys.iter().enumerate() {
+        let _ = writeln!(
+            any_null,
+            "        any_null = any_null || !spate::row_is_valid(pv{k}, po{k}, i);"
+        );
+        let _ = writeln!(
+            hash,
+            "            h = spate::hash_combine(h, {});",
+            key_hash("p", k, *ty)
+        );
+        equal.push_str(&key_equal("k", "p", k, *ty));
+    }
+    let _ = write!(
+        body,
+        r#"extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_probe({pparams}{kparams}u64 n, const u64* bhashes, const u32* table, u64 mask, const u32* group_of_slot, const u32* sizes, u32 null_equal, u32 outer, u32* pgroup, u64* counts, u32* matched) {{
+    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{
+{any_null}        u32 g = SPATE_JOIN_NONE;
+        if (null_equal != 0u || !any_null) {{
+{hash}            u64 s = h & mask;
+            for (;;) {{
+                const u32 cur = table[s];
+                if (cur == 0u) break;
+                const u64 a = (u64)(cur - 1u);
+                const u64 b = i;
+                bool eq = bhashes[a] == h;
+{equal}                if (eq) {{
+                    g = group_of_slot[s];
+                    break;
+                }}
+                s = (s + 1ull) & mask;
+            }}
+        }}
+        pgroup[i] = g;
+        const u64 size = g == SPATE_JOIN_NONE ? 0ull : (u64)sizes[g];
+        if (matched != nullptr && g != SPATE_JOIN_NONE) matched[g] = 1u;
+        counts[i] = (outer != 0u && size == 0ull) ? 1ull : size;
+    }}
+}}
+SPATE_EXPORT(ENTRY_probe)
+"#
+    );
+    let names: Vec<String> = [
+        "hash", "build", "flags", "assign", "bcount", "bscatter", "probe", "pairs", "pmask",
+        "bmask",
+    ]
+    .iter()
+    .map(|n| n.to_string())
+    .collect();
+    let (source, entries) = finish_program(
+        &body,
+        &names,
+        "join",
+        &format!("spate::exec::join for {label}"),
+    );
+    JoinProgram { source, entries }
+}

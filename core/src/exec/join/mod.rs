@@ -1,0 +1,754 @@
+//! `GpuHashJoinExec`: DataFusion's `HashJoinExec` (equi-joins) on the GPU.
+//!
+//! The left input is the build side, as DataFusion plans it. Its batches are concatenated on
+//! the device and its rows grouped by key in an open-addressing table (the aggregation's), and
+//! the rows of each group are listed together (CSR). Each probe (right) batch then:
+//! 1. looks every row's keys up in the table (a NULL key matches nothing, unless the join
+//!    treats NULLs as equal), which gives its group and its number of output rows;
+//! 2. a prefix sum of those counts places every probe row's output, and one kernel writes the
+//!    (probe row, build row) pairs; inner and outer joins gather both sides' columns by them,
+//!    semi and anti joins keep the probe rows that did or did not match.
+//!
+//! Left, full, left semi and left anti joins mark the build groups that matched and emit the
+//! build rows that did (not) match after the last probe batch. The build side is shared by all
+//! probe partitions in `CollectLeft` mode, so these joins run on the GPU there only when the
+//! probe side has one partition; in `Partitioned` mode each partition has its own build side.
+//!
+//! Output order is probe order (then the build side's unmatched rows), as DataFusion's; the
+//! build rows of one probe row come in any order. Residual join filters, null-aware anti joins,
+//! mark joins and float keys stay on the CPU.
+
+mod codegen;
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{JoinType, NullEquality};
+use datafusion::error::Result as DFResult;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::{
+    ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan,
+    InputDistributionRequirements, PlanProperties, ReplaceChildrenOptions,
+};
+use futures::{StreamExt, TryStreamExt};
+use spate_kernels::compact::{self, Mask};
+use spate_kernels::{DeviceBuffer, DeviceSlice, KernelArg, Stream as DeviceStream};
+
+use self::codegen::JoinProgram;
+use super::aggregate::{Grouping, Kernels, build_table, launch};
+use super::{
+    DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, device_input, execute_for_host,
+    gpu_context, to_df,
+};
+use crate::column::{
+    DeviceBatch, DeviceColumn, concat_device_batches, gather_column, gather_column_or_null,
+    upload_batch,
+};
+use crate::error::{Result, SpateError};
+use crate::expr::{DevType, Unsupported, column_args};
+
+/// The build side: the left input's rows, grouped by key and listed group by group.
+struct BuildSide {
+    batch: DeviceBatch,
+    keys: Vec<DeviceColumn>,
+    grouping: Grouping,
+    sizes: DeviceBuffer<u32>,
+    group_start: DeviceBuffer<u32>,
+    rows_by_group: DeviceBuffer<u32>,
+    /// Per group, set when a probe row matched it (left, full, left semi and anti joins).
+    matched: Option<DeviceBuffer<u32>>,
+}
+
+/// What the GPU computes for one `HashJoinExec`.
+#[derive(Debug)]
+struct JoinPlan {
+    build_keys: Vec<usize>,
+    probe_keys: Vec<usize>,
+    program: JoinProgram,
+}
+
+/// A hash join running on the GPU.
+pub struct GpuHashJoinExec {
+    /// The `HashJoinExec` this replaces (its properties and rebuilds are reused).
+    cpu: Arc<dyn ExecutionPlan>,
+    join_type: JoinType,
+    collect_left: bool,
+    null_equal: bool,
+    projection: Option<Vec<usize>>,
+    fetch: Option<usize>,
+    plan: Arc<JoinPlan>,
+    /// The build side in `CollectLeft` mode, built once for every probe partition.
+    shared: Arc<tokio::sync::OnceCell<Arc<BuildSide>>>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl fmt::Debug for GpuHashJoinExec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GpuHashJoinExec")
+            .field("cpu", &self.cpu)
+            .field("plan", &self.plan)
+            .finish()
+    }
+}
+
+fn key_columns(
+    exprs: impl Iterator<Item = Arc<dyn PhysicalExpr>>,
+    schema: &arrow::datatypes::Schema,
+    side: &str,
+) -> std::result::Result<(Vec<usize>, Vec<DevType>), Unsupported> {
+    let mut columns = Vec::new();
+    let mut types = Vec::new();
+    for e in exprs {
+        let c = e.downcast_ref::<Column>().ok_or_else(|| {
+            Unsupported(format!(
+                "{side} join key `{e}` is an expression; GPU joins take columns for now"
+            ))
+        })?;
+        let data_type = schema.field(c.index()).data_type();
+        let ty = DevType::of(data_type)
+            .filter(|t| !matches!(t, DevType::F32 | DevType::F64))
+            .ok_or_else(|| {
+                Unsupported(format!(
+                    "{side} join key `{e}` has type {data_type}, which GPU joins do not support \
+                     yet"
+                ))
+            })?;
+        columns.push(c.index());
+        types.push(ty);
+    }
+    Ok((columns, types))
+}
+
+/// Join types whose build rows are emitted after probing (they need every probe row).
+fn emits_build_rows(join_type: JoinType) -> bool {
+    matches!(
+        join_type,
+        JoinType::Left | JoinType::Full | JoinType::LeftSemi | JoinType::LeftAnti
+    )
+}
+
+impl GpuHashJoinExec {
+    /// Why `join` must stay on the CPU, if it must.
+    pub fn check(join: &HashJoinExec) -> std::result::Result<(), Unsupported> {
+        Self::plan_for(join).map(|_| ())
+    }
+
+    /// The GPU version of `plan` (a `HashJoinExec`), or why it must stay on the CPU.
+    pub fn try_new(plan: Arc<dyn ExecutionPlan>) -> std::result::Result<Self, Unsupported> {
+        let join = plan
+            .downcast_ref::<HashJoinExec>()
+            .ok_or_else(|| Unsupported(format!("{} is not a hash join", plan.name())))?;
+        let (collect_left, join_plan) = Self::plan_for(join)?;
+        Ok(GpuHashJoinExec {
+            join_type: *join.join_type(),
+            collect_left,
+            null_equal: join.null_equality() == NullEquality::NullEqualsNull,
+            projection: join.projection.as_ref().map(|p| p.to_vec()),
+            fetch: join.fetch(),
+            cpu: Arc::clone(&plan),
+            plan: Arc::new(join_plan),
+            shared: Arc::new(tokio::sync::OnceCell::new()),
+            metrics: ExecutionPlanMetricsSet::new(),
+        })
+    }
+
+    fn plan_for(join: &HashJoinExec) -> std::result::Result<(bool, JoinPlan), Unsupported> {
+        let left = join.left().schema();
+        let right = join.right().schema();
+        check_input_types(&left)?;
+        check_input_types(&right)?;
+        let join_type = *join.join_type();
+        if !matches!(
+            join_type,
+            JoinType::Inner
+                | JoinType::Left
+                | JoinType::Right
+                | JoinType::Full
+                | JoinType::LeftSemi
+                | JoinType::LeftAnti
+                | JoinType::RightSemi
+                | JoinType::RightAnti
+        ) {
+            return Err(Unsupported(format!(
+                "{join_type} joins do not run on the GPU yet"
+            )));
+        }
+        if let Some(filter) = join.filter() {
+            return Err(Unsupported(format!(
+                "the residual join filter `{}` does not run on the GPU yet",
+                filter.expression()
+            )));
+        }
+        if join.null_aware {
+            return Err(Unsupported(
+                "null-aware anti joins (NOT IN) do not run on the GPU yet".into(),
+            ));
+        }
+        let collect_left = match join.partition_mode() {
+            PartitionMode::CollectLeft => true,
+            PartitionMode::Partitioned => false,
+            PartitionMode::Auto => {
+                return Err(Unsupported(
+                    "a join whose partition mode is not decided yet".into(),
+                ));
+            }
+        };
+        if collect_left
+            && emits_build_rows(join_type)
+            && join
+                .right()
+                .properties()
+                .output_partitioning()
+                .partition_count()
+                > 1
+        {
+            return Err(Unsupported(format!(
+                "a {join_type} join with a shared build side and several probe partitions \
+                 (its unmatched build rows need every partition) does not run on the GPU yet"
+            )));
+        }
+        let (build_keys, build_types) =
+            key_columns(join.on().iter().map(|(l, _)| Arc::clone(l)), &left, "left")?;
+        let (probe_keys, probe_types) = key_columns(
+            join.on().iter().map(|(_, r)| Arc::clone(r)),
+            &right,
+            "right",
+        )?;
+        if build_types != probe_types {
+            return Err(Unsupported(format!(
+                "join keys of different types ({build_types:?} and {probe_types:?})"
+            )));
+        }
+        let program = codegen::generate(&build_types, &format!("{join_type} join"));
+        Ok((
+            collect_left,
+            JoinPlan {
+                build_keys,
+                probe_keys,
+                program,
+            },
+        ))
+    }
+
+    fn rebuild(cpu: Arc<dyn ExecutionPlan>) -> DFResult<Arc<dyn ExecutionPlan>> {
+        // The GPU join again if it still applies, else the CPU node, which is always correct.
+        match GpuHashJoinExec::try_new(Arc::clone(&cpu)) {
+            Ok(gpu) => Ok(Arc::new(gpu)),
+            Err(_) => Ok(cpu),
+        }
+    }
+
+    fn left(&self) -> &Arc<dyn ExecutionPlan> {
+        self.cpu.children()[0]
+    }
+
+    fn right(&self) -> &Arc<dyn ExecutionPlan> {
+        self.cpu.children()[1]
+    }
+}
+
+/// Groups the build rows and lists them group by group.
+fn build_side(
+    stream: &DeviceStream,
+    kernels: &Kernels,
+    plan: &JoinPlan,
+    batch: DeviceBatch,
+    track_matches: bool,
+) -> Result<BuildSide> {
+    let n = batch.num_rows();
+    if n >= u32::MAX as usize {
+        return Err(SpateError::Unsupported {
+            message: format!("a GPU join build side of {n} rows (the limit is 2^32 - 2)"),
+        });
+    }
+    let keys: Vec<DeviceColumn> = plan
+        .build_keys
+        .iter()
+        .map(|&k| batch.columns()[k].clone())
+        .collect();
+    let grouping = build_table(stream, kernels, ("hash", "build"), &keys, n)?;
+    let groups = grouping.groups;
+    let sizes = stream.alloc_zeroed::<u32>(groups.max(1))?;
+    launch(
+        stream,
+        kernels.get("bcount")?,
+        n,
+        &[
+            (&grouping.gid).into(),
+            KernelArg::U64(n as u64),
+            (&sizes).into(),
+        ],
+    )?;
+    let group_start = spate_kernels::scan::exclusive_sum(stream, sizes.as_slice())?;
+    let fill = stream.alloc_zeroed::<u32>(groups.max(1))?;
+    let rows_by_group = stream.alloc::<u32>(n.max(1))?;
+    launch(
+        stream,
+        kernels.get("bscatter")?,
+        n,
+        &[
+            (&grouping.gid).into(),
+            KernelArg::U64(n as u64),
+            (&group_start).into(),
+            (&fill).into(),
+            (&rows_by_group).into(),
+        ],
+    )?;
+    let matched = if track_matches {
+        Some(stream.alloc_zeroed::<u32>(groups.max(1))?)
+    } else {
+        None
+    };
+    Ok(BuildSide {
+        batch,
+        keys,
+        grouping,
+        sizes,
+        group_start,
+        rows_by_group,
+        matched,
+    })
+}
+
+/// The join's output columns from the build rows `build` and probe rows `probe` (either side
+/// absent for semi and anti joins), with the embedded projection applied.
+#[allow(clippy::too_many_arguments)]
+fn assemble(
+    stream: &DeviceStream,
+    schema: &SchemaRef,
+    projection: Option<&[usize]>,
+    build: Option<(&DeviceBatch, DeviceSlice<'_, u32>, bool)>,
+    probe: Option<(&DeviceBatch, DeviceSlice<'_, u32>, bool)>,
+    rows: usize,
+) -> Result<DeviceBatch> {
+    let build_width = build.map_or(0, |(b, _, _)| b.columns().len());
+    let probe_width = probe.map_or(0, |(p, _, _)| p.columns().len());
+    let all: Vec<usize> = (0..build_width + probe_width).collect();
+    let wanted = projection.unwrap_or(&all);
+    let mut columns = Vec::with_capacity(wanted.len());
+    for &c in wanted {
+        let (batch, indices, may_be_null, index) = if c < build_width {
+            let (b, i, null) = build.ok_or_else(|| SpateError::Internal {
+                message: "a join output column from a missing build side".into(),
+            })?;
+            (b, i, null, c)
+        } else {
+            let (p, i, null) = probe.ok_or_else(|| SpateError::Internal {
+                message: "a join output column from a missing probe side".into(),
+            })?;
+            (p, i, null, c - build_width)
+        };
+        let column = &batch.columns()[index];
+        columns.push(if may_be_null {
+            gather_column_or_null(stream, column, indices)?
+        } else {
+            gather_column(stream, column, indices)?
+        });
+    }
+    DeviceBatch::try_new(Arc::clone(schema), columns, rows)
+}
+
+struct ProbeState {
+    stream: Arc<DeviceStream>,
+    kernels: Arc<Kernels>,
+    plan: Arc<JoinPlan>,
+    /// Set once the build side is ready.
+    build: Option<Arc<BuildSide>>,
+    join_type: JoinType,
+    null_equal: bool,
+    projection: Option<Vec<usize>>,
+    schema: SchemaRef,
+    probe_schema: SchemaRef,
+    remaining: Option<usize>,
+    baseline: BaselineMetrics,
+}
+
+impl ProbeState {
+    fn build(&self) -> Result<&BuildSide> {
+        self.build.as_deref().ok_or_else(|| SpateError::Internal {
+            message: "a GPU join probed before its build side was ready".into(),
+        })
+    }
+
+    fn probe(&self, batch: &DeviceBatch) -> Result<Option<DeviceBatch>> {
+        let _timer = self.baseline.elapsed_compute().timer();
+        let s = &self.stream;
+        let n = batch.num_rows();
+        if n >= u32::MAX as usize {
+            return Err(SpateError::Unsupported {
+                message: format!("a GPU join probe batch of {n} rows (the limit is 2^32 - 2)"),
+            });
+        }
+        let build = self.build()?;
+        let outer_probe = matches!(self.join_type, JoinType::Right | JoinType::Full);
+        let mut args = Vec::new();
+        for &k in &self.plan.probe_keys {
+            column_args(&batch.columns()[k], &mut args);
+        }
+        for k in &build.keys {
+            column_args(k, &mut args);
+        }
+        let pgroup = s.alloc::<u32>(n.max(1))?;
+        let counts = s.alloc::<u64>(n.max(1))?;
+        args.extend([
+            KernelArg::U64(n as u64),
+            (&build.grouping.hashes).into(),
+            (&build.grouping.table).into(),
+            KernelArg::U64(build.grouping.table.len() as u64 - 1),
+            (&build.grouping.group_of_slot).into(),
+            (&build.sizes).into(),
+            KernelArg::U32(u32::from(self.null_equal)),
+            KernelArg::U32(u32::from(outer_probe)),
+            (&pgroup).into(),
+            (&counts).into(),
+            build.matched.as_ref().into(),
+        ]);
+        launch(s, self.kernels.get("probe")?, n, &args)?;
+        match self.join_type {
+            JoinType::LeftSemi | JoinType::LeftAnti => Ok(None),
+            JoinType::RightSemi | JoinType::RightAnti => {
+                let mask = s.alloc::<u8>(n.max(1))?;
+                launch(
+                    s,
+                    self.kernels.get("pmask")?,
+                    n,
+                    &[
+                        (&pgroup).into(),
+                        KernelArg::U64(n as u64),
+                        KernelArg::U32(u32::from(self.join_type == JoinType::RightSemi)),
+                        (&mask).into(),
+                    ],
+                )?;
+                let kept = compact::select_indices(s, Mask::Bytes(mask.as_slice()), None, n)?;
+                let rows = kept.len();
+                if rows == 0 {
+                    return Ok(None);
+                }
+                assemble(
+                    s,
+                    &self.schema,
+                    self.projection.as_deref(),
+                    None,
+                    Some((batch, kept.as_slice(), false)),
+                    rows,
+                )
+                .map(Some)
+            }
+            _ => {
+                let (offsets, total) =
+                    spate_kernels::scan::exclusive_sum_with_total(s, counts.slice(..n)?)?;
+                let total = total as usize;
+                if total == 0 {
+                    return Ok(None);
+                }
+                if total >= u32::MAX as usize {
+                    return Err(SpateError::Unsupported {
+                        message: format!(
+                            "a GPU join producing {total} rows from one probe batch (the limit \
+                             is 2^32 - 2); lower spate.gpu.batch_bytes"
+                        ),
+                    });
+                }
+                let out_probe = s.alloc::<u32>(total)?;
+                let out_build = s.alloc::<u32>(total)?;
+                launch(
+                    s,
+                    self.kernels.get("pairs")?,
+                    n,
+                    &[
+                        (&pgroup).into(),
+                        (&offsets).into(),
+                        KernelArg::U64(n as u64),
+                        (&build.group_start).into(),
+                        (&build.sizes).into(),
+                        (&build.rows_by_group).into(),
+                        KernelArg::U32(u32::from(outer_probe)),
+                        (&out_probe).into(),
+                        (&out_build).into(),
+                    ],
+                )?;
+                assemble(
+                    s,
+                    &self.schema,
+                    self.projection.as_deref(),
+                    Some((&build.batch, out_build.as_slice(), outer_probe)),
+                    Some((batch, out_probe.as_slice(), false)),
+                    total,
+                )
+                .map(Some)
+            }
+        }
+    }
+
+    /// After the last probe batch: the build rows that matched (left semi) or did not (left
+    /// anti, and with NULLs for the probe side, left and full outer).
+    fn finish(&self) -> Result<Option<DeviceBatch>> {
+        let _timer = self.baseline.elapsed_compute().timer();
+        let s = &self.stream;
+        let build = self.build()?;
+        let Some(matched) = &build.matched else {
+            return Ok(None);
+        };
+        let n = build.batch.num_rows();
+        if n == 0 {
+            return Ok(None);
+        }
+        let mask = s.alloc::<u8>(n)?;
+        launch(
+            s,
+            self.kernels.get("bmask")?,
+            n,
+            &[
+                (&build.grouping.gid).into(),
+                KernelArg::U64(n as u64),
+                matched.into(),
+                KernelArg::U32(u32::from(self.join_type == JoinType::LeftSemi)),
+                (&mask).into(),
+            ],
+        )?;
+        let kept = compact::select_indices(s, Mask::Bytes(mask.as_slice()), None, n)?;
+        let rows = kept.len();
+        if rows == 0 {
+            return Ok(None);
+        }
+        if matches!(self.join_type, JoinType::LeftSemi | JoinType::LeftAnti) {
+            return assemble(
+                s,
+                &self.schema,
+                self.projection.as_deref(),
+                Some((&build.batch, kept.as_slice(), false)),
+                None,
+                rows,
+            )
+            .map(Some);
+        }
+        // Left and full outer: the probe side is all NULL.
+        let nothing = s.from_host(&vec![spate_kernels::launch::NULL_INDEX; rows])?;
+        let empty = upload_batch(s, &RecordBatch::new_empty(Arc::clone(&self.probe_schema)))?;
+        assemble(
+            s,
+            &self.schema,
+            self.projection.as_deref(),
+            Some((&build.batch, kept.as_slice(), false)),
+            Some((&empty, nothing.as_slice(), true)),
+            rows,
+        )
+        .map(Some)
+    }
+
+    /// Applies the join's fetch (LIMIT) to an output batch.
+    fn limit(&mut self, batch: DeviceBatch) -> Result<Option<DeviceBatch>> {
+        let Some(remaining) = self.remaining.as_mut() else {
+            return Ok(Some(batch));
+        };
+        let rows = batch.num_rows().min(*remaining);
+        *remaining -= rows;
+        if rows == 0 {
+            return Ok(None);
+        }
+        if rows == batch.num_rows() {
+            return Ok(Some(batch));
+        }
+        let first: Vec<u32> = (0..rows as u32).collect();
+        let first = self.stream.from_host(&first)?;
+        let columns = batch
+            .columns()
+            .iter()
+            .map(|c| gather_column(&self.stream, c, first.as_slice()))
+            .collect::<Result<Vec<_>>>()?;
+        DeviceBatch::try_new(Arc::clone(batch.schema()), columns, rows).map(Some)
+    }
+}
+
+impl DisplayAs for GpuHashJoinExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Gpu")?;
+        self.cpu.fmt_as(t, f)
+    }
+}
+
+impl ExecutionPlan for GpuHashJoinExec {
+    fn name(&self) -> &str {
+        "GpuHashJoinExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.cpu.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        self.cpu.children()
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DFResult<TreeNodeRecursion>,
+    ) -> DFResult<TreeNodeRecursion> {
+        self.cpu.apply_expressions(f)
+    }
+
+    fn input_distribution_requirements(&self) -> InputDistributionRequirements {
+        self.cpu.input_distribution_requirements()
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        self.cpu.maintains_input_order()
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+        options: ReplaceChildrenOptions,
+    ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        let cpu = Arc::clone(&self.cpu).replace_children(children, options)?;
+        Self::rebuild(cpu)
+    }
+
+    #[allow(deprecated)]
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+        )
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> DFResult<SendableRecordBatchStream> {
+        execute_for_host(self, partition, context, &self.metrics)
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn fetch(&self) -> Option<usize> {
+        self.fetch
+    }
+}
+
+impl GpuExec for GpuHashJoinExec {
+    fn execute_device(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+        stream: Arc<DeviceStream>,
+    ) -> DFResult<DeviceBatchStream> {
+        let gpu = gpu_context(&context)?;
+        let program = &self.plan.program;
+        let kernels = Arc::new(Kernels {
+            program: Kernels::compile(&gpu, &program.source, &program.entries).map_err(to_df)?,
+            computed: None,
+        });
+        let join_type = self.join_type;
+        let transfer = TransferMetrics::new(&self.metrics, partition);
+        let collect_left = self.collect_left;
+        let left = Arc::clone(self.left());
+        let left_schema = left.schema();
+        let shared = Arc::clone(&self.shared);
+        let build_plan = Arc::clone(&self.plan);
+        let build_kernels = Arc::clone(&kernels);
+        let build_context = Arc::clone(&context);
+        let build_stream = Arc::clone(&stream);
+        let build_transfer = transfer.clone();
+        let track = emits_build_rows(join_type);
+        let build = async move {
+            let make = |stream: Arc<DeviceStream>, left_partition: usize| async move {
+                let input = device_input(
+                    &left,
+                    left_partition,
+                    &build_context,
+                    &stream,
+                    &build_transfer,
+                )?;
+                let batches: Vec<DeviceBatch> = input.try_collect().await?;
+                let all = concat_device_batches(&stream, &left_schema, batches).map_err(to_df)?;
+                let side =
+                    build_side(&stream, &build_kernels, &build_plan, all, track).map_err(to_df)?;
+                // Other partitions' streams read the build side: it must be complete.
+                stream.synchronize().map_err(|e| to_df(e.into()))?;
+                DFResult::Ok(Arc::new(side))
+            };
+            if collect_left {
+                let own = Arc::new(gpu.device().new_stream().map_err(|e| to_df(e.into()))?);
+                shared
+                    .get_or_try_init(|| make(own, 0))
+                    .await
+                    .map(Arc::clone)
+            } else {
+                make(build_stream, partition).await
+            }
+        };
+        let probe = device_input(self.right(), partition, &context, &stream, &transfer)?;
+        let state = (
+            ProbeState {
+                stream,
+                kernels,
+                plan: Arc::clone(&self.plan),
+                build: None,
+                join_type,
+                null_equal: self.null_equal,
+                projection: self.projection.clone(),
+                schema: self.schema(),
+                probe_schema: self.right().schema(),
+                remaining: self.fetch,
+                baseline: BaselineMetrics::new(&self.metrics, partition),
+            },
+            Some(Box::pin(build)
+                as std::pin::Pin<
+                    Box<dyn Future<Output = DFResult<Arc<BuildSide>>> + Send>,
+                >),
+            probe,
+            false,
+        );
+        Ok(Box::pin(futures::stream::unfold(
+            state,
+            |(mut s, mut build, mut probe, mut finished)| async move {
+                if let Some(b) = build.take() {
+                    match b.await {
+                        Ok(side) => s.build = Some(side),
+                        Err(e) => return Some((Err(e), (s, None, probe, true))),
+                    }
+                }
+                loop {
+                    if finished || s.remaining == Some(0) {
+                        return None;
+                    }
+                    let out = match probe.next().await {
+                        Some(Err(e)) => return Some((Err(e), (s, None, probe, true))),
+                        Some(Ok(batch)) => s.probe(&batch),
+                        None => {
+                            finished = true;
+                            s.finish()
+                        }
+                    };
+                    let out = out.and_then(|o| match o {
+                        Some(batch) => s.limit(batch),
+                        None => Ok(None),
+                    });
+                    match out {
+                        Ok(Some(batch)) => {
+                            s.baseline.record_output(batch.num_rows());
+                            return Some((Ok(batch), (s, None, probe, finished)));
+                        }
+                        Ok(None) => continue,
+                        Err(e) => return Some((Err(to_df(e)), (s, None, probe, true))),
+                    }
+                }
+            },
+        )))
+    }
+}
