@@ -956,6 +956,22 @@ async fn hash_joins_match_the_cpu() {
                 queries.push(
                     "SELECT lt.a, rt.b FROM lt JOIN rt ON lt.a IS NOT DISTINCT FROM rt.a".into(),
                 );
+                // Residual join filters, over both sides' columns.
+                for j in ["JOIN", "LEFT JOIN", "RIGHT JOIN", "FULL JOIN"] {
+                    queries.push(format!(
+                        "SELECT lt.a, lt.m, rt.m, rt.s FROM lt {j} rt ON {on} AND lt.m < rt.m"
+                    ));
+                }
+                for exists in ["EXISTS", "NOT EXISTS"] {
+                    for side in [("lt", "rt"), ("rt", "lt")] {
+                        queries.push(format!(
+                            "SELECT {o}.a, {o}.dt FROM {o} WHERE {exists} (SELECT 1 FROM {i} \
+                             WHERE {on} AND {i}.dt > {o}.dt AND {i}.s <> {o}.s)",
+                            o = side.0,
+                            i = side.1
+                        ));
+                    }
+                }
             }
             for exists in ["EXISTS", "NOT EXISTS"] {
                 queries.push(format!(

@@ -19,6 +19,9 @@
 //! - `pmask(const u32* pgroup, u64 n, u32 want_match, u8* mask)` and `bmask(const u32* gid,
 //!   u64 n, const u32* matched, u32 want_match, u8* mask)`: probe or build rows that did (or
 //!   did not) match, for semi and anti joins and the unmatched rows of outer joins.
+//! - With a residual join filter, matches are decided per row pair: `mark(const u32* rows,
+//!   const u8* keep, u64 total, u32* flags)` flags the rows of the pairs the filter kept, and
+//!   `fmask(const u32* flags, u64 n, u32 want, u8* mask)` selects the rows flagged (or not).
 
 use std::fmt::Write as _;
 
@@ -75,6 +78,18 @@ extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_pmask(co
         mask[i] = ((pgroup[i] != SPATE_JOIN_NONE) == (want_match != 0u)) ? 1 : 0;
 }
 SPATE_EXPORT(ENTRY_pmask)
+
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_mark(const u32* rows, const u8* keep, u64 total, u32* flags) {
+    for (u64 p = spate::global_thread_index(); p < total; p += spate::grid_stride())
+        if (keep[p] != 0 && rows[p] != SPATE_NULL_INDEX) flags[rows[p]] = 1u;
+}
+SPATE_EXPORT(ENTRY_mark)
+
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_fmask(const u32* flags, u64 n, u32 want, u8* mask) {
+    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride())
+        mask[i] = ((flags[i] != 0u) == (want != 0u)) ? 1 : 0;
+}
+SPATE_EXPORT(ENTRY_fmask)
 
 extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_bmask(const u32* gid, u64 n, const u32* matched, u32 want_match, u8* mask) {
     for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride())
@@ -137,7 +152,7 @@ SPATE_EXPORT(ENTRY_probe)
     );
     let names: Vec<String> = [
         "hash", "build", "flags", "assign", "bcount", "bscatter", "probe", "pairs", "pmask",
-        "bmask",
+        "bmask", "mark", "fmask",
     ]
     .iter()
     .map(|n| n.to_string())

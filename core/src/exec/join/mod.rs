@@ -15,8 +15,9 @@
 //! probe side has one partition; in `Partitioned` mode each partition has its own build side.
 //!
 //! Output order is probe order (then the build side's unmatched rows), as DataFusion's; the
-//! build rows of one probe row come in any order. Residual join filters, null-aware anti joins,
-//! mark joins and float keys stay on the CPU.
+//! build rows of one probe row come in any order. A residual join filter is evaluated on the
+//! candidate pairs by the expression JIT; then matches (and so outer, semi and anti rows) are
+//! decided per row pair. Null-aware anti joins, mark joins and float keys stay on the CPU.
 
 mod codegen;
 
@@ -27,7 +28,7 @@ use std::sync::Arc;
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{JoinType, NullEquality};
+use datafusion::common::{JoinSide, JoinType, NullEquality};
 use datafusion::error::Result as DFResult;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::PhysicalExpr;
@@ -53,7 +54,9 @@ use crate::column::{
     upload_batch,
 };
 use crate::error::{Result, SpateError};
-use crate::expr::{DevType, Unsupported, column_args};
+use crate::expr::{
+    DevType, PredicateKernel, Unsupported, column_args, evaluate_predicate, predicate_kernel,
+};
 
 /// The build side: the left input's rows, grouped by key and listed group by group.
 struct BuildSide {
@@ -63,8 +66,19 @@ struct BuildSide {
     sizes: DeviceBuffer<u32>,
     group_start: DeviceBuffer<u32>,
     rows_by_group: DeviceBuffer<u32>,
-    /// Per group, set when a probe row matched it (left, full, left semi and anti joins).
+    /// Per group (per build row with a residual filter), set when a probe row matched it
+    /// (left, full, left semi and anti joins).
     matched: Option<DeviceBuffer<u32>>,
+}
+
+/// A residual join filter: evaluated on the candidate pairs, from columns of both sides.
+#[derive(Debug)]
+struct FilterPlan {
+    predicate: PredicateKernel,
+    /// Per column of the filter's schema: from the build side (`true`) or the probe side, and
+    /// which column.
+    columns: Vec<(bool, usize)>,
+    schema: SchemaRef,
 }
 
 /// What the GPU computes for one `HashJoinExec`.
@@ -73,6 +87,7 @@ struct JoinPlan {
     build_keys: Vec<usize>,
     probe_keys: Vec<usize>,
     program: JoinProgram,
+    filter: Option<FilterPlan>,
 }
 
 /// A hash join running on the GPU.
@@ -181,12 +196,30 @@ impl GpuHashJoinExec {
                 "{join_type} joins do not run on the GPU yet"
             )));
         }
-        if let Some(filter) = join.filter() {
-            return Err(Unsupported(format!(
-                "the residual join filter `{}` does not run on the GPU yet",
-                filter.expression()
-            )));
-        }
+        let filter = match join.filter() {
+            None => None,
+            Some(f) => {
+                let schema = Arc::clone(f.schema());
+                check_input_types(&schema)?;
+                let predicate = predicate_kernel(f.expression().as_ref(), &schema)?;
+                let columns = f
+                    .column_indices()
+                    .iter()
+                    .map(|c| match c.side {
+                        JoinSide::Left => Ok((true, c.index)),
+                        JoinSide::Right => Ok((false, c.index)),
+                        JoinSide::None => Err(Unsupported(
+                            "a join filter over a mark column does not run on the GPU yet".into(),
+                        )),
+                    })
+                    .collect::<std::result::Result<Vec<_>, _>>()?;
+                Some(FilterPlan {
+                    predicate,
+                    columns,
+                    schema,
+                })
+            }
+        };
         if join.null_aware {
             return Err(Unsupported(
                 "null-aware anti joins (NOT IN) do not run on the GPU yet".into(),
@@ -234,6 +267,7 @@ impl GpuHashJoinExec {
                 build_keys,
                 probe_keys,
                 program,
+                filter,
             },
         ))
     }
@@ -302,8 +336,10 @@ fn build_side(
             (&rows_by_group).into(),
         ],
     )?;
+    // With a residual filter a match is decided per row pair, so per build row.
+    let flags = if plan.filter.is_some() { n } else { groups };
     let matched = if track_matches {
-        Some(stream.alloc_zeroed::<u32>(groups.max(1))?)
+        Some(stream.alloc_zeroed::<u32>(flags.max(1))?)
     } else {
         None
     };
@@ -396,6 +432,9 @@ impl ProbeState {
         for k in &build.keys {
             column_args(k, &mut args);
         }
+        let filtered = self.plan.filter.is_some();
+        // With a residual filter, outer rows and matches are decided after the filter.
+        let outer_probe = outer_probe && !filtered;
         let pgroup = s.alloc::<u32>(n.max(1))?;
         let counts = s.alloc::<u64>(n.max(1))?;
         args.extend([
@@ -409,9 +448,16 @@ impl ProbeState {
             KernelArg::U32(u32::from(outer_probe)),
             (&pgroup).into(),
             (&counts).into(),
-            build.matched.as_ref().into(),
+            if filtered {
+                KernelArg::null()
+            } else {
+                build.matched.as_ref().into()
+            },
         ]);
         launch(s, self.kernels.get("probe")?, n, &args)?;
+        if filtered {
+            return self.probe_filtered(batch, &pgroup, &counts);
+        }
         match self.join_type {
             JoinType::LeftSemi | JoinType::LeftAnti => Ok(None),
             JoinType::RightSemi | JoinType::RightAnti => {
@@ -488,6 +534,178 @@ impl ProbeState {
         }
     }
 
+    /// The candidate pairs of a probe batch, kept where the residual filter is TRUE; matches
+    /// (and so outer, semi and anti rows) are decided by the kept pairs.
+    fn probe_filtered(
+        &self,
+        batch: &DeviceBatch,
+        pgroup: &DeviceBuffer<u32>,
+        counts: &DeviceBuffer<u64>,
+    ) -> Result<Option<DeviceBatch>> {
+        let s = &self.stream;
+        let build = self.build()?;
+        let n = batch.num_rows();
+        let Some(filter) = &self.plan.filter else {
+            return Ok(None);
+        };
+        let (offsets, total) =
+            spate_kernels::scan::exclusive_sum_with_total(s, counts.slice(..n)?)?;
+        let total = total as usize;
+        if total >= u32::MAX as usize {
+            return Err(SpateError::Unsupported {
+                message: format!(
+                    "a GPU join with {total} candidate pairs in one probe batch (the limit is \
+                     2^32 - 2); lower spate.gpu.batch_bytes"
+                ),
+            });
+        }
+        let out_probe = s.alloc::<u32>(total.max(1))?;
+        let out_build = s.alloc::<u32>(total.max(1))?;
+        launch(
+            s,
+            self.kernels.get("pairs")?,
+            n,
+            &[
+                pgroup.into(),
+                (&offsets).into(),
+                KernelArg::U64(n as u64),
+                (&build.group_start).into(),
+                (&build.sizes).into(),
+                (&build.rows_by_group).into(),
+                KernelArg::U32(0),
+                (&out_probe).into(),
+                (&out_build).into(),
+            ],
+        )?;
+        let (probe_rows, build_rows) = (out_probe.slice(..total)?, out_build.slice(..total)?);
+        // The filter's input: its columns gathered from both sides by the pairs.
+        let columns = filter
+            .columns
+            .iter()
+            .map(|&(from_build, c)| {
+                if from_build {
+                    gather_column(s, &build.batch.columns()[c], build_rows)
+                } else {
+                    gather_column(s, &batch.columns()[c], probe_rows)
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let pairs = DeviceBatch::try_new(Arc::clone(&filter.schema), columns, total)?;
+        let filter_kernel = self
+            .kernels
+            .computed
+            .as_ref()
+            .ok_or_else(|| SpateError::Internal {
+                message: "a GPU join filter without its kernel".into(),
+            })?;
+        let keep = evaluate_predicate(s, filter_kernel, &filter.predicate, &pairs)?;
+        let mark = |rows: DeviceSlice<'_, u32>, flags: &DeviceBuffer<u32>| {
+            launch(
+                s,
+                self.kernels.get("mark")?,
+                total,
+                &[
+                    rows.into(),
+                    (&keep).into(),
+                    KernelArg::U64(total as u64),
+                    flags.into(),
+                ],
+            )
+        };
+        if let Some(matched) = &build.matched {
+            mark(build_rows, matched)?;
+        }
+        let probe_flags = if matches!(
+            self.join_type,
+            JoinType::Right | JoinType::Full | JoinType::RightSemi | JoinType::RightAnti
+        ) {
+            let flags = s.alloc_zeroed::<u32>(n.max(1))?;
+            mark(probe_rows, &flags)?;
+            Some(flags)
+        } else {
+            None
+        };
+        let select = |flags: &DeviceBuffer<u32>, want: bool| -> Result<DeviceBuffer<u32>> {
+            let mask = s.alloc::<u8>(n.max(1))?;
+            launch(
+                s,
+                self.kernels.get("fmask")?,
+                n,
+                &[
+                    flags.into(),
+                    KernelArg::U64(n as u64),
+                    KernelArg::U32(u32::from(want)),
+                    (&mask).into(),
+                ],
+            )?;
+            Ok(compact::select_indices(
+                s,
+                Mask::Bytes(mask.slice(..n)?),
+                None,
+                n,
+            )?)
+        };
+        match self.join_type {
+            JoinType::LeftSemi | JoinType::LeftAnti => Ok(None),
+            JoinType::RightSemi | JoinType::RightAnti => {
+                let Some(flags) = &probe_flags else {
+                    return Ok(None);
+                };
+                let kept = select(flags, self.join_type == JoinType::RightSemi)?;
+                if kept.is_empty() {
+                    return Ok(None);
+                }
+                assemble(
+                    s,
+                    &self.schema,
+                    self.projection.as_deref(),
+                    None,
+                    Some((batch, kept.as_slice(), false)),
+                    kept.len(),
+                )
+                .map(Some)
+            }
+            _ => {
+                let passing =
+                    compact::select_indices(s, Mask::Bytes(keep.slice(..total)?), None, total)?;
+                let mut parts = Vec::new();
+                if !passing.is_empty() {
+                    let p = spate_kernels::gather::gather(s, probe_rows, passing.as_slice())?;
+                    let b = spate_kernels::gather::gather(s, build_rows, passing.as_slice())?;
+                    parts.push(assemble(
+                        s,
+                        &self.schema,
+                        self.projection.as_deref(),
+                        Some((&build.batch, b.as_slice(), false)),
+                        Some((batch, p.as_slice(), false)),
+                        passing.len(),
+                    )?);
+                }
+                if let Some(flags) = &probe_flags {
+                    // Right and full outer: probe rows no kept pair matched, with NULLs.
+                    let lonely = select(flags, false)?;
+                    if !lonely.is_empty() {
+                        let nothing =
+                            s.from_host(&vec![spate_kernels::launch::NULL_INDEX; lonely.len()])?;
+                        parts.push(assemble(
+                            s,
+                            &self.schema,
+                            self.projection.as_deref(),
+                            Some((&build.batch, nothing.as_slice(), true)),
+                            Some((batch, lonely.as_slice(), false)),
+                            lonely.len(),
+                        )?);
+                    }
+                }
+                match parts.len() {
+                    0 => Ok(None),
+                    1 => Ok(parts.pop()),
+                    _ => concat_device_batches(s, &self.schema, parts).map(Some),
+                }
+            }
+        }
+    }
+
     /// After the last probe batch: the build rows that matched (left semi) or did not (left
     /// anti, and with NULLs for the probe side, left and full outer).
     fn finish(&self) -> Result<Option<DeviceBatch>> {
@@ -502,18 +720,34 @@ impl ProbeState {
             return Ok(None);
         }
         let mask = s.alloc::<u8>(n)?;
-        launch(
-            s,
-            self.kernels.get("bmask")?,
-            n,
-            &[
-                (&build.grouping.gid).into(),
-                KernelArg::U64(n as u64),
-                matched.into(),
-                KernelArg::U32(u32::from(self.join_type == JoinType::LeftSemi)),
-                (&mask).into(),
-            ],
-        )?;
+        let want = KernelArg::U32(u32::from(self.join_type == JoinType::LeftSemi));
+        if self.plan.filter.is_some() {
+            // Matches were flagged per build row.
+            launch(
+                s,
+                self.kernels.get("fmask")?,
+                n,
+                &[
+                    matched.into(),
+                    KernelArg::U64(n as u64),
+                    want,
+                    (&mask).into(),
+                ],
+            )?;
+        } else {
+            launch(
+                s,
+                self.kernels.get("bmask")?,
+                n,
+                &[
+                    (&build.grouping.gid).into(),
+                    KernelArg::U64(n as u64),
+                    matched.into(),
+                    want,
+                    (&mask).into(),
+                ],
+            )?;
+        }
         let kept = compact::select_indices(s, Mask::Bytes(mask.as_slice()), None, n)?;
         let rows = kept.len();
         if rows == 0 {
@@ -651,7 +885,13 @@ impl GpuExec for GpuHashJoinExec {
         let program = &self.plan.program;
         let kernels = Arc::new(Kernels {
             program: Kernels::compile(&gpu, &program.source, &program.entries).map_err(to_df)?,
-            computed: None,
+            computed: match &self.plan.filter {
+                Some(f) => Some(
+                    gpu.generated_kernel(&f.predicate.source, &f.predicate.entry)
+                        .map_err(to_df)?,
+                ),
+                None => None,
+            },
         });
         let join_type = self.join_type;
         let transfer = TransferMetrics::new(&self.metrics, partition);
