@@ -10,9 +10,9 @@
 //!    semi and anti joins keep the probe rows that did or did not match.
 //!
 //! Left, full, left semi and left anti joins mark the build groups that matched and emit the
-//! build rows that did (not) match after the last probe batch. The build side is shared by all
-//! probe partitions in `CollectLeft` mode, so these joins run on the GPU there only when the
-//! probe side has one partition; in `Partitioned` mode each partition has its own build side.
+//! build rows that did (not) match after the last probe batch. In `CollectLeft` mode the build
+//! side (and its marks) is shared by all probe partitions, and the last partition to finish
+//! emits them; in `Partitioned` mode each partition has its own build side.
 //!
 //! Output order is probe order (then the build side's unmatched rows), as DataFusion's; the
 //! build rows of one probe row come in any order. A residual join filter is evaluated on the
@@ -102,6 +102,9 @@ pub struct GpuHashJoinExec {
     plan: Arc<JoinPlan>,
     /// The build side in `CollectLeft` mode, built once for every probe partition.
     shared: Arc<tokio::sync::OnceCell<Arc<BuildSide>>>,
+    /// Probe partitions of a shared build side still running: the last one to finish emits
+    /// the build rows that did (not) match.
+    pending: Arc<std::sync::atomic::AtomicUsize>,
     metrics: ExecutionPlanMetricsSet,
 }
 
@@ -171,6 +174,9 @@ impl GpuHashJoinExec {
             cpu: Arc::clone(&plan),
             plan: Arc::new(join_plan),
             shared: Arc::new(tokio::sync::OnceCell::new()),
+            pending: Arc::new(std::sync::atomic::AtomicUsize::new(
+                join.right().properties().output_partitioning().partition_count(),
+            )),
             metrics: ExecutionPlanMetricsSet::new(),
         })
     }
@@ -234,20 +240,6 @@ impl GpuHashJoinExec {
                 ));
             }
         };
-        if collect_left
-            && emits_build_rows(join_type)
-            && join
-                .right()
-                .properties()
-                .output_partitioning()
-                .partition_count()
-                > 1
-        {
-            return Err(Unsupported(format!(
-                "a {join_type} join with a shared build side and several probe partitions \
-                 (its unmatched build rows need every partition) does not run on the GPU yet"
-            )));
-        }
         let (build_keys, build_types) =
             key_columns(join.on().iter().map(|(l, _)| Arc::clone(l)), &left, "left")?;
         let (probe_keys, probe_types) = key_columns(
@@ -404,6 +396,8 @@ struct ProbeState {
     schema: SchemaRef,
     probe_schema: SchemaRef,
     remaining: Option<usize>,
+    /// The count of running probe partitions of a shared build side.
+    pending: Option<Arc<std::sync::atomic::AtomicUsize>>,
     baseline: BaselineMetrics,
 }
 
@@ -778,6 +772,25 @@ impl ProbeState {
         .map(Some)
     }
 
+    /// The end of this partition's probe rows. With a shared build side only the last probe
+    /// partition to finish emits the build rows: every other one waits for its stream first,
+    /// so that its matches are on the device when the last one reads them.
+    fn finish_partition(&self) -> Result<Option<DeviceBatch>> {
+        use std::sync::atomic::Ordering;
+        let Some(pending) = &self.pending else {
+            return self.finish();
+        };
+        if self.build()?.matched.is_none() {
+            return Ok(None);
+        }
+        self.stream.synchronize()?;
+        if pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.finish()
+        } else {
+            Ok(None)
+        }
+    }
+
     /// Applies the join's fetch (LIMIT) to an output batch.
     fn limit(&mut self, batch: DeviceBatch) -> Result<Option<DeviceBatch>> {
         let Some(remaining) = self.remaining.as_mut() else {
@@ -933,6 +946,7 @@ impl GpuExec for GpuHashJoinExec {
             }
         };
         let probe = device_input(self.right(), partition, &context, &stream, &transfer)?;
+        let pending = collect_left.then(|| Arc::clone(&self.pending));
         let state = (
             ProbeState {
                 stream,
@@ -945,6 +959,7 @@ impl GpuExec for GpuHashJoinExec {
                 schema: self.schema(),
                 probe_schema: self.right().schema(),
                 remaining: self.fetch,
+                pending,
                 baseline: BaselineMetrics::new(&self.metrics, partition),
             },
             Some(Box::pin(build)
@@ -972,7 +987,7 @@ impl GpuExec for GpuHashJoinExec {
                         Some(Ok(batch)) => s.probe(&batch),
                         None => {
                             finished = true;
-                            s.finish()
+                            s.finish_partition()
                         }
                     };
                     let out = out.and_then(|o| match o {
