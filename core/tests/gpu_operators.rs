@@ -690,10 +690,12 @@ async fn casts_fail_on_the_gpu_as_on_the_cpu() {
             format!("SELECT i FROM {name} WHERE CAST(b AS INT) >= 0"),
             format!("SELECT i FROM {name} WHERE CAST(d AS INT) >= 0"),
             format!("SELECT i FROM {name} WHERE CAST(m AS DECIMAL(4,1)) <> 0"),
+            format!("SELECT i FROM {name} WHERE CAST(d AS DECIMAL(6,2)) <> 0"),
             format!(
                 "SELECT i, CAST(m AS DECIMAL(5,1)) AS c1, CAST(m AS INT) AS c2, \
-                 CAST(d AS SMALLINT) AS c3, CAST(b AS TINYINT UNSIGNED) AS c4 FROM {name} \
-                 WHERE i > 0 AND b >= 0 AND b < 256"
+                 CAST(d AS SMALLINT) AS c3, CAST(b AS TINYINT UNSIGNED) AS c4, \
+                 CAST(d AS DECIMAL(20,3)) AS c5, CAST(d * 1e20 AS DECIMAL(38,1)) AS c6 \
+                 FROM {name} WHERE i > 0 AND b >= 0 AND b < 256"
             ),
         ] {
             let plan = explain(&gpu, &sql).await;

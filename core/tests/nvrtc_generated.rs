@@ -25,6 +25,7 @@ const QUERIES: &[&str] = &[
     "SELECT * FROM t WHERE CAST(b AS INT) + CAST(d AS SMALLINT) > 0",
     "SELECT * FROM t WHERE CAST(m AS DECIMAL(5,1)) > CAST(i AS DECIMAL(5,1))",
     "SELECT * FROM t WHERE CAST(m AS INT) > 0",
+    "SELECT * FROM t WHERE CAST(d AS DECIMAL(20,3)) > CAST(r AS DECIMAL(20,3))",
     "SELECT * FROM t WHERE m / w > 0.5",
     "SELECT * FROM t WHERE m % 0.7 > 0.5",
     "SELECT * FROM t WHERE substr(s, 2, 3) = 'yzx' OR s LIKE 'a\\_%' OR s LIKE '_b%'",

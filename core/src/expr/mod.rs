@@ -17,9 +17,9 @@
 //!   toward zero, as Arrow's); shapes that may overflow i128 run checked and fail the query with
 //!   Arrow's "Arithmetic overflow", a zero divisor with "Divide by zero error";
 //! - casts: widening ones directly; narrowing integer casts, floats to integers (truncated),
-//!   decimals to integers (truncated), decimal rescaling (half away from zero) and casts into
-//!   a smaller precision are checked, failing as Arrow's casts do (or yielding NULL for a safe
-//!   cast).
+//!   floats to decimals (rounded half away from zero), decimals to integers (truncated),
+//!   decimal rescaling (half away from zero) and casts into a smaller precision are checked,
+//!   failing as Arrow's casts do (or yielding NULL for a safe cast).
 //!
 //! Errors are raised through a kernel's `err` word only for rows the CPU would evaluate: a
 //! CASE branch for the rows that take it, a COALESCE argument for the rows still NULL. On the
@@ -1079,6 +1079,32 @@ impl Gen<'_> {
                 )
             }
             (
+                DevType::F32 | DevType::F64,
+                DevType::Dec {
+                    precision: p2,
+                    scale: s2,
+                },
+            ) if (0..=38).contains(&s2) && p2 <= 38 => {
+                // Arrow's cast: round(value * 10^scale), half away from zero, which must fit
+                // an i128 and then the precision.
+                let mul = 10f64.powi(i32::from(s2));
+                let bound = 2f64.powi(127);
+                let limit = pow10(i8::try_from(p2).unwrap_or(38));
+                (
+                    format!(
+                        "        const f64 {v}_x = round(__longlong_as_double((i64){}ull) * (f64){});\n        const bool {v}_o = !({v}_x >= -__longlong_as_double((i64){b}ull) && {v}_x < __longlong_as_double((i64){b}ull));\n        const i128 {v}_r = {v}_o ? (i128)0 : spate::f64_to_i128({v}_x);\n        const bool {bad} = {v}_o || {v}_r >= {limit} || {v}_r <= -{limit};\n        const i128 {v} = {bad} ? (i128)0 : {v}_r;",
+                        mul.to_bits(),
+                        a.value,
+                        b = bound.to_bits()
+                    ),
+                    ErrorFlag::CAST,
+                    format!(
+                        "Cannot cast to {}. Overflowing on a value of `{c}` (on the GPU)",
+                        c.cast_type()
+                    ),
+                )
+            }
+            (
                 DevType::Int { .. } | DevType::Dec { .. },
                 DevType::Dec {
                     precision: p2,
@@ -1130,7 +1156,22 @@ impl Gen<'_> {
             let _ = writeln!(self.body, "        const bool {n} = {} || {bad};", a.null);
         } else {
             let _ = writeln!(self.body, "        const bool {n} = {};", a.null);
-            self.raise(&format!("!{n} && {bad}"), code, c, what)?;
+            if (a.ty == DevType::F32 || a.ty == DevType::F64) && matches!(to, DevType::Dec { .. }) {
+                // Arrow fails a value that does not fit an i128 as a cast error, and one that
+                // does but exceeds the precision as an invalid argument.
+                self.raise(&format!("!{n} && {v}_o"), code, c, what)?;
+                self.raise(
+                    &format!("!{n} && {bad} && !{v}_o"),
+                    ErrorFlag::PRECISION,
+                    c,
+                    format!(
+                        "a value of `{c}` is too large to store in a {} (on the GPU)",
+                        c.cast_type()
+                    ),
+                )?;
+            } else {
+                self.raise(&format!("!{n} && {bad}"), code, c, what)?;
+            }
         }
         Ok(Some(Operand {
             value: v,

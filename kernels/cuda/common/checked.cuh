@@ -39,3 +39,19 @@ __device__ inline bool mul_overflows(i128 a, i128 b, i128* out) {
 }
 
 }  // namespace spate
+
+namespace spate {
+
+// An integral double with |x| < 2^127 as an i128, exactly (split into 64-bit halves: dividing
+// by 2^64 and multiplying back are exact in binary floating point).
+__device__ inline i128 f64_to_i128(f64 x) {
+    const bool negative = x < 0.0;
+    const f64 a = negative ? -x : x;
+    const f64 two64 = 18446744073709551616.0;
+    const u64 hi = (u64)(a / two64);
+    const u64 lo = (u64)(a - (f64)hi * two64);
+    const u128i m = ((u128i)hi << 64) | (u128i)lo;
+    return negative ? (i128)((u128i)0 - m) : (i128)m;
+}
+
+}  // namespace spate

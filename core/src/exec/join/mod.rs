@@ -175,7 +175,10 @@ impl GpuHashJoinExec {
             plan: Arc::new(join_plan),
             shared: Arc::new(tokio::sync::OnceCell::new()),
             pending: Arc::new(std::sync::atomic::AtomicUsize::new(
-                join.right().properties().output_partitioning().partition_count(),
+                join.right()
+                    .properties()
+                    .output_partitioning()
+                    .partition_count(),
             )),
             metrics: ExecutionPlanMetricsSet::new(),
         })
