@@ -665,40 +665,53 @@ impl ProbeState {
             _ => {
                 let passing =
                     compact::select_indices(s, Mask::Bytes(keep.slice(..total)?), None, total)?;
-                let mut parts = Vec::new();
-                if !passing.is_empty() {
-                    let p = spate_kernels::gather::gather(s, probe_rows, passing.as_slice())?;
-                    let b = spate_kernels::gather::gather(s, build_rows, passing.as_slice())?;
-                    parts.push(assemble(
+                let p = spate_kernels::gather::gather(s, probe_rows, passing.as_slice())?;
+                let b = spate_kernels::gather::gather(s, build_rows, passing.as_slice())?;
+                let lonely = match &probe_flags {
+                    Some(flags) => select(flags, false)?,
+                    None => s.alloc::<u32>(0)?,
+                };
+                let rows = passing.len() + lonely.len();
+                if rows == 0 {
+                    return Ok(None);
+                }
+                if lonely.is_empty() {
+                    return assemble(
                         s,
                         &self.schema,
                         self.projection.as_deref(),
                         Some((&build.batch, b.as_slice(), false)),
                         Some((batch, p.as_slice(), false)),
-                        passing.len(),
-                    )?);
+                        rows,
+                    )
+                    .map(Some);
                 }
-                if let Some(flags) = &probe_flags {
-                    // Right and full outer: probe rows no kept pair matched, with NULLs.
-                    let lonely = select(flags, false)?;
-                    if !lonely.is_empty() {
-                        let nothing =
-                            s.from_host(&vec![spate_kernels::launch::NULL_INDEX; lonely.len()])?;
-                        parts.push(assemble(
-                            s,
-                            &self.schema,
-                            self.projection.as_deref(),
-                            Some((&build.batch, nothing.as_slice(), true)),
-                            Some((batch, lonely.as_slice(), false)),
-                            lonely.len(),
-                        )?);
-                    }
-                }
-                match parts.len() {
-                    0 => Ok(None),
-                    1 => Ok(parts.pop()),
-                    _ => concat_device_batches(s, &self.schema, parts).map(Some),
-                }
+                // Right and full outer: the probe rows no kept pair matched join NULLs. Kept
+                // pairs are in probe order; a stable sort on the probe row merges the two
+                // lists back into probe order, as DataFusion's output is.
+                let mut all_probe = s.alloc::<u32>(rows)?;
+                s.copy_device(p.as_slice(), &mut all_probe, 0)?;
+                s.copy_device(lonely.as_slice(), &mut all_probe, p.len())?;
+                let mut all_build = s.alloc::<u32>(rows)?;
+                s.copy_device(b.as_slice(), &mut all_build, 0)?;
+                let nothing =
+                    s.from_host(&vec![spate_kernels::launch::NULL_INDEX; lonely.len()])?;
+                s.copy_device(nothing.as_slice(), &mut all_build, b.len())?;
+                let sorted = spate_kernels::sort::sort_pairs(s, all_probe.as_slice(), None, 32)?;
+                let build_order = spate_kernels::gather::gather(
+                    s,
+                    all_build.as_slice(),
+                    sorted.values.as_slice(),
+                )?;
+                assemble(
+                    s,
+                    &self.schema,
+                    self.projection.as_deref(),
+                    Some((&build.batch, build_order.as_slice(), true)),
+                    Some((batch, sorted.keys.as_slice(), false)),
+                    rows,
+                )
+                .map(Some)
             }
         }
     }
