@@ -122,6 +122,16 @@ impl EngineBuilder {
         }
         // Spans let planning errors point at the offending part of the statement.
         config.options_mut().sql_parser.collect_spans = true;
+        if gpu.is_some() {
+            // Dynamic filters are published by hash joins, TopK sorts and MIN/MAX aggregates
+            // and updated while they run; their GPU versions do not update them, so scans
+            // would only evaluate a pass-everything filter. Off with a GPU backend (a user's
+            // setting below still wins) until GPU operators publish them.
+            config
+                .options_mut()
+                .optimizer
+                .enable_dynamic_filter_pushdown = false;
+        }
         for (key, value) in &self.options {
             config
                 .options_mut()
@@ -589,6 +599,35 @@ mod tests {
             .downcast_ref::<Int64Array>()
             .unwrap();
         assert_eq!(sum.value(0), 3);
+    }
+
+    #[tokio::test]
+    async fn gpu_backends_turn_dynamic_filters_off_unless_asked() {
+        let dynamic = |engine: &Engine| {
+            engine
+                .context()
+                .state()
+                .config()
+                .options()
+                .optimizer
+                .enable_dynamic_filter_pushdown
+        };
+        let cpu = Engine::builder().backend(Backend::Cpu).build().unwrap();
+        assert!(dynamic(&cpu));
+        let gpu = Engine::builder()
+            .backend(Backend::Emulated)
+            .build()
+            .unwrap();
+        assert!(!dynamic(&gpu));
+        let asked = Engine::builder()
+            .backend(Backend::Emulated)
+            .option(
+                "datafusion.optimizer.enable_dynamic_filter_pushdown",
+                "true",
+            )
+            .build()
+            .unwrap();
+        assert!(dynamic(&asked));
     }
 
     #[tokio::test]
