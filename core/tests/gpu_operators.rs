@@ -633,20 +633,25 @@ async fn integer_division_errors_match_the_cpu() {
                 plan.contains("GpuFilterExec") || plan.contains("GpuAggregateExec"),
                 "{plan}"
             );
-            match (cpu.collect(&sql).await, gpu.collect(&sql).await) {
-                (Ok(want), Ok(got)) => assert_eq!(rows(&got), rows(&want), "{sql}"),
-                (Err(want), Err(got)) => assert_eq!(
-                    error_kind(&sql, &got),
-                    error_kind(&sql, &want),
-                    "{sql}: {got} vs {want}"
-                ),
-                (want, got) => panic!("{sql}: the CPU gave {want:?}, the GPU {got:?}"),
-            }
+            assert_same_outcome(&cpu, &gpu, &sql).await;
         }
     }
     // Under a LIMIT the CPU may never evaluate the rows that would fail: CPU, said why.
     let plan = explain(&gpu, "SELECT a FROM fine WHERE a / b <> 0 LIMIT 1").await;
     assert!(plan.contains("under a LIMIT"), "{plan}");
+}
+
+/// Runs `sql` on both engines: the same rows (in any order), or errors of the same kind.
+async fn assert_same_outcome(cpu: &Engine, gpu: &Engine, sql: &str) {
+    match (cpu.collect(sql).await, gpu.collect(sql).await) {
+        (Ok(want), Ok(got)) => assert_eq!(rows(&got), rows(&want), "{sql}"),
+        (Err(want), Err(got)) => assert_eq!(
+            error_kind(sql, &got),
+            error_kind(sql, &want),
+            "{sql}: {got} vs {want}"
+        ),
+        (want, got) => panic!("{sql}: the CPU gave {want:?}, the GPU {got:?}"),
+    }
 }
 
 /// The kind of a query error, for comparing the GPU's with the CPU's.
@@ -704,15 +709,7 @@ async fn casts_fail_on_the_gpu_as_on_the_cpu() {
                 !sql.contains("AS c1") || plan.contains("GpuProjectionExec"),
                 "{plan}"
             );
-            match (cpu.collect(&sql).await, gpu.collect(&sql).await) {
-                (Ok(want), Ok(got)) => assert_eq!(rows(&got), rows(&want), "{sql}"),
-                (Err(want), Err(got)) => assert_eq!(
-                    error_kind(&sql, &got),
-                    error_kind(&sql, &want),
-                    "{sql}: {got} vs {want}"
-                ),
-                (want, got) => panic!("{sql}: the CPU gave {want:?}, the GPU {got:?}"),
-            }
+            assert_same_outcome(&cpu, &gpu, &sql).await;
         }
     }
 }
@@ -903,15 +900,7 @@ async fn decimal_division_matches_the_cpu_and_fails_on_zero() {
                 plan.contains("GpuFilterExec") || plan.contains("GpuAggregateExec"),
                 "{plan}"
             );
-            match (cpu.collect(&sql).await, gpu.collect(&sql).await) {
-                (Ok(want), Ok(got)) => assert_eq!(rows(&got), rows(&want), "{sql}"),
-                (Err(want), Err(got)) => assert_eq!(
-                    error_kind(&sql, &got),
-                    error_kind(&sql, &want),
-                    "{sql}: {got} vs {want}"
-                ),
-                (want, got) => panic!("{sql}: the CPU gave {want:?}, the GPU {got:?}"),
-            }
+            assert_same_outcome(&cpu, &gpu, &sql).await;
         }
     }
 }

@@ -652,17 +652,15 @@ impl Gen<'_> {
         })
     }
 
-    /// Decimal `+ - *` with DataFusion's result type. Only shapes that cannot overflow i128
-    /// run here (so the CPU's overflow error can never be due); others stay on the CPU.
-    fn decimal_arithmetic(
-        &mut self,
+    /// `(precision, scale)` of both decimal operands and of DataFusion's result type for `b`,
+    /// and that type.
+    #[allow(clippy::type_complexity)]
+    fn decimal_shapes(
+        &self,
         b: &BinaryExpr,
-        op: &Operator,
-        l: Operand,
-        r: Operand,
-        v: String,
-        n: String,
-    ) -> Result<Operand, Unsupported> {
+        l: &Operand,
+        r: &Operand,
+    ) -> Result<((u8, i8), (u8, i8), (u8, i8), DataType), Unsupported> {
         let unsupported =
             |why: &str| Unsupported(format!("`{b}`: {why} on the GPU is not supported yet"));
         let (
@@ -688,6 +686,23 @@ impl Gen<'_> {
         else {
             return Err(unsupported("a non-decimal result"));
         };
+        Ok(((p1, s1), (p2, s2), (p, s), result))
+    }
+
+    /// Decimal `+ - *` with DataFusion's result type: directly when no value can overflow
+    /// i128, else checked (an overflow fails the query as the CPU's checked kernels do).
+    fn decimal_arithmetic(
+        &mut self,
+        b: &BinaryExpr,
+        op: &Operator,
+        l: Operand,
+        r: Operand,
+        v: String,
+        n: String,
+    ) -> Result<Operand, Unsupported> {
+        let unsupported =
+            |why: &str| Unsupported(format!("`{b}`: {why} on the GPU is not supported yet"));
+        let ((p1, s1), (p2, s2), (p, s), result) = self.decimal_shapes(b, &l, &r)?;
         let (p1, p2, p) = (i32::from(p1), i32::from(p2), i32::from(p));
         let (s1i, s2i, si) = (i32::from(s1), i32::from(s2), i32::from(s));
         // Shapes that may overflow i128 run checked: an overflow in a row that is not NULL
@@ -1570,25 +1585,7 @@ impl Gen<'_> {
     ) -> Result<Operand, Unsupported> {
         let unsupported =
             |why: &str| Unsupported(format!("`{b}`: {why} on the GPU is not supported yet"));
-        let (
-            DevType::Dec {
-                precision: p1,
-                scale: s1,
-            },
-            DevType::Dec {
-                precision: p2,
-                scale: s2,
-            },
-        ) = (l.ty, r.ty)
-        else {
-            return Err(unsupported("mixing decimals with other types"));
-        };
-        let result = b
-            .data_type(self.schema)
-            .map_err(|e| Unsupported(format!("`{b}`: {e}")))?;
-        let Some(DevType::Dec { scale: s, .. }) = DevType::of(&result) else {
-            return Err(unsupported("a non-decimal result"));
-        };
+        let ((p1, s1), (p2, s2), (_, s), result) = self.decimal_shapes(b, &l, &r)?;
         if s1 < 0 || s2 < 0 || p1 > 38 || p2 > 38 {
             return Err(unsupported("negative decimal scales"));
         }
