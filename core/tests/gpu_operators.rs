@@ -14,9 +14,11 @@ use arrow::array::{
 };
 use arrow::datatypes::{DataType, Field, Schema};
 use arrow::record_batch::RecordBatch;
-use arrow::util::display::{ArrayFormatter, FormatOptions};
 use spate::kernels::reference::Rng;
 use spate::{Backend, Engine, SpateError};
+
+mod common;
+use common::ordered;
 
 fn table(rows: usize, seed: u64) -> Vec<RecordBatch> {
     let mut r = Rng::new(seed);
@@ -292,29 +294,6 @@ const ORDERS: &[&str] = &[
     "s DESC NULLS FIRST, a",
     "p, s NULLS FIRST",
 ];
-
-/// Rows in output order (not sorted), as strings.
-fn ordered(batches: &[RecordBatch]) -> Vec<String> {
-    let options = FormatOptions::default().with_null("NULL");
-    let mut out = Vec::new();
-    for b in batches {
-        let formatters: Vec<_> = b
-            .columns()
-            .iter()
-            .map(|c| ArrayFormatter::try_new(c.as_ref(), &options).unwrap())
-            .collect();
-        for i in 0..b.num_rows() {
-            out.push(
-                formatters
-                    .iter()
-                    .map(|f| f.value(i).to_string())
-                    .collect::<Vec<_>>()
-                    .join("|"),
-            );
-        }
-    }
-    out
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sorts_match_the_cpu_order() {

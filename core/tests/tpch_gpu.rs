@@ -9,26 +9,10 @@
     reason = "test helpers: a failed unwrap is a failed test"
 )]
 
-use arrow::record_batch::RecordBatch;
-use arrow::util::display::{ArrayFormatter, FormatOptions};
 use spate::{Backend, Engine};
 
-fn lines(batches: &[RecordBatch]) -> Vec<String> {
-    let options = FormatOptions::default().with_null("NULL");
-    let mut out = Vec::new();
-    for b in batches {
-        let formatters: Vec<_> = b
-            .columns()
-            .iter()
-            .map(|c| ArrayFormatter::try_new(c.as_ref(), &options).unwrap())
-            .collect();
-        for i in 0..b.num_rows() {
-            let cells: Vec<String> = formatters.iter().map(|f| f.value(i).to_string()).collect();
-            out.push(cells.join("|"));
-        }
-    }
-    out
-}
+mod common;
+use common::ordered as lines;
 
 fn query(name: &str) -> String {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../benches/queries/tpch/");

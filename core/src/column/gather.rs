@@ -36,26 +36,17 @@ fn gather_rows(
 ) -> Result<DeviceColumn> {
     let n = indices.len();
     let validity = column.validity().map(|v| v.bitmap());
-    let (validity, null_count) = match validity {
-        Some(_) if n > 0 || may_be_null => {
-            let bits = kg::gather_bitmap(stream, validity, indices)?;
-            let valid = reduce::count_valid(stream, DeviceBitmap::new(&bits), n)? as usize;
-            let validity = DeviceValidity {
-                bytes: DeviceBytes::new(bits),
-                offset: 0,
-            };
-            (Some(validity), n - valid)
-        }
-        None if may_be_null && n > 0 => {
-            let bits = kg::gather_bitmap(stream, None, indices)?;
-            let valid = reduce::count_valid(stream, DeviceBitmap::new(&bits), n)? as usize;
-            let validity = DeviceValidity {
-                bytes: DeviceBytes::new(bits),
-                offset: 0,
-            };
-            (Some(validity), n - valid)
-        }
-        _ => (None, 0),
+    // A bitmap when the column has one, or when an index may be NULL_INDEX ("no row").
+    let (validity, null_count) = if n > 0 && (validity.is_some() || may_be_null) {
+        let bits = kg::gather_bitmap(stream, validity, indices)?;
+        let valid = reduce::count_valid(stream, DeviceBitmap::new(&bits), n)? as usize;
+        let validity = DeviceValidity {
+            bytes: DeviceBytes::new(bits),
+            offset: 0,
+        };
+        (Some(validity), n - valid)
+    } else {
+        (None, 0)
     };
     let values = match column.values() {
         DeviceValues::Fixed { bytes, width } => {

@@ -125,6 +125,26 @@ impl GpuSortExec {
     }
 }
 
+/// One stable radix pass: `keys` (one per row, in row order) put in the order so far
+/// (`order`, or row order), then sorted; returns the new order.
+fn stable_pass<K: ks::RadixKey + gather::GatherElem>(
+    stream: &DeviceStream,
+    keys: DeviceBuffer<K>,
+    order: Option<&DeviceBuffer<u32>>,
+) -> Result<DeviceBuffer<u32>> {
+    let keys = match order {
+        Some(p) => gather::gather(stream, keys.as_slice(), p.as_slice())?,
+        None => keys,
+    };
+    Ok(ks::sort_pairs(
+        stream,
+        keys.as_slice(),
+        order.map(DeviceBuffer::as_slice),
+        K::BITS,
+    )?
+    .values)
+}
+
 /// One stable pass over a key column, carrying `perm` (the order so far).
 fn key_pass<T: SortKeySource>(
     stream: &DeviceStream,
@@ -135,19 +155,7 @@ fn key_pass<T: SortKeySource>(
 where
     T::Key: gather::GatherElem,
 {
-    let keys = ks::sort_keys(stream, values, descending)?;
-    let keys = match perm {
-        Some(p) => gather::gather(stream, keys.as_slice(), p.as_slice())?,
-        None => keys,
-    };
-    let bits = <T::Key as ks::RadixKey>::BITS;
-    Ok(ks::sort_pairs(
-        stream,
-        keys.as_slice(),
-        perm.map(DeviceBuffer::as_slice),
-        bits,
-    )?
-    .values)
+    stable_pass(stream, ks::sort_keys(stream, values, descending)?, perm)
 }
 
 /// Decimal128 keys: the low words (unsigned), then the high words (signed), both stable.
@@ -157,25 +165,10 @@ fn decimal_pass(
     descending: bool,
     perm: Option<&DeviceBuffer<u32>>,
 ) -> Result<DeviceBuffer<u32>> {
-    let mut perm_now: Option<DeviceBuffer<u32>> = None;
-    for high in [false, true] {
-        let order = perm_now.as_ref().or(perm);
-        let keys = ks::decimal_sort_keys(stream, values, descending, high)?;
-        let keys = match order {
-            Some(p) => gather::gather(stream, keys.as_slice(), p.as_slice())?,
-            None => keys,
-        };
-        let sorted = ks::sort_pairs(
-            stream,
-            keys.as_slice(),
-            order.map(DeviceBuffer::as_slice),
-            64,
-        )?;
-        perm_now = Some(sorted.values);
-    }
-    perm_now.ok_or_else(|| SpateError::Internal {
-        message: "decimal sort made no pass".into(),
-    })
+    let low = ks::decimal_sort_keys(stream, values, descending, false)?;
+    let perm = stable_pass(stream, low, perm)?;
+    let high = ks::decimal_sort_keys(stream, values, descending, true)?;
+    stable_pass(stream, high, Some(&perm))
 }
 
 /// String keys in byte-wise order: the length key first (least significant), then 8-byte
@@ -186,26 +179,14 @@ fn string_pass<O: gather::OffsetElem>(
     descending: bool,
     perm: Option<&DeviceBuffer<u32>>,
 ) -> Result<DeviceBuffer<u32>> {
+    let lengths = ks::string_sort_keys(stream, strings, None, descending)?;
+    let mut order = stable_pass(stream, lengths, perm)?;
     let chunks = ks::string_max_len(stream, strings)?.div_ceil(8) as usize;
-    let mut perm_now: Option<DeviceBuffer<u32>> = None;
-    for chunk in std::iter::once(None).chain((0..chunks).rev().map(Some)) {
-        let order = perm_now.as_ref().or(perm);
-        let keys = ks::string_sort_keys(stream, strings, chunk, descending)?;
-        let keys = match order {
-            Some(p) => gather::gather(stream, keys.as_slice(), p.as_slice())?,
-            None => keys,
-        };
-        let sorted = ks::sort_pairs(
-            stream,
-            keys.as_slice(),
-            order.map(DeviceBuffer::as_slice),
-            64,
-        )?;
-        perm_now = Some(sorted.values);
+    for chunk in (0..chunks).rev() {
+        let keys = ks::string_sort_keys(stream, strings, Some(chunk), descending)?;
+        order = stable_pass(stream, keys, Some(&order))?;
     }
-    perm_now.ok_or_else(|| SpateError::Internal {
-        message: "string sort made no pass".into(),
-    })
+    Ok(order)
 }
 
 fn sort_batch(
