@@ -1,5 +1,6 @@
-//! `spate-bench`: the benchmark queries, and (as they land) criterion micro-benchmarks and the
-//! end-to-end runner.
+//! `spate-bench`: the benchmark queries, the end-to-end runner ([`runner`]: run a query, see
+//! where its operators ran, check its result against a reference), and (as they land)
+//! criterion micro-benchmarks.
 //!
 //! The TPC-H query texts live in `benches/queries/tpch/qNN.sql` and are embedded here so that
 //! tests and the runner use exactly the same SQL.
@@ -9,6 +10,9 @@
 //! assert!(q1.contains("lineitem"));
 //! assert_eq!(spate_bench::tpch::QUERIES.len(), 22);
 //! ```
+
+pub mod compare;
+pub mod runner;
 
 pub mod tpch {
     //! The 22 TPC-H queries with the specification's validation parameters.

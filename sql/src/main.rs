@@ -4,8 +4,10 @@
 //! spate [--tpch SF] [--table NAME=PATH]... [-c SQL | -f FILE]   run SQL, or open the shell
 //! spate gen tpch --sf SF --out DIR                             write TPC-H as Parquet
 //! spate selftest [--backend cuda|emulated] [--bench]          check every kernel on a device
+//! spate bench tpch --sf SF [--backend B] [--verify]            run TPC-H, check it against the CPU
 //! ```
 
+mod bench;
 mod format;
 mod script;
 mod selftest;
@@ -75,6 +77,11 @@ enum Command {
     },
     /// Check every primitive kernel against its CPU reference on a GPU or the emulator.
     Selftest(selftest::SelftestArgs),
+    /// Run a benchmark suite, show where each query's operators ran, optionally verify results.
+    Bench {
+        #[command(subcommand)]
+        suite: bench::Suite,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -125,6 +132,7 @@ fn main() -> ExitCode {
             dataset: Dataset::Tpch { sf, out },
         }) => generate_tpch(sf, &out),
         Some(Command::Selftest(args)) => selftest::run(args),
+        Some(Command::Bench { suite }) => bench::run(suite),
         None => run(cli.run),
     };
     match result {

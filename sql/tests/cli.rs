@@ -351,6 +351,58 @@ fn emulated_filters_match_the_cpu_on_tpch() {
 }
 
 #[test]
+fn the_tpch_report_names_where_operators_ran_and_verifies_results() {
+    let o = spate(&[
+        "bench",
+        "tpch",
+        "--sf",
+        "0.01",
+        "--backend",
+        "emulated",
+        "--verify",
+        "-q",
+        "6",
+        "-q",
+        "11",
+    ]);
+    let out = stdout(&o);
+    assert!(o.status.success(), "{out}\n{}", stderr(&o));
+    assert!(out.starts_with("backend: emulated"), "{out}");
+    assert!(out.contains("q06  matched (1 rows)"), "{out}");
+    assert!(out.contains("GpuAggregateExec"), "{out}");
+    // Q11 keeps its scalar subquery on the CPU, and says why.
+    assert!(out.contains("q11  matched"), "{out}");
+    assert!(out.contains("CPU: ScalarSubqueryExec: "), "{out}");
+    assert_eq!(
+        out.lines().last().unwrap(),
+        "verified: 2/2 matched, 1/2 fully on GPU",
+        "{out}"
+    );
+
+    let o = spate(&[
+        "bench",
+        "tpch",
+        "--sf",
+        "0.01",
+        "--backend",
+        "cpu",
+        "-q",
+        "1",
+    ]);
+    let out = stdout(&o);
+    assert!(o.status.success(), "{out}\n{}", stderr(&o));
+    assert!(out.contains("q01  4 rows"), "{out}");
+    assert!(out.contains("CPU: AggregateExec"), "{out}");
+    assert_eq!(
+        out.lines().last().unwrap(),
+        "ran: 1 queries, 0 failed, 0/1 fully on GPU"
+    );
+
+    let o = spate(&["bench", "tpch", "--sf", "0.01", "-q", "23"]);
+    assert_clean_failure(&o, 2, "23");
+}
+
+#[test]
 fn selftest_checks_every_kernel_on_the_emulator() {
     let o = spate(&["selftest", "--backend", "emulated"]);
     let out = stdout(&o);

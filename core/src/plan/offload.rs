@@ -139,6 +139,42 @@ fn cpu_reason(node: &dyn ExecutionPlan) -> String {
     }
 }
 
+/// Where the operators of a physical plan run, for reports: every GPU operator, and every
+/// operator left on the CPU that computes something (plumbing such as scans, exchanges and
+/// column selections is not counted).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Placement {
+    /// Names of the GPU operators, in pre-order.
+    pub gpu: Vec<String>,
+    /// `(name, reason)` of each compute operator left on the CPU, in pre-order.
+    pub cpu: Vec<(String, String)>,
+}
+
+impl Placement {
+    /// True when no compute operator runs on the CPU and at least one runs on the GPU.
+    pub fn fully_on_gpu(&self) -> bool {
+        self.cpu.is_empty() && !self.gpu.is_empty()
+    }
+}
+
+/// Classifies every node of `plan` (see [`Placement`]).
+pub fn placement(plan: &Arc<dyn ExecutionPlan>) -> Placement {
+    fn visit(node: &Arc<dyn ExecutionPlan>, out: &mut Placement) {
+        if as_gpu_exec(node.as_ref()).is_some() {
+            out.gpu.push(node.name().to_string());
+        } else if !PLUMBING.contains(&node.name()) && !is_column_selection(node.as_ref()) {
+            out.cpu
+                .push((node.name().to_string(), cpu_reason(node.as_ref())));
+        }
+        for child in node.children() {
+            visit(child, out);
+        }
+    }
+    let mut out = Placement::default();
+    visit(plan, &mut out);
+    out
+}
+
 /// The indented plan text (as `EXPLAIN` prints it) with each node marked `[GPU]` or
 /// `[CPU: reason]`.
 pub fn annotate(plan: &Arc<dyn ExecutionPlan>) -> String {

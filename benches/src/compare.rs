@@ -1,0 +1,274 @@
+//! Comparing a query's result with a reference result of the same engine on another backend.
+//!
+//! Both results come from Spate, so their schemas must be identical (names and types). Then,
+//! row by row and in order (every multi-row benchmark query fixes its order with ORDER BY):
+//! - integers, strings, dates, times, booleans and decimals compare exactly (a decimal's type
+//!   fixes its scale, so its unscaled values must be equal);
+//! - floats compare to [`FLOAT_TOLERANCE`] relative (summation order differs between a parallel
+//!   GPU reduction and the CPU's), with NaN equal to NaN and infinities equal by sign;
+//! - NULL equals only NULL.
+
+use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::datatypes::{DataType, Float16Type, Float32Type, Float64Type};
+use arrow::util::display::{ArrayFormatter, FormatOptions};
+
+/// Relative tolerance for floating-point cells.
+pub const FLOAT_TOLERANCE: f64 = 1e-9;
+
+/// Checks `got` against `reference` (see the module docs). Returns the row count, or the first
+/// difference in words.
+pub fn compare_results(reference: &[RecordBatch], got: &[RecordBatch]) -> Result<usize, String> {
+    let want_rows: usize = reference.iter().map(RecordBatch::num_rows).sum();
+    let got_rows: usize = got.iter().map(RecordBatch::num_rows).sum();
+    if let (Some(a), Some(b)) = (reference.first(), got.first()) {
+        let (sa, sb) = (a.schema(), b.schema());
+        if sa.fields().len() != sb.fields().len() {
+            return Err(format!(
+                "{} columns, expected {}",
+                sb.fields().len(),
+                sa.fields().len()
+            ));
+        }
+        for (i, (fa, fb)) in sa.fields().iter().zip(sb.fields()).enumerate() {
+            if fa.name() != fb.name() || fa.data_type() != fb.data_type() {
+                return Err(format!(
+                    "column {i} is {} {}, expected {} {}",
+                    fb.name(),
+                    fb.data_type(),
+                    fa.name(),
+                    fa.data_type()
+                ));
+            }
+        }
+    }
+    if want_rows != got_rows {
+        return Err(format!("{got_rows} rows, expected {want_rows}"));
+    }
+    let want = cells(reference)?;
+    let have = cells(got)?;
+    for (row, (a, b)) in want.iter().zip(&have).enumerate() {
+        for (column, (x, y)) in a.iter().zip(b).enumerate() {
+            if !cells_match(x, y) {
+                return Err(format!(
+                    "row {row}, column {column}: {}, expected {}",
+                    y.show(),
+                    x.show()
+                ));
+            }
+        }
+    }
+    Ok(want_rows)
+}
+
+/// One result cell, reduced to what comparison needs.
+#[derive(Debug, Clone, PartialEq)]
+enum Cell {
+    Null,
+    Float(f64),
+    /// Everything compared exactly: the raw value for decimals, the display text otherwise.
+    Exact(String),
+}
+
+impl Cell {
+    fn show(&self) -> String {
+        match self {
+            Cell::Null => "NULL".into(),
+            Cell::Float(v) => format!("{v:?}"),
+            Cell::Exact(s) => s.clone(),
+        }
+    }
+}
+
+fn cells(batches: &[RecordBatch]) -> Result<Vec<Vec<Cell>>, String> {
+    let mut rows = Vec::new();
+    for batch in batches {
+        let columns: Vec<Vec<Cell>> = batch
+            .columns()
+            .iter()
+            .map(|c| column_cells(c.as_ref()))
+            .collect::<Result<_, _>>()?;
+        for r in 0..batch.num_rows() {
+            rows.push(columns.iter().map(|c| c[r].clone()).collect());
+        }
+    }
+    Ok(rows)
+}
+
+fn column_cells(array: &dyn Array) -> Result<Vec<Cell>, String> {
+    let options = FormatOptions::default();
+    let formatter = ArrayFormatter::try_new(array, &options)
+        .map_err(|e| format!("cannot format {}: {e}", array.data_type()))?;
+    Ok((0..array.len())
+        .map(|i| {
+            if array.is_null(i) {
+                return Cell::Null;
+            }
+            match array.data_type() {
+                DataType::Float16 => {
+                    Cell::Float(f64::from(array.as_primitive::<Float16Type>().value(i)))
+                }
+                DataType::Float32 => {
+                    Cell::Float(f64::from(array.as_primitive::<Float32Type>().value(i)))
+                }
+                DataType::Float64 => Cell::Float(array.as_primitive::<Float64Type>().value(i)),
+                _ => Cell::Exact(formatter.value(i).to_string()),
+            }
+        })
+        .collect())
+}
+
+fn cells_match(want: &Cell, got: &Cell) -> bool {
+    match (want, got) {
+        (Cell::Float(a), Cell::Float(b)) => floats_match(*a, *b),
+        (a, b) => a == b,
+    }
+}
+
+fn floats_match(a: f64, b: f64) -> bool {
+    if a.is_nan() || b.is_nan() {
+        return a.is_nan() && b.is_nan();
+    }
+    if a.is_infinite() || b.is_infinite() {
+        return a == b;
+    }
+    let diff = (a - b).abs();
+    diff <= FLOAT_TOLERANCE * a.abs().max(b.abs()) || diff < f64::MIN_POSITIVE
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{ArrayRef, Decimal128Array, Float64Array, Int32Array, StringArray};
+
+    use super::*;
+
+    fn batch(columns: Vec<(&str, ArrayRef)>) -> RecordBatch {
+        RecordBatch::try_from_iter(columns).unwrap()
+    }
+
+    #[test]
+    fn exact_types_must_be_equal_and_floats_within_tolerance() {
+        let reference = batch(vec![
+            (
+                "k",
+                Arc::new(Int32Array::from(vec![Some(1), None])) as ArrayRef,
+            ),
+            ("s", Arc::new(StringArray::from(vec!["a", "b"]))),
+            (
+                "d",
+                Arc::new(
+                    Decimal128Array::from(vec![1234, -5])
+                        .with_precision_and_scale(10, 2)
+                        .unwrap(),
+                ),
+            ),
+            ("f", Arc::new(Float64Array::from(vec![1.0, f64::NAN]))),
+        ]);
+        assert_eq!(
+            compare_results(
+                std::slice::from_ref(&reference),
+                std::slice::from_ref(&reference)
+            ),
+            Ok(2)
+        );
+
+        let close = batch(vec![
+            (
+                "k",
+                Arc::new(Int32Array::from(vec![Some(1), None])) as ArrayRef,
+            ),
+            ("s", Arc::new(StringArray::from(vec!["a", "b"]))),
+            (
+                "d",
+                Arc::new(
+                    Decimal128Array::from(vec![1234, -5])
+                        .with_precision_and_scale(10, 2)
+                        .unwrap(),
+                ),
+            ),
+            (
+                "f",
+                Arc::new(Float64Array::from(vec![1.0 + 1e-12, f64::NAN])),
+            ),
+        ]);
+        assert_eq!(
+            compare_results(std::slice::from_ref(&reference), &[close]),
+            Ok(2)
+        );
+
+        let off_by_a_cent = batch(vec![
+            (
+                "k",
+                Arc::new(Int32Array::from(vec![Some(1), None])) as ArrayRef,
+            ),
+            ("s", Arc::new(StringArray::from(vec!["a", "b"]))),
+            (
+                "d",
+                Arc::new(
+                    Decimal128Array::from(vec![1234, -6])
+                        .with_precision_and_scale(10, 2)
+                        .unwrap(),
+                ),
+            ),
+            ("f", Arc::new(Float64Array::from(vec![1.0, f64::NAN]))),
+        ]);
+        let err = compare_results(std::slice::from_ref(&reference), &[off_by_a_cent]).unwrap_err();
+        assert_eq!(err, "row 1, column 2: -0.06, expected -0.05");
+
+        let far = batch(vec![
+            (
+                "k",
+                Arc::new(Int32Array::from(vec![Some(1), Some(0)])) as ArrayRef,
+            ),
+            ("s", Arc::new(StringArray::from(vec!["a", "b"]))),
+            (
+                "d",
+                Arc::new(
+                    Decimal128Array::from(vec![1234, -5])
+                        .with_precision_and_scale(10, 2)
+                        .unwrap(),
+                ),
+            ),
+            (
+                "f",
+                Arc::new(Float64Array::from(vec![1.0 + 1e-6, f64::NAN])),
+            ),
+        ]);
+        let err = compare_results(&[reference], &[far]).unwrap_err();
+        assert_eq!(err, "row 0, column 3: 1.000001, expected 1.0");
+    }
+
+    #[test]
+    fn schemas_row_counts_and_order_are_checked() {
+        let a = batch(vec![(
+            "k",
+            Arc::new(Int32Array::from(vec![1, 2])) as ArrayRef,
+        )]);
+        let swapped = batch(vec![(
+            "k",
+            Arc::new(Int32Array::from(vec![2, 1])) as ArrayRef,
+        )]);
+        let renamed = batch(vec![(
+            "j",
+            Arc::new(Int32Array::from(vec![1, 2])) as ArrayRef,
+        )]);
+        let short = batch(vec![("k", Arc::new(Int32Array::from(vec![1])) as ArrayRef)]);
+        assert!(compare_results(std::slice::from_ref(&a), &[swapped]).is_err());
+        assert!(
+            compare_results(std::slice::from_ref(&a), &[renamed])
+                .unwrap_err()
+                .starts_with("column 0 is j")
+        );
+        assert_eq!(
+            compare_results(std::slice::from_ref(&a), &[short]).unwrap_err(),
+            "1 rows, expected 2"
+        );
+        // Batch boundaries do not matter.
+        assert_eq!(
+            compare_results(std::slice::from_ref(&a), &[a.slice(0, 1), a.slice(1, 1)]),
+            Ok(2)
+        );
+        assert_eq!(compare_results(&[], &[]), Ok(0));
+    }
+}

@@ -1,0 +1,161 @@
+//! Running one benchmark query: plan it, see where its operators landed, execute it, and
+//! optionally check its result against a reference engine (Spate on the CPU backend).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow::array::RecordBatch;
+use datafusion::physical_plan::{ExecutionPlan, collect};
+use spate::plan::offload::{Placement, placement};
+use spate::{Engine, SpateError};
+
+use crate::compare::compare_results;
+
+/// One execution of a query.
+#[derive(Debug)]
+pub struct QueryRun {
+    /// Where each compute operator of the executed plan ran.
+    pub placement: Placement,
+    /// SQL to physical plan, the offload rule included.
+    pub plan_time: Duration,
+    /// Executing the physical plan and collecting its result (generated kernels compile here).
+    pub execute_time: Duration,
+    /// The result.
+    pub batches: Vec<RecordBatch>,
+}
+
+impl QueryRun {
+    /// Rows in the result.
+    pub fn rows(&self) -> usize {
+        self.batches.iter().map(RecordBatch::num_rows).sum()
+    }
+}
+
+/// Plans and runs `sql` (one statement) on `engine`, classifying the very plan it executes.
+pub async fn run_query(engine: &Engine, sql: &str) -> Result<QueryRun, SpateError> {
+    let started = Instant::now();
+    let plan: Arc<dyn ExecutionPlan> = engine.sql(sql).await?.create_physical_plan().await?;
+    let plan_time = started.elapsed();
+    let placement = placement(&plan);
+    let started = Instant::now();
+    let batches = collect(plan, engine.context().task_ctx()).await?;
+    Ok(QueryRun {
+        placement,
+        plan_time,
+        execute_time: started.elapsed(),
+        batches,
+    })
+}
+
+/// What checking a query against the reference found.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Same result; the row count.
+    Matched(usize),
+    /// Both ran, with different results: the first difference.
+    Mismatch(String),
+    /// The query failed on the engine under test (the reference ran).
+    Failed(String),
+    /// The reference engine failed, so nothing could be checked.
+    ReferenceFailed(String),
+}
+
+impl Outcome {
+    /// True for [`Outcome::Matched`].
+    pub fn matched(&self) -> bool {
+        matches!(self, Outcome::Matched(_))
+    }
+}
+
+/// A query run on the engine under test and on the reference, and what the comparison found.
+#[derive(Debug)]
+pub struct Verified {
+    /// The run on the engine under test (`None` when it failed).
+    pub run: Option<QueryRun>,
+    /// Execute time on the reference engine (`None` when it failed).
+    pub reference_time: Option<Duration>,
+    /// The verdict.
+    pub outcome: Outcome,
+}
+
+/// Runs `sql` on `engine` and on `reference` and compares the results (see
+/// [`crate::compare`]).
+pub async fn verify_query(engine: &Engine, reference: &Engine, sql: &str) -> Verified {
+    let want = run_query(reference, sql).await;
+    let got = run_query(engine, sql).await;
+    let reference_time = want.as_ref().ok().map(|r| r.execute_time);
+    match (want, got) {
+        (Err(e), got) => Verified {
+            run: got.ok(),
+            reference_time,
+            outcome: Outcome::ReferenceFailed(e.to_string()),
+        },
+        (Ok(_), Err(e)) => Verified {
+            run: None,
+            reference_time,
+            outcome: Outcome::Failed(e.to_string()),
+        },
+        (Ok(want), Ok(got)) => {
+            let outcome = match compare_results(&want.batches, &got.batches) {
+                Ok(rows) => Outcome::Matched(rows),
+                Err(difference) => Outcome::Mismatch(difference),
+            };
+            Verified {
+                run: Some(got),
+                reference_time,
+                outcome,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use spate::Backend;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_query_is_classified_run_and_verified() {
+        let gpu = Engine::builder()
+            .backend(Backend::Emulated)
+            .target_partitions(1)
+            .build()
+            .unwrap();
+        let cpu = Engine::builder()
+            .backend(Backend::Cpu)
+            .target_partitions(1)
+            .build()
+            .unwrap();
+        for engine in [&gpu, &cpu] {
+            spate::tpch::register_tpch(engine, 0.001).unwrap();
+        }
+        let sql = "SELECT n_regionkey, count(*) AS n FROM nation WHERE n_nationkey > 3 \
+                   GROUP BY n_regionkey ORDER BY n_regionkey";
+        let verified = verify_query(&gpu, &cpu, sql).await;
+        assert!(verified.outcome.matched(), "{:?}", verified.outcome);
+        let run = verified.run.unwrap();
+        assert_eq!(run.rows(), 5);
+        assert!(run.placement.fully_on_gpu(), "{:?}", run.placement);
+        assert!(
+            run.placement.gpu.iter().any(|n| n == "GpuAggregateExec"),
+            "{:?}",
+            run.placement
+        );
+
+        let on_cpu = run_query(&cpu, sql).await.unwrap();
+        assert!(on_cpu.placement.gpu.is_empty());
+        assert!(
+            on_cpu
+                .placement
+                .cpu
+                .iter()
+                .any(|(name, _)| name == "AggregateExec"),
+            "{:?}",
+            on_cpu.placement
+        );
+
+        let failed = verify_query(&gpu, &cpu, "SELECT * FROM no_such_table").await;
+        assert!(matches!(failed.outcome, Outcome::ReferenceFailed(_)));
+    }
+}

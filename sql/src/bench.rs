@@ -1,0 +1,189 @@
+//! `spate bench tpch`: run the TPC-H queries on one backend, show where each query's operators
+//! ran, and with `--verify` check every result against the CPU backend.
+//!
+//! ```text
+//! spate bench tpch --sf 0.01 --backend emulated --verify
+//! ```
+//!
+//! The last line is `verified: N/Q matched, G/Q fully on GPU` (with `--verify`) or
+//! `ran: Q queries, G/Q fully on GPU`; the exit code is non-zero when a query fails or, with
+//! `--verify`, when any result differs from the CPU's.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Args, Subcommand};
+use spate::{Backend, Engine};
+use spate_bench::runner::{Outcome, QueryRun, run_query, verify_query};
+
+#[derive(Debug, Subcommand)]
+pub enum Suite {
+    /// The 22 TPC-H queries over data generated in memory.
+    Tpch(TpchArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct TpchArgs {
+    /// Scale factor of the generated data (e.g. 0.01, 1).
+    #[arg(long, value_parser = crate::parse_scale_factor)]
+    sf: f64,
+    /// Backend under test.
+    #[arg(long, default_value = "auto", value_parser = crate::parse_backend)]
+    backend: Backend,
+    /// Also run every query on the CPU backend and compare the results.
+    #[arg(long)]
+    verify: bool,
+    /// Run only these queries (1–22). May be repeated.
+    #[arg(long = "query", short = 'q', value_name = "N",
+          value_parser = clap::value_parser!(u8).range(1..=22))]
+    queries: Vec<u8>,
+    /// Partitions (parallel streams) per query; defaults to the number of cores.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    partitions: Option<u32>,
+}
+
+pub fn run(suite: Suite) -> Result<ExitCode, String> {
+    match suite {
+        Suite::Tpch(args) => tpch(args),
+    }
+}
+
+fn engine(backend: Backend, partitions: Option<u32>) -> Result<Engine, String> {
+    let mut builder = Engine::builder().backend(backend);
+    if let Some(p) = partitions {
+        builder = builder.target_partitions(p as usize);
+    }
+    builder.build().map_err(|e| e.to_string())
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1e3)
+}
+
+/// `GpuFilterExec ×2, GpuSortExec` from operator names in plan order.
+fn counted(names: &[String]) -> String {
+    let mut seen: Vec<(&str, usize)> = Vec::new();
+    for name in names {
+        match seen.iter_mut().find(|(n, _)| n == name) {
+            Some((_, count)) => *count += 1,
+            None => seen.push((name, 1)),
+        }
+    }
+    if seen.is_empty() {
+        return "none".into();
+    }
+    seen.iter()
+        .map(|(n, c)| {
+            if *c > 1 {
+                format!("{n} ×{c}")
+            } else {
+                (*n).to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn print_placement(run: &QueryRun) {
+    println!("      GPU: {}", counted(&run.placement.gpu));
+    if run.placement.cpu.is_empty() {
+        println!("      CPU: none");
+    }
+    for (name, reason) in &run.placement.cpu {
+        println!("      CPU: {name}: {reason}");
+    }
+}
+
+fn tpch(args: TpchArgs) -> Result<ExitCode, String> {
+    let runtime = crate::runtime()?;
+    let engine = engine(args.backend, args.partitions)?;
+    println!("{}", engine.backend());
+    let reference = if args.verify {
+        Some(engine_for_reference(&args)?)
+    } else {
+        None
+    };
+    let started = Instant::now();
+    spate::tpch::register_tpch(&engine, args.sf).map_err(|e| e.to_string())?;
+    if let Some(reference) = &reference {
+        spate::tpch::register_tpch(reference, args.sf).map_err(|e| e.to_string())?;
+    }
+    println!(
+        "TPC-H SF {}: generated in {:.1} s",
+        args.sf,
+        started.elapsed().as_secs_f64()
+    );
+
+    let queries: Vec<(usize, &str)> = spate_bench::tpch::QUERIES
+        .iter()
+        .copied()
+        .filter(|(n, _)| args.queries.is_empty() || args.queries.iter().any(|q| *q as usize == *n))
+        .collect();
+    let total = queries.len();
+    let (mut matched, mut on_gpu, mut failed) = (0usize, 0usize, 0usize);
+    for (number, sql) in queries {
+        let label = format!("q{number:02}");
+        match &reference {
+            Some(reference) => {
+                let verified = runtime.block_on(verify_query(&engine, reference, sql));
+                let timing = match (&verified.run, verified.reference_time) {
+                    (Some(run), Some(cpu)) => format!(
+                        "  plan {}, execute {}, cpu {}",
+                        ms(run.plan_time),
+                        ms(run.execute_time),
+                        ms(cpu)
+                    ),
+                    _ => String::new(),
+                };
+                let verdict = match &verified.outcome {
+                    Outcome::Matched(rows) => format!("matched ({rows} rows)"),
+                    Outcome::Mismatch(difference) => format!("MISMATCH: {difference}"),
+                    Outcome::Failed(e) => format!("FAILED: {e}"),
+                    Outcome::ReferenceFailed(e) => format!("FAILED on the CPU backend: {e}"),
+                };
+                println!("{label}  {verdict}{timing}");
+                matched += usize::from(verified.outcome.matched());
+                if let Some(run) = &verified.run {
+                    on_gpu += usize::from(run.placement.fully_on_gpu());
+                    print_placement(run);
+                }
+            }
+            None => match runtime.block_on(run_query(&engine, sql)) {
+                Ok(run) => {
+                    println!(
+                        "{label}  {} rows  plan {}, execute {}",
+                        run.rows(),
+                        ms(run.plan_time),
+                        ms(run.execute_time)
+                    );
+                    on_gpu += usize::from(run.placement.fully_on_gpu());
+                    print_placement(&run);
+                }
+                Err(e) => {
+                    failed += 1;
+                    println!("{label}  FAILED: {e}");
+                }
+            },
+        }
+    }
+    if reference.is_some() {
+        println!("verified: {matched}/{total} matched, {on_gpu}/{total} fully on GPU");
+        Ok(if matched == total {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        })
+    } else {
+        println!("ran: {total} queries, {failed} failed, {on_gpu}/{total} fully on GPU");
+        Ok(if failed == 0 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        })
+    }
+}
+
+/// The CPU backend with the same partitioning as the engine under test.
+fn engine_for_reference(args: &TpchArgs) -> Result<Engine, String> {
+    engine(Backend::Cpu, args.partitions)
+}
