@@ -43,11 +43,13 @@ use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::PhysicalExpr;
 use std::sync::Arc;
 
+use datafusion::logical_expr::physical_planning_context::{ScalarSubqueryResults, SubqueryIndex};
 use datafusion::physical_expr::ScalarFunctionExpr;
 use datafusion::physical_expr::expressions::{
     BinaryExpr, CaseExpr, CastExpr, Column, InListExpr, IsNotNullExpr, IsNullExpr, LikeExpr,
     Literal, NegativeExpr, NotExpr,
 };
+use datafusion::physical_expr::scalar_subquery::ScalarSubqueryExpr;
 
 /// Why an expression cannot run on the GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -217,6 +219,78 @@ pub struct KernelInput {
     pub data_type: DataType,
 }
 
+/// A value known only when the query runs, passed to the kernel at each launch: today the
+/// result of an uncorrelated scalar subquery (`ScalarSubqueryExpr`), which DataFusion's
+/// `ScalarSubqueryExec` computes before the operators that read it start. Passing it as a
+/// parameter keeps the generated source, and so the compiled kernel, the same whatever the
+/// subquery returns.
+#[derive(Debug, Clone)]
+pub struct RuntimeScalar {
+    results: ScalarSubqueryResults,
+    index: SubqueryIndex,
+    data_type: DataType,
+}
+
+impl RuntimeScalar {
+    /// The value's `(low, high, null)` kernel parameters: the bits of the value (a Decimal128
+    /// uses both words), and 1 for NULL.
+    fn launch_args(&self) -> crate::error::Result<[spate_kernels::KernelArg; 3]> {
+        use spate_kernels::KernelArg;
+        let internal = |message: String| crate::error::SpateError::Internal { message };
+        let value = self.results.get(self.index).ok_or_else(|| {
+            internal("a GPU kernel ran before the scalar subquery it reads".into())
+        })?;
+        if value.data_type() != self.data_type {
+            return Err(internal(format!(
+                "scalar subquery returned {}, planned as {}",
+                value.data_type(),
+                self.data_type
+            )));
+        }
+        if value.is_null() {
+            return Ok([KernelArg::U64(0), KernelArg::U64(0), KernelArg::U32(1)]);
+        }
+        let (lo, hi) = scalar_bits(&value)
+            .ok_or_else(|| internal(format!("scalar subquery value {value} on the GPU")))?;
+        Ok([KernelArg::U64(lo), KernelArg::U64(hi), KernelArg::U32(0)])
+    }
+}
+
+/// The bits of a non-null fixed-width scalar as two 64-bit words (low, high); `None` for
+/// types the generated code does not take as a parameter (strings).
+fn scalar_bits(value: &ScalarValue) -> Option<(u64, u64)> {
+    use ScalarValue::*;
+    let signed = |v: i64| Some((v as u64, if v < 0 { u64::MAX } else { 0 }));
+    match value {
+        Boolean(Some(b)) => Some((u64::from(*b), 0)),
+        Int8(Some(v)) => signed(i64::from(*v)),
+        Int16(Some(v)) => signed(i64::from(*v)),
+        Int32(Some(v)) | Date32(Some(v)) | Time32Second(Some(v)) | Time32Millisecond(Some(v)) => {
+            signed(i64::from(*v))
+        }
+        Int64(Some(v))
+        | Date64(Some(v))
+        | Time64Microsecond(Some(v))
+        | Time64Nanosecond(Some(v))
+        | TimestampSecond(Some(v), _)
+        | TimestampMillisecond(Some(v), _)
+        | TimestampMicrosecond(Some(v), _)
+        | TimestampNanosecond(Some(v), _)
+        | DurationSecond(Some(v))
+        | DurationMillisecond(Some(v))
+        | DurationMicrosecond(Some(v))
+        | DurationNanosecond(Some(v)) => signed(*v),
+        UInt8(Some(v)) => Some((u64::from(*v), 0)),
+        UInt16(Some(v)) => Some((u64::from(*v), 0)),
+        UInt32(Some(v)) => Some((u64::from(*v), 0)),
+        UInt64(Some(v)) => Some((*v, 0)),
+        Float32(Some(v)) => Some((u64::from(v.to_bits()), 0)),
+        Float64(Some(v)) => Some((v.to_bits(), 0)),
+        Decimal128(Some(v), _, _) => Some((*v as u64, (*v >> 64) as u64)),
+        _ => None,
+    }
+}
+
 /// A compiled-to-source predicate: its CUDA source, entry point and the columns it reads.
 #[derive(Debug, Clone)]
 pub struct PredicateKernel {
@@ -227,9 +301,11 @@ pub struct PredicateKernel {
     /// The columns, in the kernel's parameter order: each contributes
     /// `(const u8* data, const u8* extra, u64 aux, const u8* validity, u64 validity_offset)`
     /// (for strings `data` holds the offsets, `extra` the bytes and `aux` the offset width; for
-    /// booleans `aux` is the bit offset), followed by `u64 rows, u8* out` and, when
-    /// `checks` is not empty, `u32* err`.
+    /// booleans `aux` is the bit offset), then `(u64 low, u64 high, u32 null)` per runtime
+    /// scalar, followed by `u64 rows, u8* out` and, when `checks` is not empty, `u32* err`.
     pub inputs: Vec<KernelInput>,
+    /// Values read at launch (scalar subquery results), in parameter order.
+    pub scalars: Vec<RuntimeScalar>,
     /// What can fail (overflow, division by zero, a cast): an `ErrorFlag` bit and the message
     /// the query fails with when the kernel sets it in `*err`.
     pub checks: Vec<(u32, String)>,
@@ -246,6 +322,8 @@ struct Gen<'a> {
     body: String,
     next: usize,
     inputs: Vec<KernelInput>,
+    /// Runtime scalars the kernel takes as parameters (`sa<k>`, `sb<k>`, `sn<k>`).
+    scalars: Vec<RuntimeScalar>,
     /// How deep the expression being generated sits on the right side of AND/OR, which
     /// DataFusion evaluates for all rows, some rows or none depending on the whole batch: an
     /// error raised there cannot match the CPU's row for row.
@@ -311,6 +389,9 @@ impl Gen<'_> {
         }
         if let Some(l) = expr.downcast_ref::<Literal>() {
             return self.literal(l.value());
+        }
+        if let Some(q) = expr.downcast_ref::<ScalarSubqueryExpr>() {
+            return self.scalar_subquery(q);
         }
         if let Some(b) = expr.downcast_ref::<BinaryExpr>() {
             return self.binary(b);
@@ -439,6 +520,45 @@ impl Gen<'_> {
         Ok(Operand {
             value: v,
             null: n,
+            ty,
+        })
+    }
+
+    /// A scalar subquery's result, read from the kernel's parameters.
+    fn scalar_subquery(&mut self, q: &ScalarSubqueryExpr) -> Result<Operand, Unsupported> {
+        let data_type = q
+            .return_field(self.schema)
+            .map_err(|e| Unsupported(format!("`{q}`: {e}")))?
+            .data_type()
+            .clone();
+        let ty = DevType::of(&data_type)
+            .filter(|t| *t != DevType::Str)
+            .ok_or_else(|| {
+                Unsupported(format!(
+                    "a scalar subquery of type {data_type} is not supported on the GPU yet"
+                ))
+            })?;
+        let k = self.scalars.len();
+        #[allow(
+            deprecated,
+            reason = "the index is the only handle on the subquery's result; the accessor is                       deprecated only for protobuf serialization"
+        )]
+        let index = q.index();
+        self.scalars.push(RuntimeScalar {
+            results: q.results().clone(),
+            index,
+            data_type,
+        });
+        let value = match ty {
+            DevType::Bool => format!("(sa{k} != 0ull)"),
+            DevType::F32 => format!("__uint_as_float((u32)sa{k})"),
+            DevType::F64 => format!("__longlong_as_double((i64)sa{k})"),
+            DevType::Dec { .. } => format!("((((i128)(i64)sb{k}) << 64) | (i128)sa{k})"),
+            _ => format!("(({})sa{k})", ty.c_type()),
+        };
+        Ok(Operand {
+            value,
+            null: format!("(sn{k} != 0u)"),
             ty,
         })
     }
@@ -1731,6 +1851,7 @@ pub fn predicate_kernel(
         body: String::new(),
         next: 0,
         inputs: Vec::new(),
+        scalars: Vec::new(),
         conditional: 0,
         guards: Vec::new(),
         checks: Vec::new(),
@@ -1747,6 +1868,9 @@ pub fn predicate_kernel(
             params,
             "const u8* d{k}, const u8* e{k}, u64 b{k}, const u8* v{k}, u64 o{k}, "
         );
+    }
+    for k in 0..g.scalars.len() {
+        let _ = write!(params, "u64 sa{k}, u64 sb{k}, u32 sn{k}, ");
     }
     let err = if g.checks.is_empty() {
         ""
@@ -1768,6 +1892,7 @@ pub fn predicate_kernel(
         source,
         entry,
         inputs: g.inputs,
+        scalars: g.scalars,
         checks: g.checks,
     })
 }
@@ -1780,13 +1905,16 @@ pub struct ValueKernel {
     pub source: String,
     /// The entry point (`spate_proj_<hash>`).
     pub entry: String,
-    /// The columns read, laid out as in [`PredicateKernel::inputs`], followed by `u64 n`,
+    /// The columns read, then the runtime scalars, laid out as in
+    /// [`PredicateKernel::inputs`], followed by `u64 n`,
     /// `const u32* rows` (output `o` reads input row `rows[o]`, or row `o` when null: a filter's
     /// kept rows, so the gather is fused into the kernel) and then, per output,
     /// `(T* values, u32* validity_words)`, then `u64* valid_counts` (one zeroed counter per
     /// output, to which the kernel adds its non-null values, so null counts need no extra pass)
     /// and `u32* err` when `checks` is not empty.
     pub inputs: Vec<KernelInput>,
+    /// As [`PredicateKernel::scalars`].
+    pub scalars: Vec<RuntimeScalar>,
     /// As [`PredicateKernel::checks`].
     pub checks: Vec<(u32, String)>,
     /// The Arrow type of each output.
@@ -1803,6 +1931,7 @@ pub fn value_kernel(
         body: String::new(),
         next: 0,
         inputs: Vec::new(),
+        scalars: Vec::new(),
         conditional: 0,
         guards: Vec::new(),
         checks: Vec::new(),
@@ -1836,6 +1965,9 @@ pub fn value_kernel(
             params,
             "const u8* d{k}, const u8* e{k}, u64 b{k}, const u8* v{k}, u64 o{k}, "
         );
+    }
+    for k in 0..g.scalars.len() {
+        let _ = write!(params, "u64 sa{k}, u64 sb{k}, u32 sn{k}, ");
     }
     params.push_str("u64 n, const u32* rows");
     let mut declare = String::new();
@@ -1894,6 +2026,7 @@ pub fn value_kernel(
         source,
         entry,
         inputs: g.inputs,
+        scalars: g.scalars,
         outputs,
         checks: g.checks,
     })
@@ -1906,6 +2039,7 @@ fn indent(body: &str) -> String {
 /// Device pointers and bit offsets of a kernel's input columns, in its parameter layout.
 fn input_args(
     inputs: &[KernelInput],
+    scalars: &[RuntimeScalar],
     batch: &crate::column::DeviceBatch,
 ) -> crate::error::Result<Vec<spate_kernels::KernelArg>> {
     let mut args = Vec::with_capacity(inputs.len() * 5 + 2);
@@ -1918,6 +2052,9 @@ fn input_args(
                     message: format!("a kernel reads column {} of a narrower batch", input.index),
                 })?;
         column_args(column, &mut args);
+    }
+    for scalar in scalars {
+        args.extend(scalar.launch_args()?);
     }
     Ok(args)
 }
@@ -1982,7 +2119,7 @@ pub(crate) fn evaluate_values_at(
     use spate_kernels::{KernelArg, LaunchConfig};
 
     let n = rows.map_or(batch.num_rows(), |r| r.len());
-    let mut args = input_args(&values.inputs, batch)?;
+    let mut args = input_args(&values.inputs, &values.scalars, batch)?;
     args.push(KernelArg::U64(n as u64));
     args.push(rows.map_or_else(KernelArg::null, KernelArg::from));
     let mut buffers = Vec::with_capacity(values.outputs.len());
@@ -2073,7 +2210,7 @@ pub fn evaluate_predicate(
     if n == 0 {
         return Ok(out);
     }
-    let mut args = input_args(&predicate.inputs, batch)?;
+    let mut args = input_args(&predicate.inputs, &predicate.scalars, batch)?;
     args.push(KernelArg::U64(n as u64));
     args.push((&out).into());
     let err = ErrorFlag::new(stream, &predicate.checks, &mut args)?;

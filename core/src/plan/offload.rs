@@ -9,8 +9,9 @@
 //! fails the query naming the operator and the reason.
 //!
 //! Plumbing that has no GPU work in it (scans, exchanges including the merge of sorted
-//! partitions, batch coalescing, projections that only select or rename columns) is not a
-//! fallback.
+//! partitions, batch coalescing, projections that only select or rename columns, and
+//! `ScalarSubqueryExec`, which only runs its subqueries before passing its input through) is
+//! not a fallback. GPU expressions read a scalar subquery's result as a kernel parameter.
 
 use std::sync::Arc;
 
@@ -47,6 +48,7 @@ const PLUMBING: &[&str] = &[
     "LazyMemoryExec",
     "MemoryExec",
     "WorkTableExec",
+    "ScalarSubqueryExec",
 ];
 
 /// Swaps supported operators for GPU operators (see the module docs).
@@ -102,6 +104,10 @@ fn cpu_reason(node: &dyn ExecutionPlan) -> String {
         }
         "EmptyExec" | "PlaceholderRowExec" => "produces no data to compute on".into(),
         "CooperativeExec" | "OutputRequirementExec" => "scheduling wrapper, no work".into(),
+        "ScalarSubqueryExec" => "runs each uncorrelated scalar subquery once, then passes its \
+                                 input through; the subquery plans below it are placed like any \
+                                 other"
+            .into(),
         _ => {
             if let Some(filter) = node.downcast_ref::<FilterExec>() {
                 match GpuFilterExec::try_new(Arc::new(filter.clone())) {
