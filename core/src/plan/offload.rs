@@ -20,12 +20,12 @@ use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::error::{DataFusionError, Result as DFResult};
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
-use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
+use datafusion::physical_plan::{ExecutionPlan, replace_children_if_necessary};
 
 use crate::config::{FallbackPolicy, SpateOptions};
 use crate::device::GpuContext;
@@ -134,8 +134,8 @@ fn cpu_reason(node: &dyn ExecutionPlan) -> String {
             } else if let Some(projection) = node.downcast_ref::<ProjectionExec>() {
                 match GpuProjectionExec::try_new(Arc::new(projection.clone())) {
                     Err(reason) => reason.0,
-                    Ok(_) => "its input is on the CPU, and moving the data to the GPU and back \
-                              would cost more than the projection"
+                    Ok(_) => "its input and its consumer are on the CPU, and moving the data to \
+                              the GPU and back would cost more than the projection"
                         .into(),
                 }
             } else {
@@ -211,6 +211,40 @@ pub fn annotate(plan: &Arc<dyn ExecutionPlan>) -> String {
         .collect()
 }
 
+impl GpuOffloadRule {
+    /// The second, top-down pass: a computing projection still on the CPU moves to the GPU
+    /// when its consumer is a GPU operator, which would upload its output anyway (so the
+    /// projection costs no extra transfer there: e.g. a projection between a round-robin
+    /// repartition and a GPU aggregate). Any other computing projection on the CPU is a
+    /// fallback.
+    fn place_projections(
+        &self,
+        node: Arc<dyn ExecutionPlan>,
+        parent_on_gpu: bool,
+        policy: FallbackPolicy,
+    ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        let mut node = node;
+        if let Some(projection) = node.downcast_ref::<ProjectionExec>()
+            && !is_column_selection(node.as_ref())
+        {
+            match GpuProjectionExec::try_new(Arc::new(projection.clone())) {
+                Ok(gpu) if parent_on_gpu => node = Arc::new(gpu),
+                _ => {
+                    let name = node.name().to_string();
+                    self.fallback(policy, &name, &cpu_reason(node.as_ref()))?;
+                }
+            }
+        }
+        let on_gpu = as_gpu_exec(node.as_ref()).is_some();
+        let children = node
+            .children()
+            .into_iter()
+            .map(|child| self.place_projections(Arc::clone(child), on_gpu, policy))
+            .collect::<DFResult<Vec<_>>>()?;
+        replace_children_if_necessary(node, children)
+    }
+}
+
 impl PhysicalOptimizerRule for GpuOffloadRule {
     fn optimize(
         &self,
@@ -254,14 +288,16 @@ impl PhysicalOptimizerRule for GpuOffloadRule {
             {
                 return Ok(Transformed::yes(Arc::new(gpu) as Arc<dyn ExecutionPlan>));
             }
-            if is_column_selection(node.as_ref()) {
+            // A projection whose input stays on the CPU is decided top-down below, once its
+            // consumer's placement is known.
+            if node.downcast_ref::<ProjectionExec>().is_some() {
                 return Ok(Transformed::no(node));
             }
             let name = node.name().to_string();
             self.fallback(policy, &name, &cpu_reason(node.as_ref()))?;
             Ok(Transformed::no(node))
         })
-        .map(|t| t.data)
+        .and_then(|t| self.place_projections(t.data, false, policy))
     }
 
     fn name(&self) -> &str {
