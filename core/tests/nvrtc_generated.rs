@@ -34,6 +34,8 @@ const QUERIES: &[&str] = &[
     "SELECT d, r, dt, m, t, u, count(*) FROM t GROUP BY d, r, dt, m, t, u",
     "SELECT count(*), min(d), max(r), sum(i * 2 + t), avg(m) FROM t WHERE i > 0",
     "SELECT p, count(DISTINCT s), count(DISTINCT m), count(DISTINCT i) FROM t GROUP BY p",
+    // MIN/MAX over decimals wider than 64 bits (the two-pass `wide` kernel).
+    "SELECT p, min(CAST(i AS DECIMAL(30,0))), max(CAST(b AS DECIMAL(38,2))) FROM t GROUP BY p",
     // Hash joins on keys of every kind, inner, outer, semi and anti.
     "SELECT * FROM t a JOIN t b ON a.i = b.i AND a.s = b.s AND a.m = b.m AND a.p = b.p",
     "SELECT * FROM t a FULL JOIN t b ON a.dt = b.dt AND a.b = b.b",

@@ -33,7 +33,11 @@
 //! integer sums and counts add as wrapping `u64` (as DataFusion's `add_wrapping`), float sums as
 //! `double`, decimal sums as two words (low, high) with the carry added to the high word, and
 //! MIN/MAX as an order-preserving `u64` key (MIN stores the key's complement), so both are one
-//! `atomicMax`. `seen[slot * groups + g]` is set once a non-null value reached the slot.
+//! `atomicMax`. MIN/MAX of a Decimal128 above 18 digits take two words and two passes, which
+//! are exact without a 128-bit atomic: `update` takes the `atomicMax` of the high 64 bits'
+//! order key, then `wide(args…, u64 n, const u32* gid, u64 groups, u64* acc)` takes the
+//! `atomicMax` of the low 64 bits (unsigned) over the rows whose high key equals the winner.
+//! `seen[slot * groups + g]` is set once a non-null value reached the slot.
 
 use std::fmt::Write as _;
 
@@ -60,6 +64,11 @@ pub(super) enum SlotKind {
     Min,
     /// Largest value in the type's order.
     Max,
+    /// MIN of a Decimal128 wider than 64 bits: two words, `[high key, low key]` (see the module
+    /// docs).
+    MinWide,
+    /// MAX of a Decimal128 wider than 64 bits, as [`SlotKind::MinWide`].
+    MaxWide,
     /// Distinct non-null values per group (COUNT(DISTINCT)): counted by `dcount` from a second
     /// hash table over (group keys, value), not by `update`.
     CountDistinct,
@@ -67,7 +76,10 @@ pub(super) enum SlotKind {
 
 impl SlotKind {
     fn words(self) -> usize {
-        if self == SlotKind::SumDec { 2 } else { 1 }
+        match self {
+            SlotKind::SumDec | SlotKind::MinWide | SlotKind::MaxWide => 2,
+            _ => 1,
+        }
     }
 }
 
@@ -117,6 +129,9 @@ pub(super) struct AggProgram {
 }
 
 const SIGN: &str = "0x8000000000000000ull";
+
+/// The order key of a Decimal128 `v`'s high 64 bits (signed).
+const HIGH_KEY: &str = "((u64)(i64)(v >> 64) ^ 0x8000000000000000ull)";
 
 pub(crate) fn column_params(prefix: &str, count: usize) -> String {
     (0..count)
@@ -283,6 +298,8 @@ fn update_row(spec: &AggSpec, lay: &Layout, acc: &str, seen: &str, stride: &str)
             ),
             SlotKind::Max => format!("atomicMax(&{}, {}); {mark}", word(0), order_key(ty)),
             SlotKind::Min => format!("atomicMax(&{}, ~{}); {mark}", word(0), order_key(ty)),
+            SlotKind::MaxWide => format!("atomicMax(&{}, {HIGH_KEY}); {mark}", word(0)),
+            SlotKind::MinWide => format!("atomicMax(&{}, ~{HIGH_KEY}); {mark}", word(0)),
             SlotKind::CountDistinct => continue,
         };
         let _ = writeln!(
@@ -291,6 +308,37 @@ fn update_row(spec: &AggSpec, lay: &Layout, acc: &str, seen: &str, stride: &str)
         );
     }
     code
+}
+
+/// The `wide` kernel (see the module docs), when a slot is a wide MIN/MAX.
+fn wide_kernel(spec: &AggSpec, lay: &Layout, args: &str) -> Option<String> {
+    let mut rows = String::new();
+    for (j, slot) in spec.slots.iter().enumerate() {
+        let (hi, lo) = match slot.kind {
+            SlotKind::MaxWide => (HIGH_KEY.to_string(), "(u64)v".to_string()),
+            SlotKind::MinWide => (format!("~{HIGH_KEY}"), "~(u64)v".to_string()),
+            _ => continue,
+        };
+        let a = slot.arg?;
+        let w = lay.base[j];
+        let _ = writeln!(
+            rows,
+            "        if (spate::row_is_valid(av{a}, ao{a}, i)) {{ const i128 v = ((const i128*)ad{a})[i]; if ({hi} == acc[{w} * groups + g]) atomicMax(&acc[{} * groups + g], {lo}); }}",
+            w + 1
+        );
+    }
+    (!rows.is_empty()).then(|| {
+        format!(
+            r#"extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_wide({args}u64 n, const u32* gid, u64 groups, u64* acc) {{
+    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{
+        const u64 g = gid != nullptr ? (u64)gid[i] : 0ull;
+{rows}    }}
+}}
+SPATE_EXPORT(ENTRY_wide)
+
+"#
+        )
+    })
 }
 
 /// Adds a block's shared accumulators for groups `t` to the global ones.
@@ -323,7 +371,8 @@ fn flush_shared(spec: &AggSpec, lay: &Layout) -> String {
                 sh(1),
                 sh(0)
             ),
-            SlotKind::Min | SlotKind::Max => {
+            // The wide kinds' low words are folded by `wide`, straight into `acc`.
+            SlotKind::Min | SlotKind::Max | SlotKind::MinWide | SlotKind::MaxWide => {
                 format!("if ({seen}) {{ atomicMax(&{}, {}); {mark} }}", gl(0), sh(0))
             }
         };
@@ -359,6 +408,22 @@ fn finish_value(spec: &AggSpec, lay: &Layout, out: &Out, ty: DevType) -> (String
             ),
             SlotKind::Max => (from_order_key(ty, &word(j, 0)), seen(j)),
             SlotKind::Min => (from_order_key(ty, &format!("~{}", word(j, 0))), seen(j)),
+            SlotKind::MaxWide => (
+                format!(
+                    "(i128)(((u128i)({} ^ {SIGN}) << 64) | (u128i){})",
+                    word(j, 0),
+                    word(j, 1)
+                ),
+                seen(j),
+            ),
+            SlotKind::MinWide => (
+                format!(
+                    "(i128)(((u128i)(~{} ^ {SIGN}) << 64) | (u128i)(~{}))",
+                    word(j, 0),
+                    word(j, 1)
+                ),
+                seen(j),
+            ),
         },
         Out::AvgF64 { count, sum } => (
             format!(
@@ -582,6 +647,10 @@ SPATE_EXPORT(ENTRY_finish)
     .iter()
     .map(|n| n.to_string())
     .collect();
+    if let Some(wide) = wide_kernel(spec, &lay, &args) {
+        body.push_str(&wide);
+        names.push("wide".into());
+    }
     for (j, slot) in spec.slots.iter().enumerate() {
         let (SlotKind::CountDistinct, Some(a)) = (slot.kind, slot.arg) else {
             continue;

@@ -82,8 +82,9 @@ enum Operand {
 /// for up to 10^10 rows, so the CPU's overflow error cannot be due.
 const AVG_MAX_DECIMAL_PRECISION: u8 = 24;
 
-/// Decimal precision up to which MIN/MAX run on the GPU (values fit the 64-bit order key).
-const MINMAX_MAX_DECIMAL_PRECISION: u8 = 18;
+/// Decimal precision up to which MIN/MAX fold one 64-bit order key; wider decimals take two
+/// words and two passes (`SlotKind::MinWide`, `SlotKind::MaxWide`).
+const NARROW_DECIMAL_PRECISION: u8 = 18;
 
 /// What the GPU computes for one `AggregateExec`.
 #[derive(Debug)]
@@ -327,10 +328,11 @@ fn analyze(agg: &AggregateExec) -> std::result::Result<AggPlan, Unsupported> {
                     )));
                 }
                 let ok = match arg_ty {
-                    DevType::Int { .. } | DevType::F32 | DevType::F64 => true,
-                    DevType::Dec { precision, .. } => precision <= MINMAX_MAX_DECIMAL_PRECISION,
+                    DevType::Int { .. } | DevType::F32 | DevType::F64 | DevType::Dec { .. } => true,
                     DevType::Bool | DevType::Str => false,
                 };
+                let wide = matches!(arg_ty, DevType::Dec { precision, .. }
+                    if precision > NARROW_DECIMAL_PRECISION);
                 if !ok || result_ty != arg_ty {
                     return Err(Unsupported(format!(
                         "`{label}` over {arg_type} does not run on the GPU yet"
@@ -338,10 +340,11 @@ fn analyze(agg: &AggregateExec) -> std::result::Result<AggPlan, Unsupported> {
                 }
                 let arg = slot_arg(0, state_types[0])?;
                 slots.push(Slot {
-                    kind: if name == "min" {
-                        SlotKind::Min
-                    } else {
-                        SlotKind::Max
+                    kind: match (name.as_str(), wide) {
+                        ("min", false) => SlotKind::Min,
+                        ("min", true) => SlotKind::MinWide,
+                        (_, false) => SlotKind::Max,
+                        (_, true) => SlotKind::MaxWide,
                     },
                     arg: Some(arg),
                 });
@@ -668,6 +671,12 @@ fn aggregate_batch(
             (&seen).into(),
         ]);
         launch(stream, kernels.get("update")?, n, &a)?;
+        if kernels.program.contains_key("wide") {
+            // The same arguments, without `seen`: the low words of wide MIN/MAX, once every
+            // high word is final.
+            a.pop();
+            launch(stream, kernels.get("wide")?, n, &a)?;
+        }
     }
     for (j, slot) in plan.spec.slots.iter().enumerate() {
         let (SlotKind::CountDistinct, Some(arg)) = (slot.kind, slot.arg) else {
