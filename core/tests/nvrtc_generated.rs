@@ -40,6 +40,8 @@ const QUERIES: &[&str] = &[
     "SELECT * FROM t a JOIN t b ON a.i = b.i AND a.s = b.s AND a.m = b.m AND a.p = b.p",
     "SELECT * FROM t a FULL JOIN t b ON a.dt = b.dt AND a.b = b.b",
     "SELECT * FROM t a WHERE NOT EXISTS (SELECT 1 FROM t b WHERE a.w = b.w AND a.u = b.u)",
+    // String outputs (two passes: lengths, then bytes).
+    "SELECT substr(s, 2, 3), i + 1, substr(s, 1) FROM t WHERE i > 0",
     // Scalar subquery results as kernel parameters (integer, decimal, float, date, boolean).
     "SELECT i * (SELECT max(i) FROM t) FROM t WHERE m > (SELECT avg(m) FROM t) \
      AND d < (SELECT min(d) FROM t) AND dt = (SELECT max(dt) FROM t) \

@@ -1908,10 +1908,14 @@ pub struct ValueKernel {
     /// The columns read, then the runtime scalars, laid out as in
     /// [`PredicateKernel::inputs`], followed by `u64 n`,
     /// `const u32* rows` (output `o` reads input row `rows[o]`, or row `o` when null: a filter's
-    /// kept rows, so the gather is fused into the kernel) and then, per output,
-    /// `(T* values, u32* validity_words)`, then `u64* valid_counts` (one zeroed counter per
+    /// kept rows, so the gather is fused into the kernel), `u32 pass` and then, per output,
+    /// `(T* values, u32* validity_words)`, or for a string output
+    /// `(u64* offsets, u8* bytes, u32* validity_words)`, then `u64* valid_counts` (one zeroed counter per
     /// output, to which the kernel adds its non-null values, so null counts need no extra pass)
-    /// and `u32* err` when `checks` is not empty.
+    /// and `u32* err` when `checks` is not empty. Without string outputs the kernel runs once
+    /// (`pass` 0). With them it runs twice: pass 0 computes every output and writes each
+    /// string's length to `offsets`, which the host turns into offsets by an exclusive scan;
+    /// pass 1 copies each string's bytes there.
     pub inputs: Vec<KernelInput>,
     /// As [`PredicateKernel::scalars`].
     pub scalars: Vec<RuntimeScalar>,
@@ -1942,13 +1946,11 @@ pub fn value_kernel(
         let data_type = expr
             .data_type(input_schema)
             .map_err(|e| Unsupported(format!("`{expr}`: {e}")))?;
-        let want = DevType::of(&data_type)
-            .filter(|t| *t != DevType::Str)
-            .ok_or_else(|| {
-                Unsupported(format!(
-                    "`{expr}` yields {data_type}, which GPU expressions do not compute yet"
-                ))
-            })?;
+        let want = DevType::of(&data_type).ok_or_else(|| {
+            Unsupported(format!(
+                "`{expr}` yields {data_type}, which GPU expressions do not compute yet"
+            ))
+        })?;
         let got = g.emit(*expr)?;
         if got.ty != want {
             return Err(Unsupported(format!(
@@ -1969,13 +1971,28 @@ pub fn value_kernel(
     for k in 0..g.scalars.len() {
         let _ = write!(params, "u64 sa{k}, u64 sb{k}, u32 sn{k}, ");
     }
-    params.push_str("u64 n, const u32* rows");
+    params.push_str("u64 n, const u32* rows, u32 pass");
     let mut declare = String::new();
     let mut store = String::new();
     let mut publish = String::new();
     for (j, (f, ty)) in finals.iter().zip(&outputs).enumerate() {
         let dev = DevType::of(ty).unwrap_or(DevType::Bool);
-        if dev == DevType::Bool {
+        if dev == DevType::Str {
+            // Pass 0 writes each string's length into `offs`, which the host turns into
+            // offsets by an exclusive scan; pass 1 copies the bytes to them.
+            let _ = write!(params, ", u64* offs{j}, u8* bytes{j}, u32* valid{j}");
+            let _ = writeln!(declare, "        bool ok{j} = false;");
+            let _ = writeln!(
+                store,
+                "            ok{j} = !{null};\n            if (pass == 0u) {{ offs{j}[o] = ok{j} ? (u64){v}_n : 0ull; }} else if (ok{j}) {{ u8* dst = bytes{j} + offs{j}[o]; for (u64 k = 0; k < {v}_n; ++k) dst[k] = {v}[k]; }}",
+                null = f.null,
+                v = f.value
+            );
+            let _ = writeln!(
+                publish,
+                "        if (pass == 0u) {{ const u32 v = __ballot_sync(SPATE_FULL_MASK, ok{j}); if (spate::lane_id() == 0) {{ valid{j}[base / 32] = v; if (v != 0u) atomicAdd(&valid_counts[{j}], (u64)__popc(v)); }} }}"
+            );
+        } else if dev == DevType::Bool {
             let _ = write!(params, ", u32* out{j}, u32* valid{j}");
             let _ = writeln!(
                 declare,
@@ -1988,7 +2005,7 @@ pub fn value_kernel(
             );
             let _ = writeln!(
                 publish,
-                "        {{ const u32 w = __ballot_sync(SPATE_FULL_MASK, set{j}); const u32 v = __ballot_sync(SPATE_FULL_MASK, ok{j}); if (spate::lane_id() == 0) {{ out{j}[base / 32] = w; valid{j}[base / 32] = v; if (v != 0u) atomicAdd(&valid_counts[{j}], (u64)__popc(v)); }} }}"
+                "        if (pass == 0u) {{ const u32 w = __ballot_sync(SPATE_FULL_MASK, set{j}); const u32 v = __ballot_sync(SPATE_FULL_MASK, ok{j}); if (spate::lane_id() == 0) {{ out{j}[base / 32] = w; valid{j}[base / 32] = v; if (v != 0u) atomicAdd(&valid_counts[{j}], (u64)__popc(v)); }} }}"
             );
         } else {
             let c = dev.c_type();
@@ -1996,12 +2013,12 @@ pub fn value_kernel(
             let _ = writeln!(declare, "        bool ok{j} = false;");
             let _ = writeln!(
                 store,
-                "            ok{j} = !{};\n            out{j}[o] = ok{j} ? ({c}){} : ({c})0;",
+                "            ok{j} = !{};\n            if (pass == 0u) out{j}[o] = ok{j} ? ({c}){} : ({c})0;",
                 f.null, f.value
             );
             let _ = writeln!(
                 publish,
-                "        {{ const u32 v = __ballot_sync(SPATE_FULL_MASK, ok{j}); if (spate::lane_id() == 0) {{ valid{j}[base / 32] = v; if (v != 0u) atomicAdd(&valid_counts[{j}], (u64)__popc(v)); }} }}"
+                "        if (pass == 0u) {{ const u32 v = __ballot_sync(SPATE_FULL_MASK, ok{j}); if (spate::lane_id() == 0) {{ valid{j}[base / 32] = v; if (v != 0u) atomicAdd(&valid_counts[{j}], (u64)__popc(v)); }} }}"
             );
         }
     }
@@ -2116,40 +2133,86 @@ pub(crate) fn evaluate_values_at(
 ) -> crate::error::Result<Vec<crate::column::DeviceColumn>> {
     use crate::column::{DeviceBytes, DeviceColumn, DeviceValidity, DeviceValues, device_layout};
     use spate_kernels::gather::bitmap_bytes;
-    use spate_kernels::{KernelArg, LaunchConfig};
+    use spate_kernels::{DeviceBuffer, KernelArg, LaunchConfig};
 
     let n = rows.map_or(batch.num_rows(), |r| r.len());
     let mut args = input_args(&values.inputs, &values.scalars, batch)?;
     args.push(KernelArg::U64(n as u64));
     args.push(rows.map_or_else(KernelArg::null, KernelArg::from));
+    let pass_arg = args.len();
+    args.push(KernelArg::U32(0));
+    /// Where one output's values go.
+    enum Buffers {
+        /// Values (or bits) and validity.
+        Fixed(DeviceBuffer<u8>, DeviceBuffer<u8>),
+        /// Lengths, then offsets (`n + 1`); the bytes once their total is known; validity.
+        Strings(
+            DeviceBuffer<u64>,
+            Option<DeviceBuffer<u8>>,
+            DeviceBuffer<u8>,
+        ),
+    }
     let mut buffers = Vec::with_capacity(values.outputs.len());
+    // Argument index of each string output's byte pointer, filled in for pass 1.
+    let mut byte_args = Vec::new();
     for data_type in &values.outputs {
-        let bytes = match device_layout(data_type) {
-            Some(crate::column::Layout::Fixed(width)) => n * width,
-            Some(crate::column::Layout::Bits) => bitmap_bytes(n),
-            _ => {
-                return Err(crate::error::SpateError::Internal {
-                    message: format!("value kernels cannot produce {data_type}"),
-                });
-            }
-        };
-        // At least one 16-byte value, so that an empty column still views as any width.
-        let data = stream.alloc::<u8>(bytes.max(16))?;
         let validity = stream.alloc::<u8>(bitmap_bytes(n).max(4))?;
-        args.push((&data).into());
-        args.push((&validity).into());
-        buffers.push((data, validity));
+        match device_layout(data_type) {
+            Some(crate::column::Layout::Strings | crate::column::Layout::LargeStrings) => {
+                let offsets = stream.alloc_zeroed::<u64>(n + 1)?;
+                args.push((&offsets).into());
+                byte_args.push(args.len());
+                args.push(KernelArg::null());
+                args.push((&validity).into());
+                buffers.push(Buffers::Strings(offsets, None, validity));
+            }
+            layout => {
+                let bytes = match layout {
+                    Some(crate::column::Layout::Fixed(width)) => n * width,
+                    Some(crate::column::Layout::Bits) => bitmap_bytes(n),
+                    _ => {
+                        return Err(crate::error::SpateError::Internal {
+                            message: format!("value kernels cannot produce {data_type}"),
+                        });
+                    }
+                };
+                // At least one 16-byte value, so that an empty column still views as any
+                // width.
+                let data = stream.alloc::<u8>(bytes.max(16))?;
+                args.push((&data).into());
+                args.push((&validity).into());
+                buffers.push(Buffers::Fixed(data, validity));
+            }
+        }
     }
     let valid_counts = stream.alloc_zeroed::<u64>(values.outputs.len().max(1))?;
     args.push((&valid_counts).into());
     let err = ErrorFlag::new(stream, &values.checks, &mut args)?;
     if n > 0 {
-        let blocks = stream.device().grid_stride_blocks(n);
+        let cfg = LaunchConfig::blocks(stream.device().grid_stride_blocks(n));
         // SAFETY: the arguments follow `ValueKernel`'s documented layout; inputs hold the
         // batch's rows of the types the generated code reads, `rows` (when given) holds `n`
-        // indices of those rows (a filter's kept rows), outputs `n` values (or bits) and a
-        // validity word per 32 of them.
-        unsafe { stream.launch(kernel, LaunchConfig::blocks(blocks), &args)? };
+        // indices of those rows (a filter's kept rows), outputs `n` values (or bits, or
+        // string lengths) and a validity word per 32 of them.
+        unsafe { stream.launch(kernel, cfg, &args)? };
+        if !byte_args.is_empty() {
+            let mut strings = byte_args.iter();
+            for b in &mut buffers {
+                let Buffers::Strings(offsets, bytes, _) = b else {
+                    continue;
+                };
+                let at = *strings.next().unwrap_or(&0);
+                spate_kernels::scan::exclusive_sum_in_place(stream, offsets)?;
+                let total = stream.to_vec(offsets.slice(n..)?)?[0] as usize;
+                let out = stream.alloc::<u8>(total.max(1))?;
+                args[at] = (&out).into();
+                *bytes = Some(out);
+            }
+            args[pass_arg] = KernelArg::U32(1);
+            // SAFETY: as above; each string output now has its offsets and room for its
+            // bytes.
+            unsafe { stream.launch(kernel, cfg, &args)? };
+        }
     }
     err.check(stream, &values.checks)?;
     // One small read for every output's null count.
@@ -2159,23 +2222,41 @@ pub(crate) fn evaluate_values_at(
         stream.to_vec(&valid_counts)?
     };
     let mut columns = Vec::with_capacity(buffers.len());
-    for (((data, validity), data_type), valid) in
-        buffers.into_iter().zip(&values.outputs).zip(valid_counts)
-    {
+    for ((b, data_type), valid) in buffers.into_iter().zip(&values.outputs).zip(valid_counts) {
         let valid = valid as usize;
-        let validity = (valid < n).then(|| DeviceValidity {
-            bytes: DeviceBytes::new(validity),
-            offset: 0,
-        });
-        let values = match device_layout(data_type) {
-            Some(crate::column::Layout::Fixed(width)) => DeviceValues::Fixed {
-                bytes: DeviceBytes::new(data),
-                width,
-            },
-            _ => DeviceValues::Bits {
-                bytes: DeviceBytes::new(data),
+        let validity_of = |validity| {
+            (valid < n).then(|| DeviceValidity {
+                bytes: DeviceBytes::new(validity),
                 offset: 0,
-            },
+            })
+        };
+        let (values, validity) = match b {
+            Buffers::Strings(offsets, bytes, validity) => {
+                let bytes = match bytes {
+                    Some(bytes) => bytes,
+                    None => stream.alloc::<u8>(1)?,
+                };
+                (
+                    DeviceValues::LargeUtf8 {
+                        offsets: DeviceBytes::new(offsets.into_bytes()),
+                        bytes: DeviceBytes::new(bytes),
+                    },
+                    validity_of(validity),
+                )
+            }
+            Buffers::Fixed(data, validity) => (
+                match device_layout(data_type) {
+                    Some(crate::column::Layout::Fixed(width)) => DeviceValues::Fixed {
+                        bytes: DeviceBytes::new(data),
+                        width,
+                    },
+                    _ => DeviceValues::Bits {
+                        bytes: DeviceBytes::new(data),
+                        offset: 0,
+                    },
+                },
+                validity_of(validity),
+            ),
         };
         columns.push(DeviceColumn::new(
             data_type.clone(),
