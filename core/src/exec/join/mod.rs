@@ -69,6 +69,11 @@ struct BuildSide {
     /// Per group (per build row with a residual filter), set when a probe row matched it
     /// (left, full, left semi and anti joins).
     matched: Option<DeviceBuffer<u32>>,
+    /// Null-aware anti joins (`NOT IN`): some probe row had a NULL key (then no build row is
+    /// emitted), and some probe row arrived at all (then build rows with a NULL key are not
+    /// emitted). Shared by every probe partition of this build side, as on the CPU.
+    probe_has_null: std::sync::atomic::AtomicBool,
+    probe_non_empty: std::sync::atomic::AtomicBool,
 }
 
 /// A residual join filter: evaluated on the candidate pairs, from columns of both sides.
@@ -97,6 +102,8 @@ pub struct GpuHashJoinExec {
     join_type: JoinType,
     collect_left: bool,
     null_equal: bool,
+    /// A null-aware anti join (`NOT IN`), see [`BuildSide`]'s flags.
+    null_aware: bool,
     projection: Option<Vec<usize>>,
     fetch: Option<usize>,
     plan: Arc<JoinPlan>,
@@ -169,6 +176,7 @@ impl GpuHashJoinExec {
             join_type: *join.join_type(),
             collect_left,
             null_equal: join.null_equality() == NullEquality::NullEqualsNull,
+            null_aware: join.null_aware,
             projection: join.projection.as_ref().map(|p| p.to_vec()),
             fetch: join.fetch(),
             cpu: Arc::clone(&plan),
@@ -229,9 +237,9 @@ impl GpuHashJoinExec {
                 })
             }
         };
-        if join.null_aware {
+        if join.null_aware && (join.on().len() != 1 || join_type != JoinType::LeftAnti) {
             return Err(Unsupported(
-                "null-aware anti joins (NOT IN) do not run on the GPU yet".into(),
+                "a null-aware join other than a one-key left anti join".into(),
             ));
         }
         let collect_left = match join.partition_mode() {
@@ -346,6 +354,8 @@ fn build_side(
         group_start,
         rows_by_group,
         matched,
+        probe_has_null: std::sync::atomic::AtomicBool::new(false),
+        probe_non_empty: std::sync::atomic::AtomicBool::new(false),
     })
 }
 
@@ -395,6 +405,7 @@ struct ProbeState {
     build: Option<Arc<BuildSide>>,
     join_type: JoinType,
     null_equal: bool,
+    null_aware: bool,
     projection: Option<Vec<usize>>,
     schema: SchemaRef,
     probe_schema: SchemaRef,
@@ -421,6 +432,19 @@ impl ProbeState {
             });
         }
         let build = self.build()?;
+        if self.null_aware {
+            use std::sync::atomic::Ordering;
+            if n > 0 {
+                build.probe_non_empty.store(true, Ordering::Relaxed);
+            }
+            if batch.columns()[self.plan.probe_keys[0]].null_count() > 0 {
+                build.probe_has_null.store(true, Ordering::Relaxed);
+            }
+            if build.probe_has_null.load(Ordering::Relaxed) {
+                // `x NOT IN (..., NULL)` is never true: nothing left to match.
+                return Ok(None);
+            }
+        }
         let outer_probe = matches!(self.join_type, JoinType::Right | JoinType::Full);
         let mut args = Vec::new();
         for &k in &self.plan.probe_keys {
@@ -729,6 +753,22 @@ impl ProbeState {
         if n == 0 {
             return Ok(None);
         }
+        let (probe_has_null, probe_non_empty) = {
+            use std::sync::atomic::Ordering;
+            (
+                build.probe_has_null.load(Ordering::Relaxed),
+                build.probe_non_empty.load(Ordering::Relaxed),
+            )
+        };
+        if self.null_aware && probe_has_null {
+            return Ok(None);
+        }
+        // `NULL NOT IN (rows)` is NULL, but `NULL NOT IN (empty)` is true.
+        let key_validity = if self.null_aware && probe_non_empty {
+            build.keys[0].validity().map(|v| v.bitmap())
+        } else {
+            None
+        };
         let mask = s.alloc::<u8>(n)?;
         let want = KernelArg::U32(u32::from(self.join_type == JoinType::LeftSemi));
         if self.plan.filter.is_some() {
@@ -758,7 +798,7 @@ impl ProbeState {
                 ],
             )?;
         }
-        let kept = compact::select_indices(s, Mask::Bytes(mask.as_slice()), None, n)?;
+        let kept = compact::select_indices(s, Mask::Bytes(mask.as_slice()), key_validity, n)?;
         let rows = kept.len();
         if rows == 0 {
             return Ok(None);
@@ -971,6 +1011,7 @@ impl GpuExec for GpuHashJoinExec {
                 build: None,
                 join_type,
                 null_equal: self.null_equal,
+                null_aware: self.null_aware,
                 projection: self.projection.clone(),
                 schema: self.schema(),
                 probe_schema: self.right().schema(),
