@@ -39,6 +39,8 @@ const QUERIES: &[&str] = &[
     // Hash joins on keys of every kind, inner, outer, semi and anti.
     "SELECT * FROM t a JOIN t b ON a.i = b.i AND a.s = b.s AND a.m = b.m AND a.p = b.p",
     "SELECT * FROM t a FULL JOIN t b ON a.dt = b.dt AND a.b = b.b",
+    "SELECT * FROM t a JOIN t b ON a.d = b.d AND a.f = b.f",
+    "SELECT * FROM t a WHERE a.i NOT IN (SELECT b.i FROM t b)",
     "SELECT * FROM t a WHERE NOT EXISTS (SELECT 1 FROM t b WHERE a.w = b.w AND a.u = b.u)",
     // String outputs (two passes: lengths, then bytes).
     "SELECT substr(s, 2, 3), i + 1, substr(s, 1) FROM t WHERE i > 0",

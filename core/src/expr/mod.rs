@@ -2204,7 +2204,8 @@ pub(crate) fn evaluate_values_at(
                 let at = *strings.next().unwrap_or(&0);
                 spate_kernels::scan::exclusive_sum_in_place(stream, offsets)?;
                 let total = stream.to_vec(offsets.slice(n..)?)?[0] as usize;
-                let out = stream.alloc::<u8>(total.max(1))?;
+                // Exactly `total` bytes: Arrow validates the whole buffer as UTF-8.
+                let out = stream.alloc::<u8>(total)?;
                 args[at] = (&out).into();
                 *bytes = Some(out);
             }
@@ -2234,7 +2235,7 @@ pub(crate) fn evaluate_values_at(
             Buffers::Strings(offsets, bytes, validity) => {
                 let bytes = match bytes {
                     Some(bytes) => bytes,
-                    None => stream.alloc::<u8>(1)?,
+                    None => stream.alloc::<u8>(0)?,
                 };
                 (
                     DeviceValues::LargeUtf8 {

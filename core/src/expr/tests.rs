@@ -421,3 +421,61 @@ fn decimal_shapes_that_could_overflow_run_checked_but_not_in_branches() {
     let err = predicate_kernel(cond.as_ref(), &s).unwrap_err();
     assert!(err.0.contains("inside AND/OR"), "{err}");
 }
+
+#[test]
+fn string_outputs_hold_exactly_their_bytes() {
+    use arrow::array::StringArray;
+    use datafusion::common::DFSchema;
+    use datafusion::execution::context::ExecutionProps;
+    use datafusion::functions::unicode::expr_fn::substring;
+    use datafusion::prelude::{col as logical_col, lit as logical_lit};
+
+    let device = Device::emulated(DeviceOptions::default()).unwrap();
+    let stream = device.new_stream().unwrap();
+    let host = RecordBatch::try_from_iter([(
+        "s",
+        Arc::new(StringArray::from(vec![
+            Some("apple"),
+            None,
+            Some(""),
+            Some("héllo wörld"),
+        ])) as ArrayRef,
+    )])
+    .unwrap();
+    let schema = host.schema();
+    let df_schema = DFSchema::try_from(schema.as_ref().clone()).unwrap();
+    let props = ExecutionProps::new();
+    let planning =
+        datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext::default();
+    // Some bytes, and none at all (every string empty or NULL).
+    let exprs: Vec<E> = [(2, 3), (100, 2)]
+        .iter()
+        .map(|&(start, count)| {
+            let e = substring(
+                logical_col("s"),
+                logical_lit(start as i64),
+                logical_lit(count as i64),
+            );
+            datafusion::physical_expr::create_physical_expr(&e, &df_schema, &props, &planning)
+                .unwrap()
+        })
+        .collect();
+    let refs: Vec<&dyn PhysicalExpr> = exprs.iter().map(|e| e.as_ref()).collect();
+    let vk = value_kernel(&refs, &schema).unwrap_or_else(|e| panic!("{e}"));
+    let kernel = device
+        .compile_generated(&vk.entry, &vk.source, &[&vk.entry])
+        .unwrap()
+        .remove(0);
+    let on_device = upload_batch(&stream, &host).unwrap();
+    let columns = evaluate_values(&stream, &kernel, &vk, &on_device).unwrap();
+    for ((expr, column), bytes) in exprs.iter().zip(&columns).zip([7, 0]) {
+        let crate::column::DeviceValues::LargeUtf8 { bytes: data, .. } = column.values() else {
+            panic!("`{expr}`: strings expected");
+        };
+        assert_eq!(data.len(), bytes, "`{expr}`");
+        let got = crate::column::download_column(&stream, column).unwrap();
+        let want = expr.evaluate(&host).unwrap().into_array(4).unwrap();
+        assert_eq!(got.as_ref(), want.as_ref(), "`{expr}`");
+        assert_eq!(got.null_count(), 1, "`{expr}`");
+    }
+}

@@ -17,7 +17,9 @@
 //! Output order is probe order (then the build side's unmatched rows), as DataFusion's; the
 //! build rows of one probe row come in any order. A residual join filter is evaluated on the
 //! candidate pairs by the expression JIT; then matches (and so outer, semi and anti rows) are
-//! decided per row pair. Null-aware anti joins, mark joins and float keys stay on the CPU.
+//! decided per row pair. A null-aware anti join (`NOT IN`) emits nothing once a probe key is
+//! NULL, and no NULL-keyed build row unless the probe side was empty. Mark joins stay on the
+//! CPU.
 
 mod codegen;
 
@@ -138,14 +140,13 @@ fn key_columns(
             ))
         })?;
         let data_type = schema.field(c.index()).data_type();
-        let ty = DevType::of(data_type)
-            .filter(|t| !matches!(t, DevType::F32 | DevType::F64))
-            .ok_or_else(|| {
-                Unsupported(format!(
-                    "{side} join key `{e}` has type {data_type}, which GPU joins do not support \
-                     yet"
-                ))
-            })?;
+        // Float keys hash and compare as DataFusion's do: by bit pattern, with -0.0 folded
+        // into +0.0 (so a NaN matches a NaN with the same bits).
+        let ty = DevType::of(data_type).ok_or_else(|| {
+            Unsupported(format!(
+                "{side} join key `{e}` has type {data_type}, which GPU joins do not support yet"
+            ))
+        })?;
         columns.push(c.index());
         types.push(ty);
     }
