@@ -12,10 +12,13 @@
 //!   u64* counts, u32* matched)`: per probe row, the build group with equal keys (or `NONE`),
 //!   and how many output rows it makes (`outer`: at least one). A probe row with a NULL key
 //!   matches nothing unless `null_equal`. Marks `matched[group]` when `matched` is not null.
-//! - `pairs(const u32* pgroup, const u64* offsets, u64 n, const u32* group_start,
-//!   const u32* sizes, const u32* rows_by_group, u32 outer, u32* out_probe, u32* out_build)`:
-//!   the (probe row, build row) pairs at each probe row's offset; an unmatched probe row of an
-//!   outer join pairs with `SPATE_NULL_INDEX`.
+//! - `pairs(const u32* pgroup, const u64* offsets, u64 n, u64 total, const u32* group_start,
+//!   const u32* rows_by_group, u32* out_probe, u32* out_build)`: the (probe row, build row)
+//!   pairs, `offsets` being the exclusive scan of `counts`. One thread per output pair finds
+//!   its probe row by binary search over `offsets`, so a key with millions of matches spreads
+//!   over the whole grid instead of one thread (load-balanced expansion, as in ModernGPU's
+//!   "load-balancing search"). An unmatched probe row of an outer join (a count of one)
+//!   pairs with `SPATE_NULL_INDEX`.
 //! - `pmask(const u32* pgroup, u64 n, u32 want_match, u8* mask)` and `bmask(const u32* gid,
 //!   u64 n, const u32* matched, u32 want_match, u8* mask)`: probe or build rows that did (or
 //!   did not) match, for semi and anti joins and the unmatched rows of outer joins.
@@ -52,23 +55,18 @@ extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_bscatter
 }
 SPATE_EXPORT(ENTRY_bscatter)
 
-extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_pairs(const u32* pgroup, const u64* offsets, u64 n, const u32* group_start, const u32* sizes, const u32* rows_by_group, u32 outer, u32* out_probe, u32* out_build) {
-    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {
-        const u32 g = pgroup[i];
-        const u64 o = offsets[i];
-        if (g == SPATE_JOIN_NONE) {
-            if (outer) {
-                out_probe[o] = (u32)i;
-                out_build[o] = SPATE_NULL_INDEX;
-            }
-            continue;
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_pairs(const u32* pgroup, const u64* offsets, u64 n, u64 total, const u32* group_start, const u32* rows_by_group, u32* out_probe, u32* out_build) {
+    for (u64 o = spate::global_thread_index(); o < total; o += spate::grid_stride()) {
+        // The probe row whose output range holds `o`: the last row with offsets[row] <= o
+        // (rows that make no output share their successor's offset and are skipped).
+        u64 lo = 0ull, hi = n;
+        while (hi - lo > 1ull) {
+            const u64 mid = lo + (hi - lo) / 2ull;
+            if (offsets[mid] <= o) lo = mid; else hi = mid;
         }
-        const u32 start = group_start[g];
-        const u32 size = sizes[g];
-        for (u32 k = 0; k < size; ++k) {
-            out_probe[o + k] = (u32)i;
-            out_build[o + k] = rows_by_group[start + k];
-        }
+        const u32 g = pgroup[lo];
+        out_probe[o] = (u32)lo;
+        out_build[o] = g == SPATE_JOIN_NONE ? SPATE_NULL_INDEX : rows_by_group[group_start[g] + (u32)(o - offsets[lo])];
     }
 }
 SPATE_EXPORT(ENTRY_pairs)
