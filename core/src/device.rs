@@ -205,8 +205,9 @@ impl fmt::Debug for GpuContext {
 }
 
 impl GpuContext {
-    /// Opens the device of a GPU backend (`Cuda` or `Emulated`).
-    pub fn open(backend: Backend) -> Result<Arc<Self>> {
+    /// Opens the device of a GPU backend (`Cuda` or `Emulated`) with a memory pool of
+    /// `budget`.
+    pub fn open(backend: Backend, budget: spate_kernels::MemoryBudget) -> Result<Arc<Self>> {
         let kind = match backend {
             Backend::Cuda => BackendKind::Cuda,
             Backend::Emulated => BackendKind::Emulated,
@@ -216,7 +217,13 @@ impl GpuContext {
                 });
             }
         };
-        let device = Device::open(kind, DeviceOptions::default())?;
+        let device = Device::open(
+            kind,
+            DeviceOptions {
+                memory_budget: budget,
+                ..DeviceOptions::default()
+            },
+        )?;
         Ok(Arc::new(GpuContext {
             device,
             generated: Mutex::new(HashMap::new()),

@@ -44,6 +44,7 @@ pub struct EngineBuilder {
     target_partitions: Option<usize>,
     batch_size: Option<usize>,
     memory_limit_bytes: Option<usize>,
+    gpu_memory_limit_bytes: Option<usize>,
     options: Vec<(String, String)>,
     offload_rule: Option<PhysicalRule>,
 }
@@ -74,6 +75,13 @@ impl EngineBuilder {
         self
     }
 
+    /// Caps the GPU memory the session's device pool may hold (default: 80% of the device's
+    /// free memory). An operator that needs more fails with an out-of-memory error.
+    pub fn gpu_memory_limit(mut self, bytes: usize) -> Self {
+        self.gpu_memory_limit_bytes = Some(bytes);
+        self
+    }
+
     /// Sets any DataFusion configuration key, e.g. `datafusion.execution.batch_size`.
     pub fn option(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.options.push((key.into(), value.into()));
@@ -90,7 +98,13 @@ impl EngineBuilder {
     pub fn build(self) -> Result<Engine> {
         let mut selection = BackendSelection::resolve(self.backend)?;
         let gpu = if selection.uses_gpu() {
-            match GpuContext::open(selection.resolved).and_then(|g| g.smoke_test().map(|()| g)) {
+            let budget = match self.gpu_memory_limit_bytes {
+                Some(bytes) => spate_kernels::MemoryBudget::Bytes(bytes),
+                None => spate_kernels::MemoryBudget::default(),
+            };
+            match GpuContext::open(selection.resolved, budget)
+                .and_then(|g| g.smoke_test().map(|()| g))
+            {
                 Ok(g) => Some(g),
                 Err(e) => {
                     selection = selection.after_gpu_failure(e)?;

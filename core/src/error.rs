@@ -68,7 +68,8 @@ pub enum SpateError {
     },
     /// The query needed more memory than its limit allows.
     #[error(
-        "out of memory: {message}\nhint: raise the memory limit (`--memory-limit` in the shell)"
+        "out of memory: {message}\nhint: raise the memory limit (in the shell `--memory-limit` \
+         for host memory, `--gpu-memory-limit` for GPU memory)"
     )]
     ResourcesExhausted {
         /// DataFusion's description, including which operator ran out.

@@ -57,6 +57,9 @@ struct RunArgs {
     /// Cap on host memory for sorts, aggregations and joins, e.g. 4G or 512M.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     memory_limit: Option<usize>,
+    /// Cap on GPU memory (the device pool), e.g. 8G; defaults to 80% of the free memory.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    gpu_memory_limit: Option<usize>,
     /// Partitions (parallel streams) per query; defaults to the number of cores.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
     partitions: Option<u32>,
@@ -191,6 +194,9 @@ fn run(args: RunArgs) -> Result<ExitCode, String> {
     let mut builder = Engine::builder().backend(args.backend);
     if let Some(bytes) = args.memory_limit {
         builder = builder.memory_limit(bytes);
+    }
+    if let Some(bytes) = args.gpu_memory_limit {
+        builder = builder.gpu_memory_limit(bytes);
     }
     if let Some(partitions) = args.partitions {
         builder = builder.target_partitions(partitions as usize);

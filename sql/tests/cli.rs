@@ -448,6 +448,21 @@ fn memory_limits_are_enforced_cleanly() {
         "csv",
     ]);
     assert_clean_failure(&o, 1, "Error:");
+
+    // A GPU join whose build side does not fit the GPU memory budget fails cleanly.
+    let o = spate(&[
+        "--backend",
+        "emulated",
+        "--gpu-memory-limit",
+        "2M",
+        "-c",
+        "CREATE TABLE big AS SELECT v AS k, CAST(v AS VARCHAR) AS s \
+         FROM generate_series(1, 300000) AS g(v)",
+        "-c",
+        "SELECT count(*) FROM big a JOIN big b ON a.k = b.k",
+    ]);
+    assert_clean_failure(&o, 1, "GPU out of memory");
+    assert!(stderr(&o).contains("--gpu-memory-limit"), "{}", stderr(&o));
 }
 
 #[test]
