@@ -1,5 +1,6 @@
-//! TPC-H Q1 and Q6 run whole on GPU operators (emulated backend) at SF 0.01 and 0.1, and equal
-//! the CPU's results exactly (both are decimal-only queries).
+//! TPC-H on GPU operators (emulated backend): all 22 queries at SF 0.01, and Q1 and Q6 (with
+//! their expected GPU operators) also at SF 0.1, run whole on the GPU and equal the CPU's
+//! results exactly.
 //!
 //! "Whole" is checked by running with `spate.gpu.fallback = 'error'`: any operator left on the
 //! CPU fails the query.
@@ -55,5 +56,37 @@ async fn q1_and_q6_run_fully_on_the_gpu_and_match_the_cpu() {
                 assert!(plan.contains("GpuSortExec"), "{plan}");
             }
         }
+    }
+}
+
+/// All 22 queries at SF 0.01: every operator on the GPU (`spate.gpu.fallback = 'error'`) and
+/// the CPU's result. (`spate bench tpch --verify`, run by `scripts/test` at SF 0.01 and 0.1,
+/// reports the same with floats compared to a tolerance.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_tpch_query_runs_fully_on_the_gpu() {
+    let gpu = Engine::builder()
+        .backend(Backend::Emulated)
+        .target_partitions(2)
+        .build()
+        .unwrap();
+    let cpu = Engine::builder()
+        .backend(Backend::Cpu)
+        .target_partitions(2)
+        .build()
+        .unwrap();
+    spate::tpch::register_tpch(&gpu, 0.01).unwrap();
+    spate::tpch::register_tpch(&cpu, 0.01).unwrap();
+    gpu.collect("SET spate.gpu.fallback = 'error'")
+        .await
+        .unwrap();
+    for n in 1..=22 {
+        let name = format!("q{n:02}");
+        let sql = query(&name);
+        let got = gpu
+            .collect(&sql)
+            .await
+            .unwrap_or_else(|e| panic!("{name} on the GPU: {e}"));
+        let want = cpu.collect(&sql).await.unwrap();
+        assert_eq!(lines(&got), lines(&want), "{name}");
     }
 }
