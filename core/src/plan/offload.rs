@@ -49,6 +49,10 @@ const PLUMBING: &[&str] = &[
     "MemoryExec",
     "WorkTableExec",
     "ScalarSubqueryExec",
+    "UnionExec",
+    "InterleaveExec",
+    "GlobalLimitExec",
+    "LocalLimitExec",
 ];
 
 /// Swaps supported operators for GPU operators (see the module docs).
@@ -98,6 +102,12 @@ fn cpu_reason(node: &dyn ExecutionPlan) -> String {
         }
         "RepartitionExec" | "CoalescePartitionsExec" | "CoalesceBatchesExec" => {
             "moves batches between partitions on the host".into()
+        }
+        "UnionExec" | "InterleaveExec" => {
+            "passes its inputs' partitions through side by side, on the host (an exchange)".into()
+        }
+        "GlobalLimitExec" | "LocalLimitExec" => {
+            "stops reading once it has the rows it needs; no computation".into()
         }
         "SortPreservingMergeExec" => {
             "merges partitions that are already sorted, on the host (an exchange)".into()
