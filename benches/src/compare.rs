@@ -147,95 +147,40 @@ mod tests {
         RecordBatch::try_from_iter(columns).unwrap()
     }
 
+    /// Two rows: an integer key (the second as given), a string, a Decimal(10, 2) and a float.
+    fn sample(second_key: Option<i32>, second_decimal: i128, first_float: f64) -> RecordBatch {
+        batch(vec![
+            (
+                "k",
+                Arc::new(Int32Array::from(vec![Some(1), second_key])) as ArrayRef,
+            ),
+            ("s", Arc::new(StringArray::from(vec!["a", "b"]))),
+            (
+                "d",
+                Arc::new(
+                    Decimal128Array::from(vec![1234, second_decimal])
+                        .with_precision_and_scale(10, 2)
+                        .unwrap(),
+                ),
+            ),
+            (
+                "f",
+                Arc::new(Float64Array::from(vec![first_float, f64::NAN])),
+            ),
+        ])
+    }
+
     #[test]
     fn exact_types_must_be_equal_and_floats_within_tolerance() {
-        let reference = batch(vec![
-            (
-                "k",
-                Arc::new(Int32Array::from(vec![Some(1), None])) as ArrayRef,
-            ),
-            ("s", Arc::new(StringArray::from(vec!["a", "b"]))),
-            (
-                "d",
-                Arc::new(
-                    Decimal128Array::from(vec![1234, -5])
-                        .with_precision_and_scale(10, 2)
-                        .unwrap(),
-                ),
-            ),
-            ("f", Arc::new(Float64Array::from(vec![1.0, f64::NAN]))),
-        ]);
-        assert_eq!(
-            compare_results(
-                std::slice::from_ref(&reference),
-                std::slice::from_ref(&reference)
-            ),
-            Ok(2)
-        );
-
-        let close = batch(vec![
-            (
-                "k",
-                Arc::new(Int32Array::from(vec![Some(1), None])) as ArrayRef,
-            ),
-            ("s", Arc::new(StringArray::from(vec!["a", "b"]))),
-            (
-                "d",
-                Arc::new(
-                    Decimal128Array::from(vec![1234, -5])
-                        .with_precision_and_scale(10, 2)
-                        .unwrap(),
-                ),
-            ),
-            (
-                "f",
-                Arc::new(Float64Array::from(vec![1.0 + 1e-12, f64::NAN])),
-            ),
-        ]);
-        assert_eq!(
-            compare_results(std::slice::from_ref(&reference), &[close]),
-            Ok(2)
-        );
-
-        let off_by_a_cent = batch(vec![
-            (
-                "k",
-                Arc::new(Int32Array::from(vec![Some(1), None])) as ArrayRef,
-            ),
-            ("s", Arc::new(StringArray::from(vec!["a", "b"]))),
-            (
-                "d",
-                Arc::new(
-                    Decimal128Array::from(vec![1234, -6])
-                        .with_precision_and_scale(10, 2)
-                        .unwrap(),
-                ),
-            ),
-            ("f", Arc::new(Float64Array::from(vec![1.0, f64::NAN]))),
-        ]);
-        let err = compare_results(std::slice::from_ref(&reference), &[off_by_a_cent]).unwrap_err();
+        let reference = [sample(None, -5, 1.0)];
+        assert_eq!(compare_results(&reference, &reference), Ok(2));
+        let close = sample(None, -5, 1.0 + 1e-12);
+        assert_eq!(compare_results(&reference, &[close]), Ok(2));
+        let off_by_a_cent = sample(None, -6, 1.0);
+        let err = compare_results(&reference, &[off_by_a_cent]).unwrap_err();
         assert_eq!(err, "row 1, column 2: -0.06, expected -0.05");
-
-        let far = batch(vec![
-            (
-                "k",
-                Arc::new(Int32Array::from(vec![Some(1), Some(0)])) as ArrayRef,
-            ),
-            ("s", Arc::new(StringArray::from(vec!["a", "b"]))),
-            (
-                "d",
-                Arc::new(
-                    Decimal128Array::from(vec![1234, -5])
-                        .with_precision_and_scale(10, 2)
-                        .unwrap(),
-                ),
-            ),
-            (
-                "f",
-                Arc::new(Float64Array::from(vec![1.0 + 1e-6, f64::NAN])),
-            ),
-        ]);
-        let err = compare_results(&[reference], &[far]).unwrap_err();
+        let far = sample(Some(0), -5, 1.0 + 1e-6);
+        let err = compare_results(&reference, &[far]).unwrap_err();
         assert_eq!(err, "row 0, column 3: 1.000001, expected 1.0");
     }
 

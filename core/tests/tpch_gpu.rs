@@ -20,24 +20,30 @@ fn query(name: &str) -> String {
     std::fs::read_to_string(format!("{path}{name}.sql")).unwrap()
 }
 
+/// A GPU engine that fails on any CPU operator and a CPU engine, both over TPC-H at `sf`.
+async fn engines(sf: f64) -> (Engine, Engine) {
+    let gpu = Engine::builder()
+        .backend(Backend::Emulated)
+        .target_partitions(2)
+        .build()
+        .unwrap();
+    let cpu = Engine::builder()
+        .backend(Backend::Cpu)
+        .target_partitions(2)
+        .build()
+        .unwrap();
+    spate::tpch::register_tpch(&gpu, sf).unwrap();
+    spate::tpch::register_tpch(&cpu, sf).unwrap();
+    gpu.collect("SET spate.gpu.fallback = 'error'")
+        .await
+        .unwrap();
+    (gpu, cpu)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn q1_and_q6_run_fully_on_the_gpu_and_match_the_cpu() {
     for sf in [0.01, 0.1] {
-        let gpu = Engine::builder()
-            .backend(Backend::Emulated)
-            .target_partitions(2)
-            .build()
-            .unwrap();
-        let cpu = Engine::builder()
-            .backend(Backend::Cpu)
-            .target_partitions(2)
-            .build()
-            .unwrap();
-        spate::tpch::register_tpch(&gpu, sf).unwrap();
-        spate::tpch::register_tpch(&cpu, sf).unwrap();
-        gpu.collect("SET spate.gpu.fallback = 'error'")
-            .await
-            .unwrap();
+        let (gpu, cpu) = engines(sf).await;
         for name in ["q01", "q06"] {
             let sql = query(name);
             let want = lines(&cpu.collect(&sql).await.unwrap());
@@ -64,21 +70,7 @@ async fn q1_and_q6_run_fully_on_the_gpu_and_match_the_cpu() {
 /// reports the same with floats compared to a tolerance.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_tpch_query_runs_fully_on_the_gpu() {
-    let gpu = Engine::builder()
-        .backend(Backend::Emulated)
-        .target_partitions(2)
-        .build()
-        .unwrap();
-    let cpu = Engine::builder()
-        .backend(Backend::Cpu)
-        .target_partitions(2)
-        .build()
-        .unwrap();
-    spate::tpch::register_tpch(&gpu, 0.01).unwrap();
-    spate::tpch::register_tpch(&cpu, 0.01).unwrap();
-    gpu.collect("SET spate.gpu.fallback = 'error'")
-        .await
-        .unwrap();
+    let (gpu, cpu) = engines(0.01).await;
     for n in 1..=22 {
         let name = format!("q{n:02}");
         let sql = query(&name);
