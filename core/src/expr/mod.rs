@@ -583,47 +583,15 @@ impl Gen<'_> {
         {
             return Ok(self.string_literal(text.as_bytes()));
         }
-        let text = match value {
-            ScalarValue::Boolean(Some(b)) => b.to_string(),
-            ScalarValue::Int8(Some(v)) => format!("((i8){v})"),
-            ScalarValue::Int16(Some(v)) => format!("((i16){v})"),
-            ScalarValue::Int32(Some(v)) | ScalarValue::Date32(Some(v)) => {
-                format!("((i32){}u)", *v as u32)
-            }
-            ScalarValue::Time32Second(Some(v)) | ScalarValue::Time32Millisecond(Some(v)) => {
-                format!("((i32){}u)", *v as u32)
-            }
-            ScalarValue::UInt8(Some(v)) => format!("((u8){v}u)"),
-            ScalarValue::UInt16(Some(v)) => format!("((u16){v}u)"),
-            ScalarValue::UInt32(Some(v)) => format!("((u32){v}u)"),
-            ScalarValue::UInt64(Some(v)) => format!("((u64){v}ull)"),
-            ScalarValue::Float32(Some(v)) => format!("__uint_as_float({}u)", v.to_bits()),
-            ScalarValue::Float64(Some(v)) => {
-                format!("__longlong_as_double((i64){}ull)", v.to_bits())
-            }
-            ScalarValue::Decimal128(Some(v), _, _) => i128_literal(*v),
-            other => {
-                let bits = match other {
-                    ScalarValue::Int64(Some(v))
-                    | ScalarValue::Date64(Some(v))
-                    | ScalarValue::Time64Microsecond(Some(v))
-                    | ScalarValue::Time64Nanosecond(Some(v))
-                    | ScalarValue::TimestampSecond(Some(v), _)
-                    | ScalarValue::TimestampMillisecond(Some(v), _)
-                    | ScalarValue::TimestampMicrosecond(Some(v), _)
-                    | ScalarValue::TimestampNanosecond(Some(v), _)
-                    | ScalarValue::DurationSecond(Some(v))
-                    | ScalarValue::DurationMillisecond(Some(v))
-                    | ScalarValue::DurationMicrosecond(Some(v))
-                    | ScalarValue::DurationNanosecond(Some(v)) => *v,
-                    _ => {
-                        return Err(Unsupported(format!(
-                            "literal {value} is not supported on the GPU yet"
-                        )));
-                    }
-                };
-                format!("((i64){}ull)", bits as u64)
-            }
+        let (lo, hi) = scalar_bits(value).ok_or_else(|| {
+            Unsupported(format!("literal {value} is not supported on the GPU yet"))
+        })?;
+        let text = match ty {
+            DevType::Bool => (lo != 0).to_string(),
+            DevType::F32 => format!("__uint_as_float({lo}u)"),
+            DevType::F64 => format!("__longlong_as_double((i64){lo}ull)"),
+            DevType::Dec { .. } => i128_literal((i128::from(hi as i64) << 64) | i128::from(lo)),
+            _ => format!("(({}){lo}ull)", ty.c_type()),
         };
         Ok(Operand {
             value: text,
