@@ -148,6 +148,17 @@ impl DeviceColumn {
         validity: Option<DeviceValidity>,
         values: DeviceValues,
     ) -> Self {
+        // Operators may allocate more than their rows need (at least one 16-byte value); the
+        // column views exactly its rows, so consumers can size their work by the view.
+        let values = match values {
+            DeviceValues::Fixed { bytes, width } if bytes.len() > len * width => {
+                DeviceValues::Fixed {
+                    bytes: DeviceBytes::range(&bytes.buffer, bytes.offset, len * width),
+                    width,
+                }
+            }
+            other => other,
+        };
         DeviceColumn {
             data_type,
             len,

@@ -254,3 +254,25 @@ fn device_batches_concatenate_like_arrow() {
     let empty = concat_device_batches(&stream, &schema, Vec::new()).unwrap();
     assert_eq!(empty.num_rows(), 0);
 }
+
+#[test]
+fn fixed_width_values_view_exactly_their_rows() {
+    // Operators allocate at least 16 bytes per output; a column must still view only its rows,
+    // or a consumer sizing its work by the view (the sort did) reads rows that do not exist.
+    let stream = stream();
+    for rows in [0usize, 1] {
+        let bytes = DeviceBytes::new(stream.alloc_zeroed::<u8>(16).unwrap());
+        let column = DeviceColumn::new(
+            DataType::Int64,
+            rows,
+            0,
+            None,
+            DeviceValues::Fixed { bytes, width: 8 },
+        );
+        let DeviceValues::Fixed { bytes, .. } = column.values() else {
+            panic!("fixed-width values expected");
+        };
+        assert_eq!(bytes.len(), rows * 8);
+        assert_eq!(bytes.typed::<i64>().unwrap().len(), rows);
+    }
+}
