@@ -1034,9 +1034,8 @@ impl Gen<'_> {
         let (v, n) = (self.var(), self.var());
         let _ = writeln!(
             self.body,
-            "        {} {v} = ({})0;\n        bool {n} = true;\n        bool {v}_done = false;",
-            ty.c_type(),
-            ty.c_type()
+            "        {}\n        bool {n} = true;\n        bool {v}_done = false;",
+            declare(ty, &v)
         );
         let depth = self.guards.len();
         let branches = self.case_branches(c, ty, &v, &n);
@@ -1083,8 +1082,11 @@ impl Gen<'_> {
             }
             let _ = writeln!(
                 self.body,
-                "        if (!{v}_done && !{} && {}) {{ {v}_done = true; {v} = {}; {n} = {}; }}",
-                cond.null, cond.value, value.value, value.null
+                "        if (!{v}_done && !{} && {}) {{ {v}_done = true; {} {n} = {}; }}",
+                cond.null,
+                cond.value,
+                assign(ty, v, &value.value),
+                value.null
             );
         }
         if let Some(e) = c.else_expr() {
@@ -1098,8 +1100,9 @@ impl Gen<'_> {
             }
             let _ = writeln!(
                 self.body,
-                "        if (!{v}_done) {{ {v} = {}; {n} = {}; }}",
-                value.value, value.null
+                "        if (!{v}_done) {{ {} {n} = {}; }}",
+                assign(ty, v, &value.value),
+                value.null
             );
         }
         Ok(())
@@ -1459,18 +1462,13 @@ impl Gen<'_> {
         };
         let first = self.emit(first.as_ref())?;
         let ty = first.ty;
-        if ty == DevType::Str {
-            return Err(Unsupported(
-                "coalesce of strings on the GPU is not supported yet".into(),
-            ));
-        }
         let (v, n) = (self.var(), self.var());
         let _ = writeln!(
             self.body,
-            "        {c} {v} = ({c})0;\n        bool {n} = true;\n        if (!{fnull}) {{ {v} = {fv}; {n} = false; }}",
-            c = ty.c_type(),
-            fnull = first.null,
-            fv = first.value
+            "        {}\n        bool {n} = true;\n        if (!{}) {{ {} {n} = false; }}",
+            declare(ty, &v),
+            first.null,
+            assign(ty, &v, &first.value)
         );
         // A later argument is evaluated only for the rows the earlier ones left NULL.
         for a in rest {
@@ -1485,8 +1483,9 @@ impl Gen<'_> {
             }
             let _ = writeln!(
                 self.body,
-                "        if ({n} && !{}) {{ {v} = {}; {n} = false; }}",
-                o.null, o.value
+                "        if ({n} && !{}) {{ {} {n} = false; }}",
+                o.null,
+                assign(ty, &v, &o.value)
             );
         }
         Ok(Operand {
@@ -2015,6 +2014,25 @@ pub fn value_kernel(
         outputs,
         checks: g.checks,
     })
+}
+
+/// Declares a result variable `v` of type `ty`, zero (a string: empty, with its length in
+/// `v_n`).
+fn declare(ty: DevType, v: &str) -> String {
+    if ty == DevType::Str {
+        format!("const u8* {v} = nullptr; u64 {v}_n = 0;")
+    } else {
+        format!("{c} {v} = ({c})0;", c = ty.c_type())
+    }
+}
+
+/// Assigns operand value `value` to result variable `v` (a string: its length too).
+fn assign(ty: DevType, v: &str, value: &str) -> String {
+    if ty == DevType::Str {
+        format!("{v} = {value}; {v}_n = {value}_n;")
+    } else {
+        format!("{v} = {value};")
+    }
 }
 
 fn indent(body: &str) -> String {
