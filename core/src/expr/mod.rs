@@ -867,6 +867,16 @@ impl Gen<'_> {
     /// Casts that cannot fail or lose information: integer widening, integers and f32 to
     /// floats, integers to decimals with room for every value, and decimal rescaling upwards.
     fn cast(&mut self, c: &CastExpr) -> Result<Operand, Unsupported> {
+        let from_type = c
+            .expr()
+            .data_type(self.schema)
+            .map_err(|e| Unsupported(format!("`{c}`: {e}")))?;
+        if !bit_preserving_temporal_cast(&from_type, c.cast_type()) {
+            return Err(Unsupported(format!(
+                "cast from {from_type} to {} in `{c}` is not supported on the GPU yet",
+                c.cast_type()
+            )));
+        }
         let a = self.emit(c.expr().as_ref())?;
         let to = DevType::of(c.cast_type()).ok_or_else(|| {
             Unsupported(format!(
@@ -2014,6 +2024,31 @@ pub fn value_kernel(
         outputs,
         checks: g.checks,
     })
+}
+
+/// Whether a cast involving a date, time, timestamp, duration or interval keeps the value's
+/// bits, the only temporal casts the GPU does: the same type, a timestamp to the same unit in
+/// another time zone, or a temporal type to or from the integer it is stored as (Date32 and
+/// Int32, Timestamp and Int64). Others change units (a timestamp to a date divides by the
+/// day) and stay on the CPU. Casts between non-temporal types return true.
+fn bit_preserving_temporal_cast(from: &DataType, to: &DataType) -> bool {
+    use DataType::*;
+    let temporal = |t: &DataType| {
+        matches!(
+            t,
+            Date32 | Date64 | Timestamp(_, _) | Time32(_) | Time64(_) | Duration(_) | Interval(_)
+        )
+    };
+    match (from, to) {
+        _ if !temporal(from) && !temporal(to) => true,
+        _ if from == to => true,
+        (Timestamp(a, _), Timestamp(b, _)) => a == b,
+        (t, Int32) | (Int32, t) => matches!(t, Date32 | Time32(_)),
+        (t, Int64) | (Int64, t) => {
+            matches!(t, Date64 | Timestamp(_, _) | Time64(_) | Duration(_))
+        }
+        _ => false,
+    }
 }
 
 /// Declares a result variable `v` of type `ty`, zero (a string: empty, with its length in
