@@ -571,6 +571,14 @@ impl Gen<'_> {
             ))
         })?;
         if value.is_null() {
+            if ty == DevType::Str {
+                // A string operand is a variable with a length beside it.
+                let empty = self.string_literal(b"");
+                return Ok(Operand {
+                    null: "true".into(),
+                    ..empty
+                });
+            }
             return Ok(Operand {
                 value: format!("(({})0)", ty.c_type()),
                 null: "true".into(),
