@@ -17,7 +17,7 @@
 //!   crate does not ship (`../../testing/data`, `../core/tests/data`) fail in both modes. Only
 //!   a difference between the two modes is a finding.
 //! - Exit status is failure only for a regression (cpu ok, emulated FAIL) that is not excused by
-//!   [`EXCLUDED_FROM_REGRESSIONS`], when Spate cannot build an emulated engine, or when the run
+//!   [`EXCLUDED_FROM_REGRESSIONS`] or [`EXCUSED_RECORDS`], when Spate cannot build an emulated engine, or when the run
 //!   left files in the registry's copy of the crate. A missing crate source is reported as
 //!   skipped and exits successfully.
 //! - Run time depends on the kernel cache (`~/.cache/spate/kernels`): warm, about 2 minutes in
