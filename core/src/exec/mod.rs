@@ -171,6 +171,7 @@ pub(crate) fn device_input(
     let host = input.execute(partition, Arc::clone(context))?;
     Ok(upload_stream(
         host,
+        input.schema(),
         target,
         Arc::clone(stream),
         metrics.clone(),
@@ -207,15 +208,55 @@ impl Upload {
     }
 }
 
+/// `batch` with the input plan's declared column types. `PlaceholderRowExec` declares its
+/// parent's column types but produces Null-typed placeholder columns (its rows carry no values):
+/// those become all-NULL columns of the declared types (nullable, whatever was declared).
+fn conform(schema: &SchemaRef, batch: RecordBatch) -> DFResult<RecordBatch> {
+    if batch.schema() == *schema || batch.num_columns() != schema.fields().len() {
+        return Ok(batch);
+    }
+    let rows = batch.num_rows();
+    let columns = batch
+        .columns()
+        .iter()
+        .zip(schema.fields())
+        .map(|(column, field)| {
+            if column.data_type() == &arrow::datatypes::DataType::Null
+                && field.data_type() != &arrow::datatypes::DataType::Null
+            {
+                arrow::array::new_null_array(field.data_type(), rows)
+            } else {
+                Arc::clone(column)
+            }
+        })
+        .collect();
+    // The placeholder rows are NULL even where the declared column is not nullable.
+    let relaxed: arrow::datatypes::Fields = schema
+        .fields()
+        .iter()
+        .map(|f| Arc::new(f.as_ref().clone().with_nullable(true)))
+        .collect();
+    let options = arrow::record_batch::RecordBatchOptions::new().with_row_count(Some(rows));
+    Ok(RecordBatch::try_new_with_options(
+        Arc::new(arrow::datatypes::Schema::new(relaxed)),
+        columns,
+        &options,
+    )?)
+}
+
 /// Coalesces host batches to about `target_bytes` and uploads each group as one device batch.
+///
+/// `schema` is the input plan's declared schema, which batches are made to match first (see
+/// [`conform`]).
 fn upload_stream(
     host: SendableRecordBatchStream,
+    schema: SchemaRef,
     target_bytes: usize,
     stream: Arc<DeviceStream>,
     metrics: TransferMetrics,
 ) -> DeviceBatchStream {
     let state = Upload {
-        schema: host.schema(),
+        schema,
         host,
         pending: Vec::new(),
         pending_bytes: 0,
@@ -238,6 +279,10 @@ fn upload_stream(
                     if batch.num_rows() == 0 {
                         continue;
                     }
+                    let batch = match conform(&s.schema, batch) {
+                        Ok(b) => b,
+                        Err(e) => return Some((Err(e), s)),
+                    };
                     s.pending_bytes += batch.get_array_memory_size();
                     s.pending.push(batch);
                     if s.pending_bytes >= s.target_bytes {

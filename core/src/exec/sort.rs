@@ -32,7 +32,7 @@ use spate_kernels::{DeviceBuffer, DeviceSlice, Stream as DeviceStream, gather};
 
 use super::{
     DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, device_input, execute_for_host,
-    rebuild_gpu, to_df,
+    gpu_context, rebuild_gpu, to_df,
 };
 use crate::column::{DeviceBatch, DeviceValues, concat_device_batches, gather_column};
 use crate::error::{Result, SpateError};
@@ -125,13 +125,59 @@ impl GpuSortExec {
     }
 }
 
-/// One stable radix pass: `keys` (one per row, in row order) put in the order so far
-/// (`order`, or row order), then sorted; returns the new order.
+/// Zeroes the sort keys of a key column's NULL rows, so that NULLs tie on this column and
+/// keep the order the less significant keys gave them (their slots hold arbitrary values).
+const NULL_KEYS_SOURCE: &str = r#"// spate::exec::sort: the sort keys of NULL rows, zeroed.
+#include "common/prelude.cuh"
+#include "common/bitmap.cuh"
+
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) spate_sort_null_keys_u32(u32* keys, const u8* validity, u64 offset, u64 n) {
+    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) if (!spate::row_is_valid(validity, offset, i)) keys[i] = 0u;
+}
+SPATE_EXPORT(spate_sort_null_keys_u32)
+
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) spate_sort_null_keys_u64(u64* keys, const u8* validity, u64 offset, u64 n) {
+    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) if (!spate::row_is_valid(validity, offset, i)) keys[i] = 0ull;
+}
+SPATE_EXPORT(spate_sort_null_keys_u64)
+"#;
+
+/// The key column's validity and the kernels that zero its NULL rows' keys.
+struct NullKeys<'a> {
+    validity: &'a crate::column::DeviceValidity,
+    /// `(u32 keys, u64 keys)`.
+    kernels: &'a (spate_kernels::Kernel, spate_kernels::Kernel),
+}
+
+/// One stable radix pass: `keys` (one per row, in row order; NULL rows' keys zeroed first when
+/// `nulls` is given) put in the order so far (`order`, or row order), then sorted; returns the
+/// new order.
 fn stable_pass<K: ks::RadixKey + gather::GatherElem>(
     stream: &DeviceStream,
     keys: DeviceBuffer<K>,
     order: Option<&DeviceBuffer<u32>>,
+    nulls: Option<&NullKeys<'_>>,
 ) -> Result<DeviceBuffer<u32>> {
+    if let Some(nulls) = nulls
+        && !keys.is_empty()
+    {
+        let kernel = if K::BITS == 32 {
+            &nulls.kernels.0
+        } else {
+            &nulls.kernels.1
+        };
+        let n = keys.len();
+        let cfg = spate_kernels::LaunchConfig::blocks(stream.device().grid_stride_blocks(n));
+        let args = [
+            (&keys).into(),
+            spate_kernels::KernelArg::Ptr(nulls.validity.bytes.as_slice().address()),
+            spate_kernels::KernelArg::U64(nulls.validity.offset as u64),
+            spate_kernels::KernelArg::U64(n as u64),
+        ];
+        // SAFETY: `keys` holds one key of K::BITS bits per row and the validity bitmap covers
+        // those rows from `offset`, as the kernel of that width takes them.
+        unsafe { stream.launch(kernel, cfg, &args)? };
+    }
     let keys = match order {
         Some(p) => gather::gather(stream, keys.as_slice(), p.as_slice())?,
         None => keys,
@@ -151,11 +197,17 @@ fn key_pass<T: SortKeySource>(
     values: DeviceSlice<'_, T>,
     descending: bool,
     perm: Option<&DeviceBuffer<u32>>,
+    nulls: Option<&NullKeys<'_>>,
 ) -> Result<DeviceBuffer<u32>>
 where
     T::Key: gather::GatherElem,
 {
-    stable_pass(stream, ks::sort_keys(stream, values, descending)?, perm)
+    stable_pass(
+        stream,
+        ks::sort_keys(stream, values, descending)?,
+        perm,
+        nulls,
+    )
 }
 
 /// Decimal128 keys: the low words (unsigned), then the high words (signed), both stable.
@@ -164,11 +216,12 @@ fn decimal_pass(
     values: DeviceSlice<'_, i128>,
     descending: bool,
     perm: Option<&DeviceBuffer<u32>>,
+    nulls: Option<&NullKeys<'_>>,
 ) -> Result<DeviceBuffer<u32>> {
     let low = ks::decimal_sort_keys(stream, values, descending, false)?;
-    let perm = stable_pass(stream, low, perm)?;
+    let perm = stable_pass(stream, low, perm, nulls)?;
     let high = ks::decimal_sort_keys(stream, values, descending, true)?;
-    stable_pass(stream, high, Some(&perm))
+    stable_pass(stream, high, Some(&perm), nulls)
 }
 
 /// String keys in byte-wise order: the length key first (least significant), then 8-byte
@@ -178,13 +231,14 @@ fn string_pass<O: gather::OffsetElem>(
     strings: gather::DeviceStrings<'_, O>,
     descending: bool,
     perm: Option<&DeviceBuffer<u32>>,
+    nulls: Option<&NullKeys<'_>>,
 ) -> Result<DeviceBuffer<u32>> {
     let lengths = ks::string_sort_keys(stream, strings, None, descending)?;
-    let mut order = stable_pass(stream, lengths, perm)?;
+    let mut order = stable_pass(stream, lengths, perm, nulls)?;
     let chunks = ks::string_max_len(stream, strings)?.div_ceil(8) as usize;
     for chunk in (0..chunks).rev() {
         let keys = ks::string_sort_keys(stream, strings, Some(chunk), descending)?;
-        order = stable_pass(stream, keys, Some(&order))?;
+        order = stable_pass(stream, keys, Some(&order), nulls)?;
     }
     Ok(order)
 }
@@ -194,12 +248,18 @@ fn sort_batch(
     batch: &DeviceBatch,
     keys: &[SortKey],
     fetch: Option<usize>,
+    null_kernels: &(spate_kernels::Kernel, spate_kernels::Kernel),
 ) -> Result<DeviceBatch> {
     let n = batch.num_rows();
     let mut perm: Option<DeviceBuffer<u32>> = None;
     for key in keys.iter().rev() {
         let column = &batch.columns()[key.column];
         let (d, p) = (key.descending, perm.as_ref());
+        let nulls = column.validity().map(|validity| NullKeys {
+            validity,
+            kernels: null_kernels,
+        });
+        let nk = nulls.as_ref();
         let next = match (key.kind, column.values()) {
             (KeyKind::Str, DeviceValues::Utf8 { offsets, bytes }) => string_pass(
                 stream,
@@ -209,6 +269,7 @@ fn sort_batch(
                 },
                 d,
                 p,
+                nk,
             )?,
             (KeyKind::Str, DeviceValues::LargeUtf8 { offsets, bytes }) => string_pass(
                 stream,
@@ -218,19 +279,20 @@ fn sort_batch(
                 },
                 d,
                 p,
+                nk,
             )?,
             (_, DeviceValues::Fixed { bytes, .. }) => match key.kind {
-                KeyKind::I8 => key_pass::<i8>(stream, bytes.typed()?, d, p)?,
-                KeyKind::I16 => key_pass::<i16>(stream, bytes.typed()?, d, p)?,
-                KeyKind::U8 => key_pass::<u8>(stream, bytes.typed()?, d, p)?,
-                KeyKind::U16 => key_pass::<u16>(stream, bytes.typed()?, d, p)?,
-                KeyKind::Dec => decimal_pass(stream, bytes.typed()?, d, p)?,
-                KeyKind::I32 => key_pass::<i32>(stream, bytes.typed()?, d, p)?,
-                KeyKind::U32 => key_pass::<u32>(stream, bytes.typed()?, d, p)?,
-                KeyKind::F32 => key_pass::<f32>(stream, bytes.typed()?, d, p)?,
-                KeyKind::I64 => key_pass::<i64>(stream, bytes.typed()?, d, p)?,
-                KeyKind::U64 => key_pass::<u64>(stream, bytes.typed()?, d, p)?,
-                KeyKind::F64 => key_pass::<f64>(stream, bytes.typed()?, d, p)?,
+                KeyKind::I8 => key_pass::<i8>(stream, bytes.typed()?, d, p, nk)?,
+                KeyKind::I16 => key_pass::<i16>(stream, bytes.typed()?, d, p, nk)?,
+                KeyKind::U8 => key_pass::<u8>(stream, bytes.typed()?, d, p, nk)?,
+                KeyKind::U16 => key_pass::<u16>(stream, bytes.typed()?, d, p, nk)?,
+                KeyKind::Dec => decimal_pass(stream, bytes.typed()?, d, p, nk)?,
+                KeyKind::I32 => key_pass::<i32>(stream, bytes.typed()?, d, p, nk)?,
+                KeyKind::U32 => key_pass::<u32>(stream, bytes.typed()?, d, p, nk)?,
+                KeyKind::F32 => key_pass::<f32>(stream, bytes.typed()?, d, p, nk)?,
+                KeyKind::I64 => key_pass::<i64>(stream, bytes.typed()?, d, p, nk)?,
+                KeyKind::U64 => key_pass::<u64>(stream, bytes.typed()?, d, p, nk)?,
+                KeyKind::F64 => key_pass::<f64>(stream, bytes.typed()?, d, p, nk)?,
                 KeyKind::Str => {
                     return Err(SpateError::Internal {
                         message: "a GPU string sort key is laid out as fixed-width values".into(),
@@ -349,6 +411,22 @@ impl GpuExec for GpuSortExec {
         context: Arc<TaskContext>,
         stream: Arc<DeviceStream>,
     ) -> DFResult<DeviceBatchStream> {
+        let gpu = gpu_context(&context)?;
+        let null_kernels = match gpu
+            .generated_kernels(
+                NULL_KEYS_SOURCE,
+                &["spate_sort_null_keys_u32", "spate_sort_null_keys_u64"],
+            )
+            .map_err(to_df)?
+            .as_slice()
+        {
+            [u32_keys, u64_keys] => (u32_keys.clone(), u64_keys.clone()),
+            _ => {
+                return Err(to_df(SpateError::Internal {
+                    message: "the sort's NULL-key kernels did not compile as two entries".into(),
+                }));
+            }
+        };
         let transfer = TransferMetrics::new(&self.metrics, partition);
         let input = device_input(self.cpu.input(), partition, &context, &stream, &transfer)?;
         let baseline = BaselineMetrics::new(&self.metrics, partition);
@@ -359,7 +437,7 @@ impl GpuExec for GpuSortExec {
             let batches: Vec<DeviceBatch> = input.try_collect().await?;
             let _timer = baseline.elapsed_compute().timer();
             let all = concat_device_batches(&stream, &schema, batches).map_err(to_df)?;
-            let out = sort_batch(&stream, &all, &keys, fetch).map_err(to_df)?;
+            let out = sort_batch(&stream, &all, &keys, fetch, &null_kernels).map_err(to_df)?;
             baseline.record_output(out.num_rows());
             Ok(out)
         });
