@@ -45,6 +45,8 @@ const QUERIES: &[&str] = &[
     // String outputs (two passes: lengths, then bytes).
     "SELECT substr(s, 2, 3), i + 1, substr(s, 1) FROM t WHERE i > 0",
     "SELECT CASE WHEN i > 0 THEN s ELSE 'no' END, coalesce(s, substr(s, 2)) FROM t WHERE b > 0",
+    // A sort (its NULL-key kernels).
+    "SELECT i, s FROM t ORDER BY i DESC NULLS FIRST, s",
     // Scalar subquery results as kernel parameters (integer, decimal, float, date, boolean).
     "SELECT i * (SELECT max(i) FROM t) FROM t WHERE m > (SELECT avg(m) FROM t) \
      AND d < (SELECT min(d) FROM t) AND dt = (SELECT max(dt) FROM t) \
