@@ -212,7 +212,13 @@ impl Upload {
 /// parent's column types but produces Null-typed placeholder columns (its rows carry no values):
 /// those become all-NULL columns of the declared types (nullable, whatever was declared).
 fn conform(schema: &SchemaRef, batch: RecordBatch) -> DFResult<RecordBatch> {
-    if batch.schema() == *schema || batch.num_columns() != schema.fields().len() {
+    let placeholder = |(column, field): (&arrow::array::ArrayRef, &arrow::datatypes::FieldRef)| {
+        column.data_type() == &arrow::datatypes::DataType::Null
+            && field.data_type() != &arrow::datatypes::DataType::Null
+    };
+    if batch.num_columns() != schema.fields().len()
+        || !batch.columns().iter().zip(schema.fields()).any(placeholder)
+    {
         return Ok(batch);
     }
     let rows = batch.num_rows();
@@ -221,9 +227,7 @@ fn conform(schema: &SchemaRef, batch: RecordBatch) -> DFResult<RecordBatch> {
         .iter()
         .zip(schema.fields())
         .map(|(column, field)| {
-            if column.data_type() == &arrow::datatypes::DataType::Null
-                && field.data_type() != &arrow::datatypes::DataType::Null
-            {
+            if placeholder((column, field)) {
                 arrow::array::new_null_array(field.data_type(), rows)
             } else {
                 Arc::clone(column)
