@@ -81,8 +81,7 @@ impl GpuFilterExec {
 
 impl DisplayAs for GpuFilterExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Gpu")?;
-        self.cpu.fmt_as(t, f)
+        crate::exec::display_gpu(self.cpu.as_ref(), t, f)
     }
 }
 

@@ -40,6 +40,19 @@ pub use join::GpuHashJoinExec;
 pub use projection::GpuProjectionExec;
 pub use sort::GpuSortExec;
 
+/// A GPU operator's EXPLAIN text: its CPU twin's, with `Gpu` before the operator name (the
+/// tree format prints names itself, from `ExecutionPlan::name`).
+pub(crate) fn display_gpu<T: datafusion::physical_plan::DisplayAs + ?Sized>(
+    cpu: &T,
+    t: datafusion::physical_plan::DisplayFormatType,
+    f: &mut std::fmt::Formatter<'_>,
+) -> std::fmt::Result {
+    if !matches!(t, datafusion::physical_plan::DisplayFormatType::TreeRender) {
+        f.write_str("Gpu")?;
+    }
+    cpu.fmt_as(t, f)
+}
+
 /// A stream of device batches.
 pub type DeviceBatchStream = Pin<Box<dyn Stream<Item = DFResult<DeviceBatch>> + Send>>;
 

@@ -88,8 +88,7 @@ impl GpuProjectionExec {
 
 impl DisplayAs for GpuProjectionExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Gpu")?;
-        self.cpu.fmt_as(t, f)?;
+        crate::exec::display_gpu(self.cpu.as_ref(), t, f)?;
         if self.cpu.input().downcast_ref::<GpuFilterExec>().is_some()
             && !matches!(t, DisplayFormatType::TreeRender)
         {

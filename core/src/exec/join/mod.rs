@@ -872,8 +872,7 @@ impl ProbeState {
 
 impl DisplayAs for GpuHashJoinExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Gpu")?;
-        self.cpu.fmt_as(t, f)
+        crate::exec::display_gpu(self.cpu.as_ref(), t, f)
     }
 }
 
