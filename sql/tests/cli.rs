@@ -370,12 +370,12 @@ fn the_tpch_report_names_where_operators_ran_and_verifies_results() {
     assert!(out.starts_with("backend: emulated"), "{out}");
     assert!(out.contains("q06  matched (1 rows)"), "{out}");
     assert!(out.contains("GpuAggregateExec"), "{out}");
-    // Q11 keeps its scalar subquery on the CPU, and says why.
+    // Q11's scalar subquery feeds a GPU filter: every compute operator is on the GPU.
     assert!(out.contains("q11  matched"), "{out}");
-    assert!(out.contains("CPU: ScalarSubqueryExec: "), "{out}");
+    assert!(out.contains("CPU: none"), "{out}");
     assert_eq!(
         out.lines().last().unwrap(),
-        "verified: 2/2 matched, 1/2 fully on GPU",
+        "verified: 2/2 matched, 2/2 fully on GPU",
         "{out}"
     );
 
