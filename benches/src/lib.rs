@@ -12,6 +12,7 @@
 //! ```
 
 pub mod compare;
+pub mod report;
 pub mod runner;
 
 pub mod tpch {
