@@ -193,7 +193,67 @@ pub struct GpuContext {
     /// `(name, source)` of every generated program compiled, in order.
     sources: Mutex<Vec<(String, String)>>,
     fallbacks: AtomicU64,
+    /// Generated programs compiled (or loaded from the disk cache) and the time it took.
+    compiles: AtomicU64,
+    compile_nanos: AtomicU64,
+    /// The measured copy bandwidth, once measured (see [`GpuContext::measure_bandwidth`]).
+    bandwidth: Mutex<Option<Bandwidth>>,
 }
+
+/// Kernel compilation so far in a session: generated programs compiled by NVRTC (or the host
+/// compiler on `emulated`) or loaded from the on-disk cache, and the time that took.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CompileStats {
+    /// Programs compiled or loaded.
+    pub programs: u64,
+    /// Time spent, in total.
+    pub time: std::time::Duration,
+}
+
+impl CompileStats {
+    /// What happened between `earlier` and `self`.
+    pub fn since(&self, earlier: &CompileStats) -> CompileStats {
+        CompileStats {
+            programs: self.programs.saturating_sub(earlier.programs),
+            time: self.time.saturating_sub(earlier.time),
+        }
+    }
+}
+
+/// A device's measured memory bandwidth: the median of several large device-to-device copies.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Bandwidth {
+    /// Backend measured (`cuda`, or `emulated`, where it is the host's memory bandwidth).
+    pub backend: String,
+    /// Bytes read plus bytes written by one copy.
+    pub bytes: u64,
+    /// Median time of one copy, milliseconds.
+    pub median_ms: f64,
+}
+
+impl Bandwidth {
+    /// Bytes per second.
+    pub fn bytes_per_second(&self) -> f64 {
+        self.bytes as f64 / (self.median_ms.max(1e-9) / 1e3)
+    }
+
+    /// GB/s (10^9 bytes per second).
+    pub fn gb_per_s(&self) -> f64 {
+        self.bytes_per_second() / 1e9
+    }
+
+    /// The time `bytes` take at this bandwidth: a memory-bound operator's floor.
+    pub fn floor(&self, bytes: u64) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(bytes as f64 / self.bytes_per_second())
+    }
+}
+
+/// Bytes per copy when measuring bandwidth: large enough to stream well past every cache
+/// (the H200's L2 is 60 MB), small enough to be quick. The emulator copies with host memcpy,
+/// which reaches its steady state sooner.
+const BANDWIDTH_BYTES_CUDA: usize = 1 << 30;
+const BANDWIDTH_BYTES_EMULATED: usize = 64 << 20;
+const BANDWIDTH_RUNS: usize = 5;
 
 impl fmt::Debug for GpuContext {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -229,6 +289,9 @@ impl GpuContext {
             generated: Mutex::new(HashMap::new()),
             sources: Mutex::new(Vec::new()),
             fallbacks: AtomicU64::new(0),
+            compiles: AtomicU64::new(0),
+            compile_nanos: AtomicU64::new(0),
+            bandwidth: Mutex::new(None),
         }))
     }
 
@@ -243,13 +306,12 @@ impl GpuContext {
         if let Some(k) = cache.get(entry) {
             return Ok(k.clone());
         }
-        let kernel = self
-            .device
-            .compile_generated(entry, source, &[entry])?
-            .pop()
-            .ok_or_else(|| SpateError::Internal {
-                message: format!("compiling {entry} returned no kernel"),
-            })?;
+        let started = std::time::Instant::now();
+        let compiled = self.device.compile_generated(entry, source, &[entry]);
+        self.record_compile(started);
+        let kernel = compiled?.pop().ok_or_else(|| SpateError::Internal {
+            message: format!("compiling {entry} returned no kernel"),
+        })?;
         cache.insert(entry.to_string(), kernel.clone());
         self.record_source(entry, source);
         Ok(kernel)
@@ -268,7 +330,10 @@ impl GpuContext {
                 .filter_map(|e| cache.get(*e).cloned())
                 .collect());
         }
-        let kernels = self.device.compile_generated(first, source, entries)?;
+        let started = std::time::Instant::now();
+        let compiled = self.device.compile_generated(first, source, entries);
+        self.record_compile(started);
+        let kernels = compiled?;
         if kernels.len() != entries.len() {
             return Err(SpateError::Internal {
                 message: format!(
@@ -283,6 +348,55 @@ impl GpuContext {
         }
         self.record_source(first, source);
         Ok(kernels)
+    }
+
+    fn record_compile(&self, started: std::time::Instant) {
+        let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.compiles.fetch_add(1, Ordering::Relaxed);
+        self.compile_nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+
+    /// Generated programs compiled (or loaded from the disk cache) so far, and the time taken.
+    /// A program is compiled once per session: a query run a second time compiles nothing.
+    pub fn compile_stats(&self) -> CompileStats {
+        CompileStats {
+            programs: self.compiles.load(Ordering::Relaxed),
+            time: std::time::Duration::from_nanos(self.compile_nanos.load(Ordering::Relaxed)),
+        }
+    }
+
+    /// Measures the device's copy bandwidth (once per session; later calls return the first
+    /// measurement). Roofline floors in `EXPLAIN ANALYZE` and `spate bench` are computed
+    /// against it.
+    pub fn measure_bandwidth(&self) -> Result<Bandwidth> {
+        let mut cached = self.bandwidth.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(b) = cached.as_ref() {
+            return Ok(b.clone());
+        }
+        let bytes = match self.device.kind() {
+            BackendKind::Cuda => {
+                // A quarter of what is free at most, so a nearly full device still measures.
+                let free = self.device.memory_stats().free_bytes();
+                BANDWIDTH_BYTES_CUDA.min(free / 4).max(1 << 20)
+            }
+            BackendKind::Emulated => BANDWIDTH_BYTES_EMULATED,
+        };
+        let m = spate_kernels::throughput::copy_bandwidth(&self.device, bytes, BANDWIDTH_RUNS)?;
+        let measured = Bandwidth {
+            backend: self.device.kind().to_string(),
+            bytes: m.bytes,
+            median_ms: m.median_ms,
+        };
+        *cached = Some(measured.clone());
+        Ok(measured)
+    }
+
+    /// The bandwidth measured by [`GpuContext::measure_bandwidth`], if it ran.
+    pub fn bandwidth(&self) -> Option<Bandwidth> {
+        self.bandwidth
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     fn record_source(&self, name: &str, source: &str) {

@@ -8,8 +8,9 @@
 //! Contract: every method returns [`SpateError`] for bad input (SQL, paths, settings) and never
 //! panics on it. Row order of results is only defined where the query has an ORDER BY.
 
+use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use datafusion::arrow::array::{ArrayRef, StringArray};
 use datafusion::arrow::datatypes::SchemaRef;
@@ -27,8 +28,10 @@ use datafusion::prelude::{
     CsvReadOptions, JsonReadOptions, ParquetReadOptions, SessionConfig, SessionContext,
 };
 use datafusion::sql::parser::{DFParserBuilder, Statement};
+use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
 use datafusion::sql::sqlparser::dialect::dialect_from_str;
 
+use crate::cache::{CacheLocation, CachedTable, HostCachedTableProvider, original_provider};
 use crate::config::Backend;
 use crate::config::SpateOptions;
 use crate::device::{BackendSelection, GpuContext};
@@ -173,6 +176,7 @@ impl EngineBuilder {
             ctx: SessionContext::new_with_state(state),
             selection,
             gpu,
+            cached: Arc::new(Mutex::new(HashMap::new())),
         })
     }
 }
@@ -198,6 +202,8 @@ pub struct Engine {
     ctx: SessionContext,
     selection: BackendSelection,
     gpu: Option<Arc<GpuContext>>,
+    /// Tables held in memory by `CACHE TABLE`, by name (shared by clones of the engine).
+    cached: Arc<Mutex<HashMap<String, CachedTable>>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -394,6 +400,44 @@ impl Engine {
     /// Plans one parsed statement and returns it as a lazy DataFrame. DDL and `SET` take effect
     /// here.
     pub async fn execute_statement(&self, statement: Statement) -> Result<DataFrame> {
+        if let Statement::Statement(sql) = &statement {
+            match sql.as_ref() {
+                SqlStatement::Cache {
+                    table_name, query, ..
+                } => {
+                    if query.is_some() {
+                        return Err(SpateError::Unsupported {
+                            message: "CACHE TABLE … AS SELECT is not supported; run CREATE \
+                                      TABLE name AS SELECT …, then CACHE TABLE name"
+                                .into(),
+                        });
+                    }
+                    let cached = self.cache_table(&table_name.to_string()).await?;
+                    return self.cache_report(&[cached]);
+                }
+                SqlStatement::UNCache {
+                    table_name,
+                    if_exists,
+                } => {
+                    let name = table_name.to_string();
+                    let freed = match self.uncache_table(&name) {
+                        Ok(t) => vec![t],
+                        Err(SpateError::Config { .. }) if *if_exists => Vec::new(),
+                        Err(e) => return Err(e),
+                    };
+                    return self.cache_report(&freed);
+                }
+                _ => {}
+            }
+        }
+        if self.gpu.is_some()
+            && matches!(&statement, Statement::Explain(e) if e.options.analyze)
+            && let Some(gpu) = &self.gpu
+        {
+            // EXPLAIN ANALYZE reports each GPU operator's roofline floor at the measured
+            // bandwidth; measure it before the query runs (once per session).
+            gpu.measure_bandwidth()?;
+        }
         let plan = self.ctx.state().statement_to_plan(statement).await?;
         if self.gpu.is_some()
             && let LogicalPlan::Explain(explain) = &plan
@@ -403,6 +447,152 @@ impl Engine {
             return self.explain_with_placement(explain).await;
         }
         Ok(self.ctx.execute_logical_plan(plan).await?)
+    }
+
+    /// Loads table `name` into memory for later queries: GPU memory on a GPU backend, host
+    /// memory on `cpu` (see [`crate::cache`]). Caching a cached table again changes nothing.
+    pub async fn cache_table(&self, name: &str) -> Result<CachedTable> {
+        let key = normalized_name(name)?;
+        if let Some(cached) = self.lock_cached().get(&key) {
+            return Ok(cached.clone());
+        }
+        let reference = table_reference(name)?;
+        let original = self.ctx.table_provider(reference.clone()).await?;
+        let schema = original.schema();
+        let partitions = self
+            .ctx
+            .read_table(Arc::clone(&original))?
+            .collect_partitioned()
+            .await?;
+        let (provider, cached): (Arc<dyn datafusion::datasource::TableProvider>, CachedTable) =
+            match &self.gpu {
+                Some(gpu) => {
+                    let batch_bytes = self
+                        .ctx
+                        .state()
+                        .config()
+                        .options()
+                        .extensions
+                        .get::<SpateOptions>()
+                        .map_or_else(
+                            || SpateOptions::default().gpu.batch_bytes,
+                            |o| o.gpu.batch_bytes,
+                        );
+                    let gpu = Arc::clone(gpu);
+                    let table = tokio::task::spawn_blocking(move || {
+                        crate::exec::cache::DeviceTable::load(&gpu, schema, partitions, batch_bytes)
+                    })
+                    .await
+                    .map_err(|e| SpateError::Internal {
+                        message: format!("caching table '{name}' stopped: {e}"),
+                    })??;
+                    let cached = CachedTable {
+                        name: key.clone(),
+                        rows: table.num_rows(),
+                        bytes: table.device_bytes(),
+                        location: CacheLocation::Gpu,
+                    };
+                    let provider = crate::exec::cache::CachedTableProvider::new(
+                        Arc::new(table),
+                        Arc::clone(&original),
+                    );
+                    (Arc::new(provider), cached)
+                }
+                None => {
+                    let bytes: usize = partitions
+                        .iter()
+                        .flatten()
+                        .map(RecordBatch::get_array_memory_size)
+                        .sum();
+                    let rows = partitions.iter().flatten().map(RecordBatch::num_rows).sum();
+                    let reservation = datafusion::execution::memory_pool::MemoryConsumer::new(
+                        format!("cached table {key}"),
+                    )
+                    .register(&self.ctx.runtime_env().memory_pool);
+                    reservation.try_grow(bytes)?;
+                    let table = MemTable::try_new(schema, partitions)?;
+                    let provider =
+                        HostCachedTableProvider::new(table, Arc::clone(&original), reservation);
+                    let cached = CachedTable {
+                        name: key.clone(),
+                        rows,
+                        bytes,
+                        location: CacheLocation::Host,
+                    };
+                    (Arc::new(provider), cached)
+                }
+            };
+        self.ctx.deregister_table(reference.clone())?;
+        self.ctx.register_table(reference, provider)?;
+        self.lock_cached().insert(key, cached.clone());
+        Ok(cached)
+    }
+
+    /// Drops table `name` from the cache: later queries read its source again, and the memory
+    /// is freed once no running query holds it. Fails when the table is not cached.
+    pub fn uncache_table(&self, name: &str) -> Result<CachedTable> {
+        let key = normalized_name(name)?;
+        let Some(cached) = self.lock_cached().remove(&key) else {
+            return Err(SpateError::Config {
+                message: format!("table '{name}' is not cached (CACHE TABLE {name} caches it)"),
+            });
+        };
+        let reference = table_reference(name)?;
+        // Only put the original back if the cached provider is still the one registered (the
+        // table may have been dropped or replaced since).
+        let current = self.ctx.deregister_table(reference.clone())?;
+        match current.as_deref().and_then(original_provider) {
+            Some(original) => {
+                self.ctx.register_table(reference, original)?;
+            }
+            None => {
+                if let Some(other) = current {
+                    self.ctx.register_table(reference, other)?;
+                }
+            }
+        }
+        Ok(cached)
+    }
+
+    /// The tables cached now, sorted by name.
+    pub fn cached_tables(&self) -> Vec<CachedTable> {
+        let mut tables: Vec<CachedTable> = self.lock_cached().values().cloned().collect();
+        tables.sort_by(|a, b| a.name.cmp(&b.name));
+        tables
+    }
+
+    fn lock_cached(&self) -> std::sync::MutexGuard<'_, HashMap<String, CachedTable>> {
+        self.cached.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The result of `CACHE TABLE` / `UNCACHE TABLE`: one row per table.
+    fn cache_report(&self, tables: &[CachedTable]) -> Result<DataFrame> {
+        use datafusion::arrow::array::UInt64Array;
+        use datafusion::arrow::datatypes::{DataType, Field, Schema};
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("table", DataType::Utf8, false),
+            Field::new("rows", DataType::UInt64, false),
+            Field::new("bytes", DataType::UInt64, false),
+            Field::new("location", DataType::Utf8, false),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(StringArray::from_iter_values(
+                    tables.iter().map(|t| t.name.as_str()),
+                )),
+                Arc::new(UInt64Array::from_iter_values(
+                    tables.iter().map(|t| t.rows as u64),
+                )),
+                Arc::new(UInt64Array::from_iter_values(
+                    tables.iter().map(|t| t.bytes as u64),
+                )),
+                Arc::new(StringArray::from_iter_values(
+                    tables.iter().map(|t| t.location.to_string()),
+                )),
+            ],
+        )?;
+        Ok(self.ctx.read_batch(batch)?)
     }
 
     /// `EXPLAIN` with a GPU backend: DataFusion's plans, each physical node marked `[GPU]` or
@@ -470,6 +660,12 @@ impl Engine {
         let table = self.ctx.table_provider(table_reference(name)?).await?;
         Ok(table.schema())
     }
+}
+
+/// The key a table is cached under: its name as DataFusion resolves it (unquoted names are
+/// lower-cased).
+fn normalized_name(name: &str) -> Result<String> {
+    Ok(table_reference(name)?.to_string())
 }
 
 /// The parser reports no position when input ends too early; point at the end of the input.

@@ -12,8 +12,8 @@
 //! ```
 //!
 //! With the `cpu` backend every plan runs on DataFusion's operators. With `cuda` (or `emulated`,
-//! the same kernels run by a host emulator) supported operators run on the GPU (filters, projections and numeric sorts today)
-//! and the rest stay on the CPU; `EXPLAIN` shows which. See `docs/ARCHITECTURE.md`.
+//! the same kernels run by a host emulator) supported operators run on the GPU (filters, projections, sorts, aggregations and
+//! hash joins) and the rest stay on the CPU; `EXPLAIN` shows which. See `docs/ARCHITECTURE.md`.
 //!
 //! ```
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -27,6 +27,7 @@
 //! # }).unwrap();
 //! ```
 
+pub mod cache;
 pub mod column;
 pub mod config;
 pub mod device;
@@ -38,6 +39,7 @@ pub mod plan;
 pub mod source;
 pub mod tpch;
 
+pub use cache::{CacheLocation, CachedTable};
 pub use config::Backend;
 pub use device::{BackendSelection, GpuInventory};
 pub use engine::{Engine, EngineBuilder};

@@ -12,6 +12,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -428,6 +429,7 @@ impl Stream {
                         bytes,
                         pool: Arc::clone(pool),
                         kind: RawKind::Empty,
+                        shared: AtomicBool::new(false),
                     });
                 }
                 // SAFETY: a stream-ordered allocation on a live stream; the memory is only used
@@ -461,6 +463,7 @@ impl Stream {
                         ctx,
                         health: Arc::clone(&self.device.inner.health),
                     },
+                    shared: AtomicBool::new(false),
                 };
                 if zeroed {
                     // SAFETY: `ptr` holds `bytes` bytes allocated above on this stream.

@@ -192,6 +192,9 @@ pub(crate) struct RawAllocation {
     pub(crate) bytes: usize,
     pub(crate) pool: Arc<MemoryPool>,
     pub(crate) kind: RawKind,
+    /// Set by [`DeviceBuffer::share_across_streams`]: the memory may be read by work on any
+    /// stream, so freeing it waits for the whole device instead of just its own stream.
+    pub(crate) shared: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: the allocation owns its memory exclusively; the raw host pointer is only an address.
@@ -247,6 +250,7 @@ impl RawAllocation {
             bytes,
             pool: Arc::clone(pool),
             kind,
+            shared: std::sync::atomic::AtomicBool::new(false),
         })
     }
 }
@@ -265,7 +269,13 @@ impl Drop for RawAllocation {
             } => {
                 // Errors cannot propagate out of drop; a failure here is recorded in the
                 // device's health, which the next call on the device reports.
+                let shared = self.shared.load(Ordering::Acquire);
                 let freed = ctx.bind_to_thread().and_then(|()| {
+                    if shared {
+                        // Kernels on other streams may still read it: a stream-ordered free
+                        // on its own stream would not wait for them.
+                        ctx.synchronize()?;
+                    }
                     // SAFETY: `ptr` came from cuMemAllocAsync on this stream and is freed once.
                     unsafe { cu::free_async(*ptr, stream.cu_stream()) }
                 });
@@ -337,6 +347,14 @@ impl<T: DeviceCopy> DeviceBuffer<T> {
     /// A sub-range of the buffer; fails (never panics) when out of bounds.
     pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<DeviceSlice<'_, T>> {
         self.as_slice().slice(range)
+    }
+
+    /// Marks the buffer as read by work on several streams (a table cached in device memory,
+    /// read by every query). Dropping it then first waits for all work on the device, so no
+    /// kernel on another stream can read memory the pool has handed out again. Freeing an
+    /// ordinary buffer is ordered only on the stream that allocated it.
+    pub fn share_across_streams(&self) {
+        self.raw.shared.store(true, Ordering::Release);
     }
 
     /// The same memory as raw bytes (columns store values untyped, by width).

@@ -52,6 +52,38 @@ fn time(stream: &Stream, runs: usize, mut op: impl FnMut() -> Result<()>) -> Res
     Ok(times[times.len() / 2])
 }
 
+/// The device's memory bandwidth: the median of `runs` device-to-device copies of `bytes`
+/// bytes (rounded down to whole u64 values), counting each byte read and each byte written.
+///
+/// This is the "measured bandwidth" that roofline floors are computed against: a copy is the
+/// fastest any kernel can stream memory, so `bytes touched / bandwidth` is a lower bound on a
+/// memory-bound operator's time.
+pub fn copy_bandwidth(device: &Device, bytes: usize, runs: usize) -> Result<Measurement> {
+    let stream = device.new_stream()?;
+    let rows = (bytes / 8).max(1);
+    // The values do not matter to a copy; zeroed memory avoids generating them on the host.
+    let values = stream.alloc_zeroed::<u64>(rows)?;
+    copy_u64(&stream, &values, runs)
+}
+
+fn copy_u64(
+    stream: &Stream,
+    values: &crate::memory::DeviceBuffer<u64>,
+    runs: usize,
+) -> Result<Measurement> {
+    let rows = values.len();
+    let mut copy = stream.alloc::<u64>(rows)?;
+    let ms = time(stream, runs, || {
+        stream.copy_device(values.as_slice(), &mut copy, 0)
+    })?;
+    Ok(Measurement {
+        name: "device copy u64".into(),
+        rows,
+        bytes: 2 * 8 * rows as u64,
+        median_ms: ms,
+    })
+}
+
 /// Measures copy, compaction, hashing and sorting over `rows` rows, `runs` times each.
 pub fn measure(device: &Device, rows: usize, runs: usize) -> Result<Vec<Measurement>> {
     let stream = device.new_stream()?;
@@ -59,16 +91,7 @@ pub fn measure(device: &Device, rows: usize, runs: usize) -> Result<Vec<Measurem
     let n = rows as u64;
 
     let values = stream.from_host(&reference::random_u64(rows, 1))?;
-    let mut copy = stream.alloc::<u64>(rows)?;
-    let ms = time(&stream, runs, || {
-        stream.copy_device(values.as_slice(), &mut copy, 0)
-    })?;
-    out.push(Measurement {
-        name: "device copy u64".into(),
-        rows,
-        bytes: 2 * 8 * n,
-        median_ms: ms,
-    });
+    out.push(copy_u64(&stream, &values, runs)?);
 
     let mask_bits = stream.from_host(&reference::random_bitmap(rows, 0, 2, 0.5))?;
     let ms = time(&stream, runs, || {

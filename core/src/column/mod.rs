@@ -74,6 +74,11 @@ impl DeviceBytes {
             .unwrap_or_else(|_| self.buffer.as_slice())
     }
 
+    /// See [`DeviceBuffer::share_across_streams`]: the allocation is read by many streams.
+    pub fn share_across_streams(&self) {
+        self.buffer.share_across_streams();
+    }
+
     /// The bytes viewed as elements of `T`.
     pub fn typed<T: spate_kernels::DeviceCopy>(&self) -> Result<DeviceSlice<'_, T>> {
         Ok(self.as_slice().cast::<T>()?)
@@ -198,6 +203,23 @@ impl DeviceColumn {
         &self.values
     }
 
+    /// Marks every allocation the column references as read by many streams (see
+    /// [`DeviceBuffer::share_across_streams`]).
+    pub fn share_across_streams(&self) {
+        match &self.values {
+            DeviceValues::Fixed { bytes, .. } | DeviceValues::Bits { bytes, .. } => {
+                bytes.share_across_streams()
+            }
+            DeviceValues::Utf8 { offsets, bytes } | DeviceValues::LargeUtf8 { offsets, bytes } => {
+                offsets.share_across_streams();
+                bytes.share_across_streams();
+            }
+        }
+        if let Some(v) = &self.validity {
+            v.bytes.share_across_streams();
+        }
+    }
+
     /// Device bytes the column references (values, offsets and validity).
     pub fn device_bytes(&self) -> usize {
         let values = match &self.values {
@@ -263,6 +285,13 @@ impl DeviceBatch {
     /// Rows.
     pub fn num_rows(&self) -> usize {
         self.num_rows
+    }
+
+    /// Marks the batch's allocations as read by many streams (a cached table's batches).
+    pub fn share_across_streams(&self) {
+        self.columns
+            .iter()
+            .for_each(DeviceColumn::share_across_streams);
     }
 
     /// Device bytes the batch references.

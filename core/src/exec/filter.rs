@@ -283,6 +283,10 @@ impl GpuFilterExec {
 }
 
 impl GpuExec for GpuFilterExec {
+    fn device_metrics(&self) -> Option<&ExecutionPlanMetricsSet> {
+        Some(&self.metrics)
+    }
+
     fn execute_device(
         &self,
         partition: usize,

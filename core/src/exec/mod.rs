@@ -11,6 +11,7 @@
 //! it and passes it down, so every kernel and copy of that partition is ordered on it.
 
 pub mod aggregate;
+pub mod cache;
 pub mod filter;
 pub mod join;
 pub mod projection;
@@ -25,7 +26,9 @@ use arrow::record_batch::RecordBatch;
 use datafusion::error::{DataFusionError, Result as DFResult};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, Time};
+use datafusion::physical_plan::metrics::{
+    Count, ExecutionPlanMetricsSet, MetricBuilder, MetricValue, Time,
+};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::{Stream, StreamExt};
 use spate_kernels::Stream as DeviceStream;
@@ -35,6 +38,7 @@ use crate::config::SpateOptions;
 use crate::device::GpuContext;
 
 pub use aggregate::GpuAggregateExec;
+pub use cache::GpuCachedScanExec;
 pub use filter::GpuFilterExec;
 pub use join::GpuHashJoinExec;
 pub use projection::GpuProjectionExec;
@@ -65,6 +69,11 @@ pub trait GpuExec: ExecutionPlan {
         context: Arc<TaskContext>,
         stream: Arc<DeviceStream>,
     ) -> DFResult<DeviceBatchStream>;
+
+    /// The operator's metrics, where its device memory traffic is recorded; `None` for an
+    /// operator that moves no data itself (a scan of a table cached in device memory hands
+    /// out batches that are already there).
+    fn device_metrics(&self) -> Option<&ExecutionPlanMetricsSet>;
 }
 
 /// The GPU operator behind a plan node, if it is one.
@@ -84,7 +93,145 @@ pub fn as_gpu_exec(plan: &dyn ExecutionPlan) -> Option<&dyn GpuExec> {
     if let Some(j) = plan.downcast_ref::<GpuHashJoinExec>() {
         return Some(j);
     }
+    if let Some(c) = plan.downcast_ref::<GpuCachedScanExec>() {
+        return Some(c);
+    }
     None
+}
+
+/// `gpu`'s device batches for `partition`, with the bytes of each batch it produces counted as
+/// its device memory writes (`dev_write_bytes`). Every GPU operator's output is taken through
+/// here, by a GPU parent ([`device_input`]) or a CPU one ([`execute_for_host`]).
+fn execute_device_counted(
+    gpu: &dyn GpuExec,
+    partition: usize,
+    context: Arc<TaskContext>,
+    stream: Arc<DeviceStream>,
+) -> DFResult<DeviceBatchStream> {
+    let bandwidth = gpu_context(&context)?.bandwidth();
+    let batches = gpu.execute_device(partition, context, stream)?;
+    let Some(metrics) = gpu.device_metrics() else {
+        return Ok(batches);
+    };
+    let written = MetricBuilder::new(metrics).counter(DEV_WRITE_BYTES, partition);
+    if partition == 0
+        && let Some(bandwidth) = bandwidth
+    {
+        // One roofline entry per operator: it reads the operator's totals over all partitions.
+        MetricBuilder::new(metrics).build(MetricValue::Custom {
+            name: "roofline".into(),
+            value: Arc::new(roofline::Roofline::new(metrics.clone(), bandwidth)),
+        });
+    }
+    Ok(Box::pin(batches.map(move |batch| {
+        if let Ok(b) = &batch {
+            written.add(b.device_bytes());
+        }
+        batch
+    })))
+}
+
+/// Metric names of the roofline accounting (see [`roofline`]).
+pub const DEV_READ_BYTES: &str = "dev_read_bytes";
+/// See [`DEV_READ_BYTES`].
+pub const DEV_WRITE_BYTES: &str = "dev_write_bytes";
+
+pub mod roofline {
+    //! Roofline accounting: each GPU operator's device memory traffic against the device's
+    //! measured bandwidth.
+    //!
+    //! An operator counts the bytes of the device batches it consumes (`dev_read_bytes`) and
+    //! produces (`dev_write_bytes`). That is the traffic it cannot avoid: every input column
+    //! read once and every output column written once; hash tables, sort passes and other
+    //! scratch traffic come on top and are what a fused, well-tuned operator minimises. The
+    //! floor is those bytes at the bandwidth a device-to-device copy reaches
+    //! ([`GpuContext::measure_bandwidth`](crate::device::GpuContext::measure_bandwidth)), and
+    //! `EXPLAIN ANALYZE` shows `roofline=floor T, achieved X× floor`, where achieved is the
+    //! operator's `elapsed_compute` summed over its partitions (partitions that overlap on the
+    //! device make this an upper bound). On `emulated` the bandwidth is the host's, labelled so.
+
+    use std::any::Any;
+    use std::fmt;
+    use std::sync::Arc;
+
+    use datafusion::physical_plan::metrics::{
+        CustomMetricValue, ExecutionPlanMetricsSet, MetricValue,
+    };
+
+    use crate::device::Bandwidth;
+
+    /// The `roofline` metric: reads its operator's byte counters and compute time when shown.
+    #[derive(Debug)]
+    pub struct Roofline {
+        metrics: ExecutionPlanMetricsSet,
+        bandwidth: Bandwidth,
+    }
+
+    impl Roofline {
+        pub(crate) fn new(metrics: ExecutionPlanMetricsSet, bandwidth: Bandwidth) -> Self {
+            Roofline { metrics, bandwidth }
+        }
+
+        /// Bytes read and written by the operator so far.
+        pub fn bytes(&self) -> u64 {
+            let set = self.metrics.clone_inner();
+            let count = |name| match set.sum_by_name(name) {
+                Some(MetricValue::Count { count, .. }) => count.value() as u64,
+                _ => 0,
+            };
+            count(super::DEV_READ_BYTES) + count(super::DEV_WRITE_BYTES)
+        }
+
+        /// The time the bytes take at the measured bandwidth.
+        pub fn floor(&self) -> std::time::Duration {
+            self.bandwidth.floor(self.bytes())
+        }
+    }
+
+    impl fmt::Display for Roofline {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            let floor = self.floor();
+            let achieved = self.metrics.clone_inner().elapsed_compute().unwrap_or(0) as f64;
+            write!(f, "floor {floor:.2?}")?;
+            if floor.as_nanos() > 0 {
+                write!(
+                    f,
+                    ", achieved {:.1}× floor",
+                    achieved / floor.as_nanos() as f64
+                )?;
+            }
+            write!(
+                f,
+                " at {:.1} GB/s ({})",
+                self.bandwidth.gb_per_s(),
+                self.bandwidth.backend
+            )
+        }
+    }
+
+    impl CustomMetricValue for Roofline {
+        fn new_empty(&self) -> Arc<dyn CustomMetricValue> {
+            // The value reads the operator's totals, so an aggregate of it is itself.
+            Arc::new(Roofline::new(self.metrics.clone(), self.bandwidth.clone()))
+        }
+
+        fn aggregate(&self, _other: Arc<dyn CustomMetricValue + 'static>) {}
+
+        fn as_any(&self) -> &dyn Any {
+            self
+        }
+
+        fn as_usize(&self) -> usize {
+            usize::try_from(self.floor().as_nanos()).unwrap_or(usize::MAX)
+        }
+
+        fn is_eq(&self, other: &Arc<dyn CustomMetricValue>) -> bool {
+            other
+                .as_any()
+                .downcast_ref::<Roofline>()
+                .is_some_and(|o| o.bytes() == self.bytes() && o.bandwidth == self.bandwidth)
+        }
+    }
 }
 
 /// Fails with the first column of `schema` the device cannot hold (every GPU operator uploads
@@ -137,12 +284,15 @@ pub(crate) fn gpu_context(context: &TaskContext) -> DFResult<Arc<GpuContext>> {
         })
 }
 
-/// Host↔device traffic of one operator, shown by `EXPLAIN ANALYZE`.
+/// Host↔device traffic of one operator, and the device bytes it reads, shown by
+/// `EXPLAIN ANALYZE`.
 #[derive(Debug, Clone)]
 pub(crate) struct TransferMetrics {
     pub(crate) h2d_bytes: Count,
     pub(crate) d2h_bytes: Count,
     pub(crate) transfer_time: Time,
+    /// Bytes of the device batches the operator consumed (see [`roofline`]).
+    pub(crate) dev_read_bytes: Count,
 }
 
 impl TransferMetrics {
@@ -151,6 +301,7 @@ impl TransferMetrics {
             h2d_bytes: MetricBuilder::new(metrics).counter("h2d_bytes", partition),
             d2h_bytes: MetricBuilder::new(metrics).counter("d2h_bytes", partition),
             transfer_time: MetricBuilder::new(metrics).subset_time("transfer_time", partition),
+            dev_read_bytes: MetricBuilder::new(metrics).counter(DEV_READ_BYTES, partition),
         }
     }
 }
@@ -168,8 +319,19 @@ pub(crate) fn device_input(
     stream: &Arc<DeviceStream>,
     metrics: &TransferMetrics,
 ) -> DFResult<DeviceBatchStream> {
+    let read = metrics.dev_read_bytes.clone();
+    let count_read = move |batches: DeviceBatchStream| -> DeviceBatchStream {
+        Box::pin(batches.map(move |batch| {
+            if let Ok(b) = &batch {
+                read.add(b.device_bytes());
+            }
+            batch
+        }))
+    };
     if let Some(gpu) = as_gpu_exec(input.as_ref()) {
-        return gpu.execute_device(partition, Arc::clone(context), Arc::clone(stream));
+        let batches =
+            execute_device_counted(gpu, partition, Arc::clone(context), Arc::clone(stream))?;
+        return Ok(count_read(batches));
     }
     let target = context
         .session_config()
@@ -182,13 +344,13 @@ pub(crate) fn device_input(
         )
         .max(1);
     let host = input.execute(partition, Arc::clone(context))?;
-    Ok(upload_stream(
+    Ok(count_read(upload_stream(
         host,
         input.schema(),
         target,
         Arc::clone(stream),
         metrics.clone(),
-    ))
+    )))
 }
 
 struct Upload {
@@ -328,7 +490,7 @@ pub(crate) fn execute_for_host<P: GpuExec>(
 ) -> DFResult<SendableRecordBatchStream> {
     let gpu = gpu_context(&context)?;
     let stream = Arc::new(gpu.device().new_stream().map_err(|e| to_df(e.into()))?);
-    let batches = plan.execute_device(partition, context, Arc::clone(&stream))?;
+    let batches = execute_device_counted(plan, partition, context, Arc::clone(&stream))?;
     let transfer = TransferMetrics::new(metrics, partition);
     Ok(download_stream(plan.schema(), batches, stream, transfer))
 }

@@ -164,6 +164,10 @@ impl ExecutionPlan for GpuProjectionExec {
 }
 
 impl GpuExec for GpuProjectionExec {
+    fn device_metrics(&self) -> Option<&ExecutionPlanMetricsSet> {
+        Some(&self.metrics)
+    }
+
     fn execute_device(
         &self,
         partition: usize,

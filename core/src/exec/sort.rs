@@ -404,6 +404,10 @@ impl ExecutionPlan for GpuSortExec {
 }
 
 impl GpuExec for GpuSortExec {
+    fn device_metrics(&self) -> Option<&ExecutionPlanMetricsSet> {
+        Some(&self.metrics)
+    }
+
     fn execute_device(
         &self,
         partition: usize,

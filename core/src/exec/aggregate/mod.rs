@@ -866,6 +866,10 @@ impl ExecutionPlan for GpuAggregateExec {
 }
 
 impl GpuExec for GpuAggregateExec {
+    fn device_metrics(&self) -> Option<&ExecutionPlanMetricsSet> {
+        Some(&self.metrics)
+    }
+
     fn execute_device(
         &self,
         partition: usize,

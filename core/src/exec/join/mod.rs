@@ -942,6 +942,10 @@ impl ExecutionPlan for GpuHashJoinExec {
 }
 
 impl GpuExec for GpuHashJoinExec {
+    fn device_metrics(&self) -> Option<&ExecutionPlanMetricsSet> {
+        Some(&self.metrics)
+    }
+
     fn execute_device(
         &self,
         partition: usize,

@@ -1,0 +1,373 @@
+//! `CACHE TABLE` on a GPU backend: a table's columns held in device memory, and
+//! `GpuCachedScanExec`, the scan that reads them there.
+//!
+//! [`DeviceTable::load`] reads every partition of a table once, coalesces each partition into
+//! device batches of about `spate.gpu.batch_bytes`, uploads them and waits for the copies.
+//! [`CachedTableProvider`] then stands in for the table: its scans hand the cached batches to
+//! the GPU operators above without any host transfer, so a query over cached tables moves only
+//! its result across the bus. Projection picks columns without copying (device columns share
+//! their allocation).
+//!
+//! The batches are read by queries on many streams at once and never written. Their
+//! allocations are marked with `share_across_streams`, so freeing them (`UNCACHE TABLE`, or
+//! the last running query that still holds one) first waits for every stream on the device.
+//! The allocations are charged to the device's memory pool like any other, so the GPU memory
+//! budget sees the cache and a cache that does not fit fails with an out-of-memory error.
+
+use std::fmt;
+use std::sync::Arc;
+
+use arrow::compute::concat_batches;
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use async_trait::async_trait;
+use datafusion::catalog::Session;
+use datafusion::common::stats::Precision;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{Statistics, project_schema};
+use datafusion::datasource::{TableProvider, TableType};
+use datafusion::error::{DataFusionError, Result as DFResult};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::Expr;
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType, SchedulingType};
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::statistics::StatisticsArgs;
+use datafusion::physical_plan::{
+    ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning,
+    PlanProperties, ReplaceChildrenOptions,
+};
+use spate_kernels::Stream as DeviceStream;
+
+use super::{DeviceBatchStream, GpuExec, execute_for_host};
+use crate::column::{DeviceBatch, upload_batch};
+use crate::device::GpuContext;
+use crate::error::{Result, SpateError};
+
+/// A table's rows in device memory, partition by partition.
+pub struct DeviceTable {
+    schema: SchemaRef,
+    partitions: Vec<Vec<DeviceBatch>>,
+    num_rows: usize,
+    device_bytes: usize,
+}
+
+impl fmt::Debug for DeviceTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceTable")
+            .field("partitions", &self.partitions.len())
+            .field("num_rows", &self.num_rows)
+            .field("device_bytes", &self.device_bytes)
+            .finish()
+    }
+}
+
+impl DeviceTable {
+    /// Uploads `partitions` (host batches of `schema`), coalescing each partition into device
+    /// batches of about `batch_bytes`, and waits until the data is on the device.
+    pub fn load(
+        gpu: &GpuContext,
+        schema: SchemaRef,
+        partitions: Vec<Vec<RecordBatch>>,
+        batch_bytes: usize,
+    ) -> Result<Self> {
+        if let Err(unsupported) = super::check_input_types(&schema) {
+            return Err(SpateError::Unsupported {
+                message: format!("cannot cache the table in GPU memory: {}", unsupported.0),
+            });
+        }
+        let stream = gpu.device().new_stream()?;
+        let mut device_partitions = Vec::with_capacity(partitions.len().max(1));
+        let (mut num_rows, mut device_bytes) = (0, 0);
+        for batches in partitions {
+            let mut device_batches = Vec::new();
+            for group in coalesce(batches, batch_bytes.max(1)) {
+                let host = concat_batches(&schema, &group)?;
+                if host.num_rows() == 0 {
+                    continue;
+                }
+                let batch = upload_batch(&stream, &host)?;
+                batch.share_across_streams();
+                num_rows += batch.num_rows();
+                device_bytes += batch.device_bytes();
+                device_batches.push(batch);
+            }
+            device_partitions.push(device_batches);
+        }
+        if device_partitions.is_empty() {
+            device_partitions.push(Vec::new());
+        }
+        // Queries read the batches on their own streams: the uploads must be complete first.
+        stream.synchronize()?;
+        Ok(DeviceTable {
+            schema,
+            partitions: device_partitions,
+            num_rows,
+            device_bytes,
+        })
+    }
+
+    /// The table's schema.
+    pub fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    /// Rows cached.
+    pub fn num_rows(&self) -> usize {
+        self.num_rows
+    }
+
+    /// Device memory the cached columns take.
+    pub fn device_bytes(&self) -> usize {
+        self.device_bytes
+    }
+
+    /// Partitions (each scanned by one stream).
+    pub fn num_partitions(&self) -> usize {
+        self.partitions.len()
+    }
+}
+
+/// Groups `batches` into runs of about `target_bytes` each, in order.
+fn coalesce(batches: Vec<RecordBatch>, target_bytes: usize) -> Vec<Vec<RecordBatch>> {
+    let mut groups = Vec::new();
+    let (mut current, mut bytes) = (Vec::new(), 0);
+    for batch in batches {
+        if batch.num_rows() == 0 {
+            continue;
+        }
+        bytes += batch.get_array_memory_size();
+        current.push(batch);
+        if bytes >= target_bytes {
+            groups.push(std::mem::take(&mut current));
+            bytes = 0;
+        }
+    }
+    if !current.is_empty() {
+        groups.push(current);
+    }
+    groups
+}
+
+/// The table provider of a table cached in device memory: scans read the cached batches.
+#[derive(Debug)]
+pub struct CachedTableProvider {
+    table: Arc<DeviceTable>,
+    /// The provider it replaced, which `UNCACHE TABLE` puts back.
+    original: Arc<dyn TableProvider>,
+}
+
+impl CachedTableProvider {
+    /// A provider over `table`, remembering the `original` provider.
+    pub fn new(table: Arc<DeviceTable>, original: Arc<dyn TableProvider>) -> Self {
+        CachedTableProvider { table, original }
+    }
+
+    /// The cached data.
+    pub fn table(&self) -> &Arc<DeviceTable> {
+        &self.table
+    }
+
+    /// The provider the cache replaced.
+    pub fn original(&self) -> &Arc<dyn TableProvider> {
+        &self.original
+    }
+}
+
+#[async_trait]
+impl TableProvider for CachedTableProvider {
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.table.schema)
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        _state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        // Filters and limits are applied by the operators above (no filter is pushed in, so
+        // DataFusion keeps them all).
+        Ok(Arc::new(GpuCachedScanExec::new(
+            Arc::clone(&self.table),
+            projection.cloned(),
+        )?))
+    }
+
+    fn statistics(&self) -> Option<Statistics> {
+        Some(table_statistics(&self.table, &self.table.schema))
+    }
+}
+
+/// Exact row count and byte size; no column statistics.
+fn table_statistics(table: &DeviceTable, schema: &SchemaRef) -> Statistics {
+    Statistics::new_unknown(schema)
+        .with_num_rows(Precision::Exact(table.num_rows))
+        .with_total_byte_size(Precision::Inexact(table.device_bytes))
+}
+
+/// Scans a table cached in device memory: hands its batches (the chosen columns) to the GPU
+/// operator above, or downloads them for a CPU one.
+#[derive(Debug)]
+pub struct GpuCachedScanExec {
+    table: Arc<DeviceTable>,
+    projection: Option<Vec<usize>>,
+    schema: SchemaRef,
+    properties: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl GpuCachedScanExec {
+    /// A scan of `table`'s `projection` columns (all when `None`).
+    pub fn new(table: Arc<DeviceTable>, projection: Option<Vec<usize>>) -> DFResult<Self> {
+        let schema = project_schema(&table.schema, projection.as_ref())?;
+        let properties = PlanProperties::new(
+            EquivalenceProperties::new(Arc::clone(&schema)),
+            Partitioning::UnknownPartitioning(table.partitions.len()),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        )
+        .with_scheduling_type(SchedulingType::Cooperative);
+        Ok(GpuCachedScanExec {
+            table,
+            projection,
+            schema,
+            properties: Arc::new(properties),
+            metrics: ExecutionPlanMetricsSet::new(),
+        })
+    }
+
+    /// The cached table.
+    pub fn table(&self) -> &Arc<DeviceTable> {
+        &self.table
+    }
+
+    fn project(&self, batch: &DeviceBatch) -> DFResult<DeviceBatch> {
+        let Some(projection) = &self.projection else {
+            return Ok(batch.clone());
+        };
+        let columns = projection
+            .iter()
+            .map(|&i| batch.columns()[i].clone())
+            .collect();
+        DeviceBatch::try_new(Arc::clone(&self.schema), columns, batch.num_rows())
+            .map_err(DataFusionError::from)
+    }
+}
+
+impl DisplayAs for GpuCachedScanExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let columns: Vec<&str> = self
+            .schema
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect();
+        match t {
+            DisplayFormatType::TreeRender => write!(
+                f,
+                "rows={}\ndevice_bytes={}",
+                self.table.num_rows, self.table.device_bytes
+            ),
+            _ => write!(
+                f,
+                "GpuCachedScanExec: partitions={}, rows={}, columns=[{}]",
+                self.table.partitions.len(),
+                self.table.num_rows,
+                columns.join(", ")
+            ),
+        }
+    }
+}
+
+impl ExecutionPlan for GpuCachedScanExec {
+    fn name(&self) -> &str {
+        "GpuCachedScanExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DFResult<TreeNodeRecursion>,
+    ) -> DFResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        _children: Vec<Arc<dyn ExecutionPlan>>,
+        _options: ReplaceChildrenOptions,
+    ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    #[allow(deprecated)]
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+        )
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> DFResult<SendableRecordBatchStream> {
+        execute_for_host(self, partition, context, &self.metrics)
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        _input_stats: &[Arc<Statistics>],
+        args: &StatisticsArgs,
+    ) -> DFResult<Arc<Statistics>> {
+        Ok(Arc::new(match args.partition() {
+            None => table_statistics(&self.table, &self.schema),
+            Some(_) => Statistics::new_unknown(&self.schema),
+        }))
+    }
+}
+
+impl GpuExec for GpuCachedScanExec {
+    fn device_metrics(&self) -> Option<&ExecutionPlanMetricsSet> {
+        // The batches are already in device memory; the scan itself moves nothing.
+        None
+    }
+
+    fn execute_device(
+        &self,
+        partition: usize,
+        _context: Arc<TaskContext>,
+        _stream: Arc<DeviceStream>,
+    ) -> DFResult<DeviceBatchStream> {
+        let batches = self.table.partitions.get(partition).ok_or_else(|| {
+            DataFusionError::Internal(format!(
+                "GpuCachedScanExec: partition {partition} of {} (this is a bug)",
+                self.table.partitions.len()
+            ))
+        })?;
+        let projected: Vec<DFResult<DeviceBatch>> =
+            batches.iter().map(|b| self.project(b)).collect();
+        Ok(Box::pin(futures::stream::iter(projected)))
+    }
+}
