@@ -1,6 +1,7 @@
 //! `spate-bench`: the benchmark queries, the end-to-end runner ([`runner`]: run a query, see
 //! where its operators ran, check its result against a reference), and (as they land)
-//! criterion micro-benchmarks.
+//! criterion micro-benchmarks. Other engines run beside Spate: [`duckdb`] times DuckDB over the
+//! same Parquet files, and [`cells`] compares results across engines.
 //!
 //! The TPC-H query texts live in `benches/queries/tpch/qNN.sql` and are embedded here so that
 //! tests and the runner use exactly the same SQL.
@@ -11,7 +12,9 @@
 //! assert_eq!(spate_bench::tpch::QUERIES.len(), 22);
 //! ```
 
+pub mod cells;
 pub mod compare;
+pub mod duckdb;
 pub mod report;
 pub mod runner;
 
