@@ -1,6 +1,7 @@
 //! `spate-bench`: the benchmark queries, the end-to-end runner ([`runner`]: run a query, see
-//! where its operators ran, check its result against a reference), and (as they land)
-//! criterion micro-benchmarks. Other engines run beside Spate: [`duckdb`] times DuckDB over the
+//! where its operators ran, check its result against a reference), the TPC-H benchmark across
+//! engines ([`suite`]) and its result files ([`report`]), and criterion micro-benchmarks per
+//! kernel family (`benches/kernels.rs`). Other engines run beside Spate: [`duckdb`] times DuckDB over the
 //! same Parquet files, and [`cells`] compares results across engines.
 //!
 //! The TPC-H query texts live in `benches/queries/tpch/qNN.sql` and are embedded here so that
@@ -17,6 +18,7 @@ pub mod compare;
 pub mod duckdb;
 pub mod report;
 pub mod runner;
+pub mod suite;
 
 pub mod tpch {
     //! The 22 TPC-H queries with the specification's validation parameters.

@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arrow::array::RecordBatch;
+use datafusion::physical_plan::metrics::MetricValue;
 use datafusion::physical_plan::{ExecutionPlan, collect};
+use spate::device::CompileStats;
 use spate::plan::offload::{Placement, placement};
 use spate::{Engine, SpateError};
 
@@ -22,12 +24,52 @@ pub struct QueryRun {
     pub execute_time: Duration,
     /// The result.
     pub batches: Vec<RecordBatch>,
+    /// Generated kernels compiled during the execution (GPU backends; zero on `cpu`).
+    pub compile: CompileStats,
+    /// The executed plan, with its metrics.
+    pub plan: Arc<dyn ExecutionPlan>,
 }
 
 impl QueryRun {
     /// Rows in the result.
     pub fn rows(&self) -> usize {
         self.batches.iter().map(RecordBatch::num_rows).sum()
+    }
+
+    /// Execution time without kernel compilation.
+    pub fn execute_time_without_compile(&self) -> Duration {
+        self.execute_time.saturating_sub(self.compile.time)
+    }
+
+    /// Device memory bytes the plan's GPU operators read and wrote, summed over the plan (the
+    /// roofline accounting of `spate::exec::roofline`).
+    pub fn device_traffic(&self) -> DeviceTraffic {
+        let mut traffic = DeviceTraffic::default();
+        add_traffic(self.plan.as_ref(), &mut traffic);
+        traffic
+    }
+}
+
+/// Device memory traffic of a plan's GPU operators.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceTraffic {
+    /// Bytes of device batches consumed.
+    pub read_bytes: u64,
+    /// Bytes of device batches produced.
+    pub write_bytes: u64,
+}
+
+fn add_traffic(plan: &dyn ExecutionPlan, traffic: &mut DeviceTraffic) {
+    if let Some(metrics) = plan.metrics() {
+        let count = |name| match metrics.sum_by_name(name) {
+            Some(MetricValue::Count { count, .. }) => count.value() as u64,
+            _ => 0,
+        };
+        traffic.read_bytes += count(spate::exec::DEV_READ_BYTES);
+        traffic.write_bytes += count(spate::exec::DEV_WRITE_BYTES);
+    }
+    for child in plan.children() {
+        add_traffic(child.as_ref(), traffic);
     }
 }
 
@@ -37,13 +79,21 @@ pub async fn run_query(engine: &Engine, sql: &str) -> Result<QueryRun, SpateErro
     let plan: Arc<dyn ExecutionPlan> = engine.sql(sql).await?.create_physical_plan().await?;
     let plan_time = started.elapsed();
     let placement = placement(&plan);
+    let compiled_before = engine.gpu().map(|g| g.compile_stats()).unwrap_or_default();
     let started = Instant::now();
-    let batches = collect(plan, engine.context().task_ctx()).await?;
+    let batches = collect(Arc::clone(&plan), engine.context().task_ctx()).await?;
+    let execute_time = started.elapsed();
+    let compile = engine
+        .gpu()
+        .map(|g| g.compile_stats().since(&compiled_before))
+        .unwrap_or_default();
     Ok(QueryRun {
         placement,
         plan_time,
-        execute_time: started.elapsed(),
+        execute_time,
         batches,
+        compile,
+        plan,
     })
 }
 
@@ -136,6 +186,16 @@ mod tests {
         assert!(verified.outcome.matched(), "{:?}", verified.outcome);
         let run = verified.run.unwrap();
         assert_eq!(run.rows(), 5);
+        let traffic = run.device_traffic();
+        assert!(
+            traffic.read_bytes > 0 && traffic.write_bytes > 0,
+            "{traffic:?}"
+        );
+        assert!(run.compile.programs > 0, "{:?}", run.compile);
+        // Run again: the session's kernels are compiled, so nothing compiles now.
+        let again = run_query(&gpu, sql).await.unwrap();
+        assert_eq!(again.compile.programs, 0, "{:?}", again.compile);
+        assert!(again.execute_time_without_compile() <= again.execute_time);
         assert!(run.placement.fully_on_gpu(), "{:?}", run.placement);
         assert!(
             run.placement.gpu.iter().any(|n| n == "GpuAggregateExec"),

@@ -1,20 +1,35 @@
-//! `spate bench tpch`: run the TPC-H queries on one backend, show where each query's operators
-//! ran, and with `--verify` check every result against the CPU backend.
+//! `spate bench tpch`, in two forms.
+//!
+//! The placement report runs the TPC-H queries on one backend, shows where each query's
+//! operators ran, and with `--verify` checks every result against the CPU backend:
 //!
 //! ```text
 //! spate bench tpch --sf 0.01 --backend emulated --verify
 //! ```
 //!
-//! The last line is `verified: N/Q matched, G/Q fully on GPU` (with `--verify`) or
+//! Its last line is `verified: N/Q matched, G/Q fully on GPU` (with `--verify`) or
 //! `ran: Q queries, G/Q fully on GPU`; the exit code is non-zero when a query fails or, with
 //! `--verify`, when any result differs from the CPU's.
+//!
+//! The benchmark (`--engines`) times engines side by side over the same Parquet files and
+//! writes the result files (JSON, markdown and a PNG chart) to `--out`; see
+//! `spate_bench::suite`:
+//!
+//! ```text
+//! spate bench tpch --sf 10 --engines spate-gpu,spate-cpu,duckdb --runs 5 --mode hot
+//! ```
+//!
+//! Its last line is `benchmark: N/R runs matched` (engine × query runs that ran); the exit
+//! code is non-zero when any run failed or differed from the CPU backend's result.
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
 use spate::{Backend, Engine};
 use spate_bench::runner::{Outcome, QueryRun, run_query, verify_query};
+use spate_bench::suite::{EngineKind, Mode, SuiteOptions, run_suite};
 
 #[derive(Debug, Subcommand)]
 pub enum Suite {
@@ -40,12 +55,103 @@ pub struct TpchArgs {
     /// Partitions (parallel streams) per query; defaults to the number of cores.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
     partitions: Option<u32>,
+    /// Time these engines side by side (comma-separated: spate-gpu, spate-cpu, duckdb) and
+    /// write result files; `--backend` is spate-gpu's backend.
+    #[arg(long, value_delimiter = ',', value_parser = EngineKind::parse)]
+    engines: Vec<EngineKind>,
+    /// With --engines: timed runs per query and engine (after one untimed run).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    runs: u32,
+    /// With --engines: `hot` (tables loaded into each engine's memory first: GPU memory for
+    /// spate-gpu) or `cold` (every run reads the Parquet files).
+    #[arg(long, default_value = "hot", value_parser = Mode::parse)]
+    mode: Mode,
+    /// With --engines: folder of the TPC-H Parquet files, generated there when missing
+    /// [default: target/spate-bench/tpch-sf<SF>].
+    #[arg(long, value_name = "DIR")]
+    data: Option<PathBuf>,
+    /// With --engines: folder the result files are written to.
+    #[arg(long, value_name = "DIR", default_value = "benches/results")]
+    out: PathBuf,
+    /// With --engines: the Python that has DuckDB [default: $SPATE_PYTHON, then .venv/bin/python].
+    #[arg(long, value_name = "PATH")]
+    python: Option<PathBuf>,
 }
 
 pub fn run(suite: Suite) -> Result<ExitCode, String> {
     match suite {
+        Suite::Tpch(args) if !args.engines.is_empty() => benchmark(args),
         Suite::Tpch(args) => tpch(args),
     }
+}
+
+/// The repository checkout the binary runs in (the scripts and the virtual environment are
+/// found there): the first folder upwards from the current one that holds the TPC-H queries,
+/// else the source tree the binary was built from.
+fn workspace_root() -> PathBuf {
+    let marker = Path::new("benches/queries/tpch/q01.sql");
+    if let Ok(cwd) = std::env::current_dir() {
+        for dir in cwd.ancestors() {
+            if dir.join(marker).is_file() {
+                return dir.to_path_buf();
+            }
+        }
+    }
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn benchmark(args: TpchArgs) -> Result<ExitCode, String> {
+    let runtime = crate::runtime()?;
+    let root = workspace_root();
+    let data_dir = args.data.clone().unwrap_or_else(|| {
+        root.join("target/spate-bench")
+            .join(format!("tpch-sf{}", args.sf))
+    });
+    let options = SuiteOptions {
+        scale_factor: args.sf,
+        engines: args.engines.clone(),
+        runs: args.runs as usize,
+        mode: args.mode,
+        queries: args.queries.iter().map(|q| *q as usize).collect(),
+        partitions: args.partitions.map(|p| p as usize),
+        gpu_backend: args.backend,
+        data_dir,
+        python: args.python.clone(),
+        workspace_root: root,
+    };
+    let mut log = |line: &str| println!("{line}");
+    let report = runtime.block_on(run_suite(&options, &mut log))?;
+    let written = report.write_files(&args.out)?;
+    println!();
+    for summary in report.summaries() {
+        let speedup = summary
+            .geomean_speedup
+            .map(|s| {
+                format!(
+                    ", geomean speedup {s:.2}× over {} queries",
+                    summary.speedup_queries
+                )
+            })
+            .unwrap_or_default();
+        println!(
+            "{}: {} matched, sum of medians {:.1} ms{speedup}",
+            summary.engine, summary.matched, summary.total_median_ms
+        );
+    }
+    println!(
+        "wrote {}, {} and {}",
+        written.json.display(),
+        written.markdown.display(),
+        written.png.display()
+    );
+    let runs: Vec<_> = report.queries.iter().flat_map(|q| &q.engines).collect();
+    let matched = runs.iter().filter(|r| r.is_matched()).count();
+    println!("benchmark: {matched}/{} runs matched", runs.len());
+    Ok(if matched == runs.len() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 fn engine(backend: Backend, partitions: Option<u32>) -> Result<Engine, String> {

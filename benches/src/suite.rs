@@ -1,0 +1,503 @@
+//! The TPC-H benchmark across engines: `spate bench tpch --engines spate-gpu,spate-cpu,duckdb`.
+//!
+//! Every engine reads the same Parquet files (generated once per scale factor and reused).
+//! Each query's result on every engine is checked against Spate's CPU backend; only matched
+//! runs count in sums and speedups. Per engine and query there is one untimed first run
+//! (which compiles the generated kernels and warms the file cache) and then `runs` timed runs.
+//!
+//! - `hot`: tables are loaded into the engine's memory first: `CACHE TABLE` (GPU memory on a
+//!   GPU backend, host memory on `cpu`) and `CREATE TABLE … AS` in DuckDB. The runs measure
+//!   query processing, not I/O.
+//! - `cold`: each run reads and decodes the Parquet files.
+//!
+//! Plan time, kernel compile time and execution time are reported apart: execution time
+//! excludes compilation, and a timed run that compiled anything is reported as such (it
+//! should never happen: generated kernels are compiled once per session). For GPU engines,
+//! the device bandwidth is measured once at the start and each query's device traffic is set
+//! against it (the roofline floor).
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use arrow::array::RecordBatch;
+use spate::{Backend, Engine};
+
+use crate::compare::compare_results;
+use crate::report::{
+    Bandwidth, EngineInfo, EngineRun, Machine, QueryResult, Roofline, TpchReport, git_commit,
+    today_utc,
+};
+use crate::runner::run_query;
+
+/// An engine the suite can run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineKind {
+    /// Spate on a GPU backend (`cuda`, or `emulated` when asked for).
+    SpateGpu,
+    /// Spate on DataFusion's CPU operators.
+    SpateCpu,
+    /// DuckDB through its Python package.
+    DuckDb,
+}
+
+impl EngineKind {
+    /// The engine's name in reports and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            EngineKind::SpateGpu => "spate-gpu",
+            EngineKind::SpateCpu => "spate-cpu",
+            EngineKind::DuckDb => "duckdb",
+        }
+    }
+
+    /// Parses `spate-gpu`, `spate-cpu` or `duckdb`.
+    pub fn parse(name: &str) -> Result<Self, String> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "spate-gpu" => Ok(EngineKind::SpateGpu),
+            "spate-cpu" => Ok(EngineKind::SpateCpu),
+            "duckdb" => Ok(EngineKind::DuckDb),
+            other => Err(format!(
+                "unknown engine '{other}': use spate-gpu, spate-cpu or duckdb"
+            )),
+        }
+    }
+}
+
+/// Hot (tables in engine memory) or cold (read from Parquet on every run).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Tables loaded into engine memory before the runs.
+    Hot,
+    /// Every run reads the Parquet files.
+    Cold,
+}
+
+impl Mode {
+    /// `hot` or `cold`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Hot => "hot",
+            Mode::Cold => "cold",
+        }
+    }
+
+    /// Parses `hot` or `cold`.
+    pub fn parse(name: &str) -> Result<Self, String> {
+        match name {
+            "hot" => Ok(Mode::Hot),
+            "cold" => Ok(Mode::Cold),
+            other => Err(format!("unknown mode '{other}': use hot or cold")),
+        }
+    }
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct SuiteOptions {
+    /// TPC-H scale factor.
+    pub scale_factor: f64,
+    /// Engines, in report order.
+    pub engines: Vec<EngineKind>,
+    /// Timed runs per query and engine.
+    pub runs: usize,
+    /// Hot or cold.
+    pub mode: Mode,
+    /// Query numbers (empty: all 22).
+    pub queries: Vec<usize>,
+    /// Partitions per Spate query (default: the machine's cores).
+    pub partitions: Option<usize>,
+    /// The backend of `spate-gpu` (`auto` picks `cuda` when there is a GPU).
+    pub gpu_backend: Backend,
+    /// Where the Parquet files are (generated there when missing).
+    pub data_dir: PathBuf,
+    /// The Python with DuckDB (default: `SPATE_PYTHON`, then `.venv/bin/python`).
+    pub python: Option<PathBuf>,
+    /// The repository root: scripts, the virtual environment and the commit are found there.
+    pub workspace_root: PathBuf,
+}
+
+/// Generates the TPC-H Parquet files in `dir` unless a complete set for `sf` is there.
+pub fn ensure_data(sf: f64, dir: &Path, log: &mut dyn FnMut(&str)) -> Result<(), String> {
+    let marker = dir.join(".complete");
+    let want = format!("tpch sf {sf}\n");
+    if std::fs::read_to_string(&marker).is_ok_and(|m| m == want) {
+        log(&format!(
+            "reusing TPC-H SF {sf} Parquet in {}",
+            dir.display()
+        ));
+        return Ok(());
+    }
+    log(&format!(
+        "generating TPC-H SF {sf} Parquet in {}",
+        dir.display()
+    ));
+    let started = Instant::now();
+    spate::tpch::write_parquet(sf, dir, |_| {}).map_err(|e| e.to_string())?;
+    std::fs::write(&marker, want).map_err(|e| format!("{}: {e}", marker.display()))?;
+    log(&format!(
+        "generated in {:.1} s",
+        started.elapsed().as_secs_f64()
+    ));
+    Ok(())
+}
+
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    match sorted.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => sorted[n / 2],
+        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
+}
+
+/// An engine's runs of one query from its execution times.
+fn timed(engine: &str, status: String, rows: usize, execute_ms: Vec<f64>) -> EngineRun {
+    EngineRun {
+        engine: engine.to_string(),
+        status,
+        rows,
+        plan_ms: 0.0,
+        compile_ms_first: 0.0,
+        compile_ms_timed: 0.0,
+        median_ms: median(&execute_ms),
+        min_ms: execute_ms.iter().copied().fold(f64::INFINITY, f64::min),
+        max_ms: execute_ms.iter().copied().fold(0.0, f64::max),
+        execute_ms,
+        roofline: None,
+    }
+}
+
+fn failed(engine: &str, status: String) -> EngineRun {
+    EngineRun {
+        min_ms: 0.0,
+        ..timed(engine, status, 0, Vec::new())
+    }
+}
+
+fn spate_engine(backend: Backend, partitions: Option<usize>) -> Result<Engine, String> {
+    let mut builder = Engine::builder().backend(backend);
+    if let Some(p) = partitions {
+        builder = builder.target_partitions(p);
+    }
+    builder.build().map_err(|e| e.to_string())
+}
+
+/// Runs the suite and returns its report (not yet written to files).
+pub async fn run_suite(
+    options: &SuiteOptions,
+    log: &mut dyn FnMut(&str),
+) -> Result<TpchReport, String> {
+    let sf = options.scale_factor;
+    ensure_data(sf, &options.data_dir, log)?;
+    let queries: Vec<(usize, &str)> = crate::tpch::QUERIES
+        .iter()
+        .copied()
+        .filter(|(n, _)| options.queries.is_empty() || options.queries.contains(n))
+        .collect();
+    let runs = options.runs.max(1);
+
+    // The reference: Spate on the CPU over the same files, one run per query.
+    log("reference results: spate on the cpu backend");
+    let reference_engine = spate_engine(Backend::Cpu, options.partitions)?;
+    spate::tpch::register_parquet_dir(&reference_engine, &options.data_dir)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut reference: Vec<Result<Vec<RecordBatch>, String>> = Vec::new();
+    for (_, sql) in &queries {
+        reference.push(
+            run_query(&reference_engine, sql)
+                .await
+                .map(|r| r.batches)
+                .map_err(|e| e.to_string()),
+        );
+    }
+    drop(reference_engine);
+
+    let mut engines = Vec::new();
+    let mut results: Vec<QueryResult> = queries
+        .iter()
+        .map(|(n, _)| QueryResult {
+            query: *n,
+            engines: Vec::new(),
+        })
+        .collect();
+    let mut bandwidth = None;
+    let mut gpu_name = None;
+
+    for kind in &options.engines {
+        let name = kind.name();
+        let outcome = match kind {
+            EngineKind::SpateGpu | EngineKind::SpateCpu => {
+                let backend = match kind {
+                    EngineKind::SpateGpu => options.gpu_backend,
+                    _ => Backend::Cpu,
+                };
+                run_spate(
+                    *kind,
+                    backend,
+                    options,
+                    &queries,
+                    &reference,
+                    runs,
+                    &mut bandwidth,
+                    &mut gpu_name,
+                    log,
+                )
+                .await
+            }
+            EngineKind::DuckDb => run_duckdb(options, &queries, &reference, runs, log),
+        };
+        match outcome {
+            Ok((info, per_query)) => {
+                for (result, run) in results.iter_mut().zip(per_query) {
+                    result.engines.push(run);
+                }
+                engines.push(info);
+            }
+            Err(skipped) => {
+                log(&format!("{name}: SKIPPED: {skipped}"));
+                engines.push(EngineInfo {
+                    name: name.to_string(),
+                    description: String::new(),
+                    skipped: Some(skipped),
+                });
+            }
+        }
+    }
+
+    Ok(TpchReport {
+        suite: "tpch".into(),
+        scale_factor: sf,
+        mode: options.mode.name().into(),
+        runs,
+        date: today_utc(),
+        commit: git_commit(&options.workspace_root),
+        machine: Machine::detect(gpu_name),
+        bandwidth,
+        engines,
+        queries: results,
+    })
+}
+
+/// Runs every query on one Spate backend. `Err` means the engine could not run at all (it is
+/// reported as skipped); a query that fails is a failed run in the report.
+#[allow(clippy::too_many_arguments)]
+async fn run_spate(
+    kind: EngineKind,
+    backend: Backend,
+    options: &SuiteOptions,
+    queries: &[(usize, &str)],
+    reference: &[Result<Vec<RecordBatch>, String>],
+    runs: usize,
+    bandwidth: &mut Option<Bandwidth>,
+    gpu_name: &mut Option<String>,
+    log: &mut dyn FnMut(&str),
+) -> Result<(EngineInfo, Vec<EngineRun>), String> {
+    let name = kind.name();
+    let engine = spate_engine(backend, options.partitions)?;
+    if kind == EngineKind::SpateGpu && engine.gpu().is_none() {
+        return Err(format!("no GPU backend: {}", engine.backend()));
+    }
+    spate::tpch::register_parquet_dir(&engine, &options.data_dir)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut description = format!("spate {}, {}", env!("CARGO_PKG_VERSION"), engine.backend());
+    if let Some(gpu) = engine.gpu() {
+        let measured = gpu.measure_bandwidth().map_err(|e| e.to_string())?;
+        log(&format!(
+            "{name}: device copy bandwidth {:.1} GB/s ({})",
+            measured.gb_per_s(),
+            measured.backend
+        ));
+        *bandwidth = Some(Bandwidth {
+            backend: measured.backend.clone(),
+            bytes: measured.bytes,
+            median_ms: measured.median_ms,
+            gb_per_s: measured.gb_per_s(),
+        });
+        if gpu.device().kind() == spate::kernels::BackendKind::Cuda {
+            let d = gpu.device().description();
+            *gpu_name = Some(format!("{d}"));
+        }
+    }
+    if options.mode == Mode::Hot {
+        let started = Instant::now();
+        let mut bytes = 0;
+        for table in spate::tpch::TpchTable::ALL {
+            let cached = engine
+                .cache_table(table.name())
+                .await
+                .map_err(|e| format!("CACHE TABLE {}: {e}", table.name()))?;
+            bytes += cached.bytes;
+        }
+        let where_ = if engine.gpu().is_some() {
+            "GPU"
+        } else {
+            "host"
+        };
+        let took = started.elapsed().as_secs_f64();
+        log(&format!(
+            "{name}: cached 8 tables in {where_} memory ({:.1} MB) in {took:.1} s",
+            bytes as f64 / 1e6
+        ));
+        description.push_str(&format!(
+            "; tables cached in {where_} memory ({:.1} MB, loaded in {took:.1} s)",
+            bytes as f64 / 1e6
+        ));
+    }
+    let measured_bandwidth = engine.gpu().and_then(|g| g.bandwidth());
+
+    let mut out = Vec::with_capacity(queries.len());
+    for ((number, sql), want) in queries.iter().zip(reference) {
+        let first = match run_query(&engine, sql).await {
+            Ok(run) => run,
+            Err(e) => {
+                log(&format!("{name} q{number:02}: FAILED: {e}"));
+                out.push(failed(name, format!("failed: {e}")));
+                continue;
+            }
+        };
+        let status = match want {
+            Err(e) => format!("failed: reference failed: {e}"),
+            Ok(want) => match compare_results(want, &first.batches) {
+                Ok(_) => "matched".to_string(),
+                Err(difference) => format!("mismatch: {difference}"),
+            },
+        };
+        let mut execute_ms = Vec::with_capacity(runs);
+        let mut compile_ms_timed = 0.0;
+        let mut last = None;
+        for _ in 0..runs {
+            match run_query(&engine, sql).await {
+                Ok(run) => {
+                    execute_ms.push(ms(run.execute_time_without_compile()));
+                    compile_ms_timed += ms(run.compile.time);
+                    last = Some(run);
+                }
+                Err(e) => {
+                    last = None;
+                    log(&format!("{name} q{number:02}: FAILED on a timed run: {e}"));
+                    break;
+                }
+            }
+        }
+        let Some(last) = last else {
+            out.push(failed(name, "failed: a timed run failed".into()));
+            continue;
+        };
+        let mut run = timed(name, status, last.rows(), execute_ms);
+        run.plan_ms = ms(last.plan_time);
+        run.compile_ms_first = ms(first.compile.time);
+        run.compile_ms_timed = compile_ms_timed;
+        if let Some(bw) = &measured_bandwidth {
+            let traffic = last.device_traffic();
+            let floor_ms = ms(bw.floor(traffic.read_bytes + traffic.write_bytes));
+            run.roofline = Some(Roofline {
+                read_bytes: traffic.read_bytes,
+                write_bytes: traffic.write_bytes,
+                floor_ms,
+                achieved_over_floor: if floor_ms > 0.0 {
+                    run.median_ms / floor_ms
+                } else {
+                    0.0
+                },
+            });
+        }
+        log(&format!(
+            "{name} q{number:02}: {} ({} rows), median {:.2} ms (min {:.2}, max {:.2}), plan {:.2} ms, compile {:.1} ms first / {:.1} ms timed",
+            run.status,
+            run.rows,
+            run.median_ms,
+            run.min_ms,
+            run.max_ms,
+            run.plan_ms,
+            run.compile_ms_first,
+            run.compile_ms_timed
+        ));
+        out.push(run);
+    }
+    Ok((
+        EngineInfo {
+            name: name.to_string(),
+            description,
+            skipped: None,
+        },
+        out,
+    ))
+}
+
+/// Runs every query on DuckDB. `Err` means DuckDB could not run at all.
+fn run_duckdb(
+    options: &SuiteOptions,
+    queries: &[(usize, &str)],
+    reference: &[Result<Vec<RecordBatch>, String>],
+    runs: usize,
+    log: &mut dyn FnMut(&str),
+) -> Result<(EngineInfo, Vec<EngineRun>), String> {
+    let python = crate::duckdb::find_python(options.python.clone(), &options.workspace_root)?;
+    let query_dir = options.workspace_root.join("benches/queries/tpch");
+    let files: Vec<(usize, PathBuf)> = queries
+        .iter()
+        .map(|(n, _)| (*n, query_dir.join(format!("q{n:02}.sql"))))
+        .collect();
+    let script = options.workspace_root.join("scripts/duckdb_bench.py");
+    log("duckdb: running");
+    let run = crate::duckdb::run_duckdb(
+        &python,
+        &script,
+        &options.data_dir,
+        &files,
+        options.mode.name(),
+        runs,
+        None,
+    )?;
+    let mut out = Vec::with_capacity(queries.len());
+    for ((number, _), want) in queries.iter().zip(reference) {
+        let Some(got) = run.queries.iter().find(|q| q.query == *number) else {
+            out.push(failed("duckdb", "failed: no result from DuckDB".into()));
+            continue;
+        };
+        let result = match &got.result {
+            Ok(r) => r,
+            Err(e) => {
+                out.push(failed("duckdb", format!("failed: {e}")));
+                continue;
+            }
+        };
+        let status = match want {
+            Err(e) => format!("failed: reference failed: {e}"),
+            Ok(want) => match crate::cells::cells_from_batches(want)
+                .and_then(|want| crate::cells::compare_cells(&want, &result.rows))
+            {
+                Ok(()) => "matched".to_string(),
+                Err(difference) => format!("mismatch: {difference}"),
+            },
+        };
+        let run = timed("duckdb", status, result.rows.len(), result.times_ms.clone());
+        log(&format!(
+            "duckdb q{number:02}: {} ({} rows), median {:.2} ms (min {:.2}, max {:.2})",
+            run.status, run.rows, run.median_ms, run.min_ms, run.max_ms
+        ));
+        out.push(run);
+    }
+    let mut description = format!("duckdb {}, {} threads", run.version, run.threads);
+    if let Some(load) = run.load_ms {
+        description.push_str(&format!(
+            "; tables loaded into DuckDB memory in {:.1} s",
+            load / 1e3
+        ));
+    }
+    Ok((
+        EngineInfo {
+            name: "duckdb".into(),
+            description,
+            skipped: None,
+        },
+        out,
+    ))
+}
