@@ -230,6 +230,19 @@ impl Session {
                         gpu.fallbacks()
                     ));
                 }
+                let cached = self.engine.cached_tables();
+                if cached.is_empty() {
+                    text.push_str("\ncached tables: none (CACHE TABLE name loads one)");
+                }
+                for t in cached {
+                    text.push_str(&format!(
+                        "\ncached table {}: {} rows, {:.1} MiB in {} memory",
+                        t.name,
+                        t.rows,
+                        t.bytes as f64 / 1048576.0,
+                        t.location
+                    ));
+                }
                 self.print(&text)?;
             }
             _ => {
@@ -369,8 +382,10 @@ const HELP: &str = r"Statements end with ';' and may span lines.
   \d              list tables                (.tables)
   \d NAME         describe a table           (.schema NAME)
   \timing [on|off]  show elapsed time after each statement (.timer)
-  \gpu            show GPUs and the backend in use
+  \gpu            show GPUs, the backend in use and the cached tables
   \?              this help                  (.help)
   \q              quit                       (.quit, Ctrl-D)
 
+CACHE TABLE name loads a table into GPU memory (host memory on the cpu backend)
+for later queries; UNCACHE TABLE name frees it.
 Ctrl-C cancels a running query. Run 'spate --help' for command-line options.";
