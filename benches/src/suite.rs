@@ -276,7 +276,12 @@ pub async fn run_suite(
         mode: options.mode.name().into(),
         runs,
         date: today_utc(),
-        commit: git_commit(&options.workspace_root),
+        // A copy of the tree without its .git (the GPU machine gets one) names the commit it
+        // was built from in SPATE_COMMIT.
+        commit: std::env::var("SPATE_COMMIT")
+            .ok()
+            .filter(|c| !c.trim().is_empty())
+            .unwrap_or_else(|| git_commit(&options.workspace_root)),
         machine: Machine::detect(gpu_name),
         bandwidth,
         engines,
