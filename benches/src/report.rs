@@ -136,6 +136,13 @@ pub struct Roofline {
     pub floor_ms: f64,
     /// Median execution time divided by `floor_ms`.
     pub achieved_over_floor: f64,
+    /// Bytes the plan moved over the bus, host to device: uploads of CPU operators' output
+    /// (in hot mode every one of them is a round trip inside the query).
+    #[serde(default)]
+    pub h2d_bytes: u64,
+    /// Bytes the plan moved over the bus, device to host.
+    #[serde(default)]
+    pub d2h_bytes: u64,
 }
 
 /// Status of a run whose result agreed with the reference; the only runs that count.
@@ -668,6 +675,8 @@ impl TpchReport {
                     run.engine.clone(),
                     fmt_sig(roofline.read_bytes as f64 / 1e6, 3),
                     fmt_sig(roofline.write_bytes as f64 / 1e6, 3),
+                    fmt_sig(roofline.h2d_bytes as f64 / 1e6, 3),
+                    fmt_sig(roofline.d2h_bytes as f64 / 1e6, 3),
                     fmt_ms(roofline.floor_ms),
                     median,
                     achieved,
@@ -682,6 +691,8 @@ impl TpchReport {
             "GPU engine",
             "read MB",
             "written MB",
+            "to GPU MB",
+            "from GPU MB",
             "floor ms",
             "median ms",
             "achieved / floor",
@@ -692,7 +703,9 @@ impl TpchReport {
             String::new(),
             "Device memory traffic of the GPU operators (MB = 10^6 bytes). The floor is the time \
              that traffic takes at the measured bandwidth; achieved / floor is the median over the \
-             floor, so 1× would be a query bound only by memory bandwidth."
+             floor, so 1× would be a query bound only by memory bandwidth. To/from GPU is what \
+             crossed the bus (uploads of CPU operators' output, downloads for CPU operators and \
+             the result)."
                 .to_string(),
             String::new(),
         ];
@@ -1058,6 +1071,8 @@ mod tests {
                 write_bytes: read_bytes / 10,
                 floor_ms,
                 achieved_over_floor: median_ms / floor_ms,
+                h2d_bytes: 0,
+                d2h_bytes: read_bytes / 100,
             }),
             ..run("spate-gpu", median_ms, min_ms, max_ms)
         }
@@ -1250,9 +1265,9 @@ mod tests {
             "**38.5** (4 of 4 matched) |",
             "## Roofline",
             // 1.5 MB at 100 GB/s is 0.015 ms; 2 ms over it is 133×.
-            "| q1 | spate-gpu | 1.50 | 0.150 | 0.0150 | 2.00 | 133× |",
-            "| q9 | spate-gpu | 1.00 | 0.100 | 0.0100 | failed: out of memory \\| on device retry | — |",
-            "| Query | GPU engine | read MB | written MB | floor ms | median ms | achieved / floor |\n| --- | --- | ---: |",
+            "| q1 | spate-gpu | 1.50 | 0.150 | 0 | 0.0150 | 0.0150 | 2.00 | 133× |",
+            "| q9 | spate-gpu | 1.00 | 0.100 | 0 | 0.0100 | 0.0100 | failed: out of memory \\| on device retry | — |",
+            "| Query | GPU engine | read MB | written MB | to GPU MB | from GPU MB | floor ms | median ms | achieved / floor |\n| --- | --- | ---: |",
             "## Kernel compile time, ms",
             "| Query | spate-gpu first run |",
             "| q3 | 150 |",

@@ -57,6 +57,10 @@ pub struct DeviceTraffic {
     pub read_bytes: u64,
     /// Bytes of device batches produced.
     pub write_bytes: u64,
+    /// Bytes uploaded from the host (CPU operators' output read by GPU operators).
+    pub h2d_bytes: u64,
+    /// Bytes downloaded to the host (GPU operators' output read by CPU operators).
+    pub d2h_bytes: u64,
 }
 
 fn add_traffic(plan: &dyn ExecutionPlan, traffic: &mut DeviceTraffic) {
@@ -67,6 +71,8 @@ fn add_traffic(plan: &dyn ExecutionPlan, traffic: &mut DeviceTraffic) {
         };
         traffic.read_bytes += count(spate::exec::DEV_READ_BYTES);
         traffic.write_bytes += count(spate::exec::DEV_WRITE_BYTES);
+        traffic.h2d_bytes += count("h2d_bytes");
+        traffic.d2h_bytes += count("d2h_bytes");
     }
     for child in plan.children() {
         add_traffic(child.as_ref(), traffic);

@@ -411,6 +411,8 @@ async fn run_spate(
                 } else {
                     0.0
                 },
+                h2d_bytes: traffic.h2d_bytes,
+                d2h_bytes: traffic.d2h_bytes,
             });
         }
         log(&format!(

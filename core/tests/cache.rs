@@ -157,6 +157,36 @@ async fn gpu_cache_reads_device_memory_and_matches_the_cpu() {
     assert_eq!(text(&gpu.collect(QUERY).await.unwrap()), want);
 }
 
+/// TPC-H Q3 over cached tables: the join build sides are merged from their partitions on the
+/// device (`GpuCoalescePartitionsExec`), so no join uploads anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_merge_on_the_device_under_a_join() {
+    let sql = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../benches/queries/tpch/q03.sql"
+    ))
+    .unwrap();
+    let cpu = engine(Backend::Cpu);
+    let gpu = engine(Backend::Emulated);
+    for table in ["lineitem", "orders", "customer"] {
+        gpu.cache_table(table).await.unwrap();
+    }
+    assert_eq!(
+        text(&gpu.collect(&sql).await.unwrap()),
+        text(&cpu.collect(&sql).await.unwrap())
+    );
+    let plan = text(
+        &gpu.collect(&format!("EXPLAIN ANALYZE {sql}"))
+            .await
+            .unwrap(),
+    );
+    assert!(plan.contains("GpuCoalescePartitionsExec"), "{plan}");
+    assert!(!plan.contains(" CoalescePartitionsExec"), "{plan}");
+    for line in plan.lines().filter(|l| l.contains("GpuHashJoinExec")) {
+        assert!(line.contains("h2d_bytes=0"), "{line}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gpu_cache_over_the_device_budget_fails_cleanly() {
     let gpu = Engine::builder()

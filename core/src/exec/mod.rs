@@ -12,6 +12,7 @@
 
 pub mod aggregate;
 pub mod cache;
+pub mod coalesce;
 pub mod filter;
 pub mod join;
 pub mod projection;
@@ -39,6 +40,7 @@ use crate::device::GpuContext;
 
 pub use aggregate::GpuAggregateExec;
 pub use cache::GpuCachedScanExec;
+pub use coalesce::GpuCoalescePartitionsExec;
 pub use filter::GpuFilterExec;
 pub use join::GpuHashJoinExec;
 pub use projection::GpuProjectionExec;
@@ -94,6 +96,9 @@ pub fn as_gpu_exec(plan: &dyn ExecutionPlan) -> Option<&dyn GpuExec> {
         return Some(j);
     }
     if let Some(c) = plan.downcast_ref::<GpuCachedScanExec>() {
+        return Some(c);
+    }
+    if let Some(c) = plan.downcast_ref::<GpuCoalescePartitionsExec>() {
         return Some(c);
     }
     None
@@ -291,17 +296,26 @@ pub(crate) struct TransferMetrics {
     pub(crate) h2d_bytes: Count,
     pub(crate) d2h_bytes: Count,
     pub(crate) transfer_time: Time,
-    /// Bytes of the device batches the operator consumed (see [`roofline`]).
-    pub(crate) dev_read_bytes: Count,
+    /// Bytes of the device batches the operator consumed (see [`roofline`]); `None` for an
+    /// operator that only passes batches through.
+    pub(crate) dev_read_bytes: Option<Count>,
 }
 
 impl TransferMetrics {
     pub(crate) fn new(metrics: &ExecutionPlanMetricsSet, partition: usize) -> Self {
         TransferMetrics {
+            dev_read_bytes: Some(MetricBuilder::new(metrics).counter(DEV_READ_BYTES, partition)),
+            ..TransferMetrics::passing_through(metrics, partition)
+        }
+    }
+
+    /// For an operator that passes device batches through (they are not read by it).
+    pub(crate) fn passing_through(metrics: &ExecutionPlanMetricsSet, partition: usize) -> Self {
+        TransferMetrics {
             h2d_bytes: MetricBuilder::new(metrics).counter("h2d_bytes", partition),
             d2h_bytes: MetricBuilder::new(metrics).counter("d2h_bytes", partition),
             transfer_time: MetricBuilder::new(metrics).subset_time("transfer_time", partition),
-            dev_read_bytes: MetricBuilder::new(metrics).counter(DEV_READ_BYTES, partition),
+            dev_read_bytes: None,
         }
     }
 }
@@ -321,6 +335,9 @@ pub(crate) fn device_input(
 ) -> DFResult<DeviceBatchStream> {
     let read = metrics.dev_read_bytes.clone();
     let count_read = move |batches: DeviceBatchStream| -> DeviceBatchStream {
+        let Some(read) = read else {
+            return batches;
+        };
         Box::pin(batches.map(move |batch| {
             if let Ok(b) = &batch {
                 read.add(b.device_bytes());

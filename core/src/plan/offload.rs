@@ -21,6 +21,7 @@ use datafusion::error::{DataFusionError, Result as DFResult};
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::AggregateExec;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::projection::ProjectionExec;
@@ -30,7 +31,8 @@ use datafusion::physical_plan::{ExecutionPlan, replace_children_if_necessary};
 use crate::config::{FallbackPolicy, SpateOptions};
 use crate::device::GpuContext;
 use crate::exec::{
-    GpuAggregateExec, GpuFilterExec, GpuHashJoinExec, GpuProjectionExec, GpuSortExec, as_gpu_exec,
+    GpuAggregateExec, GpuCoalescePartitionsExec, GpuFilterExec, GpuHashJoinExec, GpuProjectionExec,
+    GpuSortExec, as_gpu_exec,
 };
 
 /// Operators that move or read data but compute nothing a GPU would do for them.
@@ -267,6 +269,13 @@ impl PhysicalOptimizerRule for GpuOffloadRule {
             .map(|o| o.gpu.fallback)
             .unwrap_or_default();
         plan.transform_up(|node| {
+            // Merging partitions of a GPU input stays on the device (no round trip over the
+            // bus); over a CPU input it is host plumbing like any other exchange.
+            if let Some(coalesce) = node.downcast_ref::<CoalescePartitionsExec>()
+                && let Ok(gpu) = GpuCoalescePartitionsExec::try_new(Arc::new(coalesce.clone()))
+            {
+                return Ok(Transformed::yes(Arc::new(gpu) as Arc<dyn ExecutionPlan>));
+            }
             if as_gpu_exec(node.as_ref()).is_some() || PLUMBING.contains(&node.name()) {
                 return Ok(Transformed::no(node));
             }
