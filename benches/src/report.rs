@@ -578,6 +578,9 @@ impl TpchReport {
         for engine in &self.engines {
             lines.push(match &engine.skipped {
                 None => format!("  - `{}`: {}", engine.name, engine.description),
+                Some(reason) if engine.description.is_empty() => {
+                    format!("  - `{}`: skipped: {reason}", engine.name)
+                }
                 Some(reason) => format!(
                     "  - `{}`: {} (skipped: {reason})",
                     engine.name, engine.description

@@ -430,9 +430,8 @@ impl Engine {
                 _ => {}
             }
         }
-        if self.gpu.is_some()
+        if let Some(gpu) = &self.gpu
             && matches!(&statement, Statement::Explain(e) if e.options.analyze)
-            && let Some(gpu) = &self.gpu
         {
             // EXPLAIN ANALYZE reports each GPU operator's roofline floor at the measured
             // bandwidth; measure it before the query runs (once per session).
