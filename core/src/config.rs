@@ -170,6 +170,21 @@ impl ConfigExtension for SpateOptions {
     const PREFIX: &'static str = "spate";
 }
 
+impl SpateOptions {
+    /// `spate.gpu.batch_bytes` of a session's options (the default where Spate's options are
+    /// not registered), at least 1.
+    pub fn gpu_batch_bytes(options: &datafusion::common::config::ConfigOptions) -> usize {
+        options
+            .extensions
+            .get::<SpateOptions>()
+            .map_or_else(
+                || SpateOptions::default().gpu.batch_bytes,
+                |o| o.gpu.batch_bytes,
+            )
+            .max(1)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -466,17 +466,8 @@ impl Engine {
         let (provider, cached): (Arc<dyn datafusion::datasource::TableProvider>, CachedTable) =
             match &self.gpu {
                 Some(gpu) => {
-                    let batch_bytes = self
-                        .ctx
-                        .state()
-                        .config()
-                        .options()
-                        .extensions
-                        .get::<SpateOptions>()
-                        .map_or_else(
-                            || SpateOptions::default().gpu.batch_bytes,
-                            |o| o.gpu.batch_bytes,
-                        );
+                    let batch_bytes =
+                        SpateOptions::gpu_batch_bytes(self.ctx.state().config().options());
                     let gpu = Arc::clone(gpu);
                     let table = tokio::task::spawn_blocking(move || {
                         crate::exec::cache::DeviceTable::load(&gpu, schema, partitions, batch_bytes)

@@ -350,16 +350,7 @@ pub(crate) fn device_input(
             execute_device_counted(gpu, partition, Arc::clone(context), Arc::clone(stream))?;
         return Ok(count_read(batches));
     }
-    let target = context
-        .session_config()
-        .options()
-        .extensions
-        .get::<SpateOptions>()
-        .map_or_else(
-            || SpateOptions::default().gpu.batch_bytes,
-            |o| o.gpu.batch_bytes,
-        )
-        .max(1);
+    let target = SpateOptions::gpu_batch_bytes(context.session_config().options());
     let host = input.execute(partition, Arc::clone(context))?;
     Ok(count_read(upload_stream(
         host,
