@@ -70,12 +70,20 @@ fn decimal_text(value: i128, scale: u32) -> String {
 
 /// All rows of `batches`, in order, as cells. Batch boundaries do not matter.
 pub fn cells_from_batches(batches: &[RecordBatch]) -> Result<Vec<Vec<Cell>>, String> {
+    rows_of(batches, column_cells)
+}
+
+/// All rows of `batches`, in order, with each column turned into values by `column`.
+pub(crate) fn rows_of<C: Clone>(
+    batches: &[RecordBatch],
+    column: impl Fn(&dyn Array) -> Result<Vec<C>, String>,
+) -> Result<Vec<Vec<C>>, String> {
     let mut rows = Vec::new();
     for batch in batches {
-        let columns: Vec<Vec<Cell>> = batch
+        let columns: Vec<Vec<C>> = batch
             .columns()
             .iter()
-            .map(|c| column_cells(c.as_ref()))
+            .map(|c| column(c.as_ref()))
             .collect::<Result<_, _>>()?;
         for r in 0..batch.num_rows() {
             rows.push(columns.iter().map(|c| c[r].clone()).collect());

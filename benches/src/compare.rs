@@ -80,18 +80,7 @@ impl Cell {
 }
 
 fn cells(batches: &[RecordBatch]) -> Result<Vec<Vec<Cell>>, String> {
-    let mut rows = Vec::new();
-    for batch in batches {
-        let columns: Vec<Vec<Cell>> = batch
-            .columns()
-            .iter()
-            .map(|c| column_cells(c.as_ref()))
-            .collect::<Result<_, _>>()?;
-        for r in 0..batch.num_rows() {
-            rows.push(columns.iter().map(|c| c[r].clone()).collect());
-        }
-    }
-    Ok(rows)
+    crate::cells::rows_of(batches, column_cells)
 }
 
 fn column_cells(array: &dyn Array) -> Result<Vec<Cell>, String> {
