@@ -187,10 +187,13 @@ fn spate_engine(backend: Backend, partitions: Option<usize>) -> Result<Engine, S
     builder.build().map_err(|e| e.to_string())
 }
 
-/// Runs the suite and returns its report (not yet written to files).
+/// Runs the suite and returns its report (not yet written to files). `on_engine` is given the
+/// report so far after each engine finishes, so a run cut short (a time limit on a lent GPU
+/// machine) still leaves the engines that finished.
 pub async fn run_suite(
     options: &SuiteOptions,
     log: &mut dyn FnMut(&str),
+    on_engine: &mut dyn FnMut(&TpchReport),
 ) -> Result<TpchReport, String> {
     let sf = options.scale_factor;
     ensure_data(sf, &options.data_dir, log)?;
@@ -218,15 +221,29 @@ pub async fn run_suite(
     }
     drop(reference_engine);
 
-    let mut engines = Vec::new();
-    let mut results: Vec<QueryResult> = queries
-        .iter()
-        .map(|(n, _)| QueryResult {
-            query: *n,
-            engines: Vec::new(),
-        })
-        .collect();
-    let mut bandwidth = None;
+    let mut report = TpchReport {
+        suite: "tpch".into(),
+        scale_factor: sf,
+        mode: options.mode.name().into(),
+        runs,
+        date: today_utc(),
+        // A copy of the tree without its .git (the GPU machine gets one) names the commit it
+        // was built from in SPATE_COMMIT.
+        commit: std::env::var("SPATE_COMMIT")
+            .ok()
+            .filter(|c| !c.trim().is_empty())
+            .unwrap_or_else(|| git_commit(&options.workspace_root)),
+        machine: Machine::detect(None),
+        bandwidth: None,
+        engines: Vec::new(),
+        queries: queries
+            .iter()
+            .map(|(n, _)| QueryResult {
+                query: *n,
+                engines: Vec::new(),
+            })
+            .collect(),
+    };
     let mut gpu_name = None;
 
     for kind in &options.engines {
@@ -244,7 +261,7 @@ pub async fn run_suite(
                     &queries,
                     &reference,
                     runs,
-                    &mut bandwidth,
+                    &mut report.bandwidth,
                     &mut gpu_name,
                     log,
                 )
@@ -254,39 +271,26 @@ pub async fn run_suite(
         };
         match outcome {
             Ok((info, per_query)) => {
-                for (result, run) in results.iter_mut().zip(per_query) {
+                for (result, run) in report.queries.iter_mut().zip(per_query) {
                     result.engines.push(run);
                 }
-                engines.push(info);
+                report.engines.push(info);
             }
             Err(skipped) => {
                 log(&format!("{name}: SKIPPED: {skipped}"));
-                engines.push(EngineInfo {
+                report.engines.push(EngineInfo {
                     name: name.to_string(),
                     description: String::new(),
                     skipped: Some(skipped),
                 });
             }
         }
+        if gpu_name.is_some() {
+            report.machine = Machine::detect(gpu_name.clone());
+        }
+        on_engine(&report);
     }
-
-    Ok(TpchReport {
-        suite: "tpch".into(),
-        scale_factor: sf,
-        mode: options.mode.name().into(),
-        runs,
-        date: today_utc(),
-        // A copy of the tree without its .git (the GPU machine gets one) names the commit it
-        // was built from in SPATE_COMMIT.
-        commit: std::env::var("SPATE_COMMIT")
-            .ok()
-            .filter(|c| !c.trim().is_empty())
-            .unwrap_or_else(|| git_commit(&options.workspace_root)),
-        machine: Machine::detect(gpu_name),
-        bandwidth,
-        engines,
-        queries: results,
-    })
+    Ok(report)
 }
 
 /// Runs every query on one Spate backend. `Err` means the engine could not run at all (it is

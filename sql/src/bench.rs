@@ -120,7 +120,14 @@ fn benchmark(args: TpchArgs) -> Result<ExitCode, String> {
         workspace_root: root,
     };
     let mut log = |line: &str| println!("{line}");
-    let report = runtime.block_on(run_suite(&options, &mut log))?;
+    // Files are rewritten after each engine, so a run stopped early keeps what finished.
+    let out = args.out.clone();
+    let mut on_engine = |partial: &spate_bench::report::TpchReport| {
+        if let Err(e) = partial.write_files(&out) {
+            eprintln!("warning: cannot write the result files so far: {e}");
+        }
+    };
+    let report = runtime.block_on(run_suite(&options, &mut log, &mut on_engine))?;
     let written = report.write_files(&args.out)?;
     println!();
     for summary in report.summaries() {
