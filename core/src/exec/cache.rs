@@ -27,19 +27,19 @@ use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{Statistics, project_schema};
 use datafusion::datasource::{TableProvider, TableType};
 use datafusion::error::{DataFusionError, Result as DFResult};
-use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::execution::TaskContext;
 use datafusion::logical_expr::Expr;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType, SchedulingType};
-use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::statistics::StatisticsArgs;
 use datafusion::physical_plan::{
-    ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning,
-    PlanProperties, ReplaceChildrenOptions,
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+    ReplaceChildrenOptions,
 };
 use spate_kernels::Stream as DeviceStream;
 
-use super::{DeviceBatchStream, GpuExec, execute_for_host};
+use super::{DeviceBatchStream, GpuExec};
 use crate::column::{DeviceBatch, upload_batch};
 use crate::device::GpuContext;
 use crate::error::{Result, SpateError};
@@ -313,28 +313,7 @@ impl ExecutionPlan for GpuCachedScanExec {
         Ok(self)
     }
 
-    #[allow(deprecated)]
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> DFResult<Arc<dyn ExecutionPlan>> {
-        self.replace_children(
-            children,
-            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
-        )
-    }
-
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> DFResult<SendableRecordBatchStream> {
-        execute_for_host(self, partition, context, &self.metrics)
-    }
-
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
-    }
+    crate::exec::gpu_plan_methods!();
 
     fn statistics_from_inputs(
         &self,

@@ -19,20 +19,17 @@ use std::sync::Arc;
 
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::Result as DFResult;
-use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
-use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::{
-    ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties,
-    PlanProperties, ReplaceChildrenOptions,
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
+    ReplaceChildrenOptions,
 };
 use spate_kernels::Stream as DeviceStream;
 
-use super::{
-    DeviceBatchStream, GpuExec, TransferMetrics, as_gpu_exec, device_input, execute_for_host,
-    rebuild_gpu,
-};
+use super::{DeviceBatchStream, GpuExec, TransferMetrics, as_gpu_exec, device_input, rebuild_gpu};
 use crate::expr::Unsupported;
 
 /// Merges a GPU input's partitions into one partition, on the device.
@@ -103,28 +100,7 @@ impl ExecutionPlan for GpuCoalescePartitionsExec {
         Self::rebuild(cpu)
     }
 
-    #[allow(deprecated)]
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> DFResult<Arc<dyn ExecutionPlan>> {
-        self.replace_children(
-            children,
-            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
-        )
-    }
-
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> DFResult<SendableRecordBatchStream> {
-        execute_for_host(self, partition, context, &self.metrics)
-    }
-
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
-    }
+    crate::exec::gpu_plan_methods!();
 }
 
 impl GpuExec for GpuCoalescePartitionsExec {

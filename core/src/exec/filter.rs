@@ -14,22 +14,22 @@ use std::sync::Arc;
 
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result as DFResult};
-use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::execution_plan::CardinalityEffect;
 use datafusion::physical_plan::filter::FilterExec;
-use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet};
 use datafusion::physical_plan::{
-    ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties,
-    ReplaceChildrenOptions, apply_expression_roots,
+    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, ReplaceChildrenOptions,
+    apply_expression_roots,
 };
 use futures::StreamExt;
 use spate_kernels::Stream as DeviceStream;
 use spate_kernels::compact::{self, Mask};
 
 use super::{
-    DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, device_input, execute_for_host,
-    gpu_context, rebuild_gpu, to_df,
+    DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, device_input, gpu_context,
+    rebuild_gpu, to_df,
 };
 use crate::column::{DeviceBatch, gather_column};
 use crate::expr::{PredicateKernel, Unsupported, evaluate_predicate, predicate_kernel};
@@ -118,28 +118,7 @@ impl ExecutionPlan for GpuFilterExec {
         Self::rebuild(cpu)
     }
 
-    #[allow(deprecated)]
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> DFResult<Arc<dyn ExecutionPlan>> {
-        self.replace_children(
-            children,
-            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
-        )
-    }
-
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> DFResult<SendableRecordBatchStream> {
-        execute_for_host(self, partition, context, &self.metrics)
-    }
-
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
-    }
+    crate::exec::gpu_plan_methods!();
 
     fn cardinality_effect(&self) -> CardinalityEffect {
         CardinalityEffect::LowerEqual

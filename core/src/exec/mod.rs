@@ -10,6 +10,42 @@
 //! One device stream serves one partition of a GPU subtree: the topmost GPU operator creates
 //! it and passes it down, so every kernel and copy of that partition is ordered on it.
 
+/// The `ExecutionPlan` methods every GPU operator implements alike: `with_new_children` through
+/// its `replace_children`, `execute` as its device batches downloaded for a CPU parent, and
+/// `metrics`. For use inside `impl ExecutionPlan for …` of an operator with a
+/// `metrics: ExecutionPlanMetricsSet` field.
+macro_rules! gpu_plan_methods {
+    () => {
+        #[allow(deprecated)]
+        fn with_new_children(
+            self: ::std::sync::Arc<Self>,
+            children: Vec<::std::sync::Arc<dyn ::datafusion::physical_plan::ExecutionPlan>>,
+        ) -> ::datafusion::error::Result<
+            ::std::sync::Arc<dyn ::datafusion::physical_plan::ExecutionPlan>,
+        > {
+            self.replace_children(
+                children,
+                ::datafusion::physical_plan::ReplaceChildrenOptions::new(
+                    ::datafusion::physical_plan::ChildrenPropertiesMode::Recompute,
+                ),
+            )
+        }
+
+        fn execute(
+            &self,
+            partition: usize,
+            context: ::std::sync::Arc<::datafusion::execution::TaskContext>,
+        ) -> ::datafusion::error::Result<::datafusion::execution::SendableRecordBatchStream> {
+            $crate::exec::execute_for_host(self, partition, context, &self.metrics)
+        }
+
+        fn metrics(&self) -> Option<::datafusion::physical_plan::metrics::MetricsSet> {
+            Some(self.metrics.clone_inner())
+        }
+    };
+}
+pub(crate) use gpu_plan_methods;
+
 pub mod aggregate;
 pub mod cache;
 pub mod coalesce;

@@ -17,22 +17,22 @@ use std::sync::Arc;
 use arrow::datatypes::DataType;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::Result as DFResult;
-use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::Column;
-use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet};
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::{
-    ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan,
-    InputDistributionRequirements, PlanProperties, ReplaceChildrenOptions,
+    DisplayAs, DisplayFormatType, ExecutionPlan, InputDistributionRequirements, PlanProperties,
+    ReplaceChildrenOptions,
 };
 use futures::TryStreamExt;
 use spate_kernels::sort::{self as ks, SortKeySource};
 use spate_kernels::{DeviceBuffer, DeviceSlice, Stream as DeviceStream, gather};
 
 use super::{
-    DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, device_input, execute_for_host,
-    gpu_context, rebuild_gpu, to_df,
+    DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, device_input, gpu_context,
+    rebuild_gpu, to_df,
 };
 use crate::column::{DeviceBatch, DeviceValues, concat_device_batches, gather_column};
 use crate::error::{Result, SpateError};
@@ -375,28 +375,7 @@ impl ExecutionPlan for GpuSortExec {
         Self::rebuild(cpu)
     }
 
-    #[allow(deprecated)]
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> DFResult<Arc<dyn ExecutionPlan>> {
-        self.replace_children(
-            children,
-            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
-        )
-    }
-
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> DFResult<SendableRecordBatchStream> {
-        execute_for_host(self, partition, context, &self.metrics)
-    }
-
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
-    }
+    crate::exec::gpu_plan_methods!();
 
     fn fetch(&self) -> Option<usize> {
         self.cpu.fetch()

@@ -41,17 +41,17 @@ use std::sync::Arc;
 use arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::Result as DFResult;
-use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::{Column, Literal};
 use datafusion::physical_plan::aggregates::{
     AggregateExec, AggregateInputMode, AggregateMode, AggregateOutputMode,
 };
 use datafusion::physical_plan::execution_plan::CardinalityEffect;
-use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet};
 use datafusion::physical_plan::{
-    ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan,
-    InputDistributionRequirements, InputOrderMode, PlanProperties, ReplaceChildrenOptions,
+    DisplayAs, DisplayFormatType, ExecutionPlan, InputDistributionRequirements, InputOrderMode,
+    PlanProperties, ReplaceChildrenOptions,
 };
 use futures::{StreamExt, TryStreamExt};
 use spate_kernels::gather::bitmap_bytes;
@@ -59,8 +59,8 @@ use spate_kernels::{DeviceBuffer, Kernel, KernelArg, LaunchConfig, Stream as Dev
 
 use self::codegen::{AggProgram, AggSpec, Out, Slot, SlotKind};
 use super::{
-    DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, device_input, execute_for_host,
-    gpu_context, rebuild_gpu, to_df,
+    DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, device_input, gpu_context,
+    rebuild_gpu, to_df,
 };
 use crate::column::{
     DeviceBatch, DeviceBytes, DeviceColumn, DeviceValidity, DeviceValues, concat_device_batches,
@@ -841,28 +841,7 @@ impl ExecutionPlan for GpuAggregateExec {
         Self::rebuild(cpu)
     }
 
-    #[allow(deprecated)]
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> DFResult<Arc<dyn ExecutionPlan>> {
-        self.replace_children(
-            children,
-            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
-        )
-    }
-
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> DFResult<SendableRecordBatchStream> {
-        execute_for_host(self, partition, context, &self.metrics)
-    }
-
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
-    }
+    crate::exec::gpu_plan_methods!();
 }
 
 impl GpuExec for GpuAggregateExec {

@@ -32,14 +32,14 @@ use arrow::record_batch::RecordBatch;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{JoinSide, JoinType, NullEquality};
 use datafusion::error::Result as DFResult;
-use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
-use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet};
 use datafusion::physical_plan::{
-    ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan,
-    InputDistributionRequirements, PlanProperties, ReplaceChildrenOptions,
+    DisplayAs, DisplayFormatType, ExecutionPlan, InputDistributionRequirements, PlanProperties,
+    ReplaceChildrenOptions,
 };
 use futures::{StreamExt, TryStreamExt};
 use spate_kernels::compact::{self, Mask};
@@ -48,8 +48,8 @@ use spate_kernels::{DeviceBuffer, DeviceSlice, KernelArg, Stream as DeviceStream
 use self::codegen::JoinProgram;
 use super::aggregate::{Grouping, Kernels, build_table, launch};
 use super::{
-    DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, device_input, execute_for_host,
-    gpu_context, to_df,
+    DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, device_input, gpu_context,
+    to_df,
 };
 use crate::column::{
     DeviceBatch, DeviceColumn, concat_device_batches, gather_column, gather_column_or_null,
@@ -913,28 +913,7 @@ impl ExecutionPlan for GpuHashJoinExec {
         Self::rebuild(cpu)
     }
 
-    #[allow(deprecated)]
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> DFResult<Arc<dyn ExecutionPlan>> {
-        self.replace_children(
-            children,
-            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
-        )
-    }
-
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> DFResult<SendableRecordBatchStream> {
-        execute_for_host(self, partition, context, &self.metrics)
-    }
-
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
-    }
+    crate::exec::gpu_plan_methods!();
 
     fn fetch(&self) -> Option<usize> {
         self.fetch
