@@ -376,6 +376,13 @@ impl Engine {
         Ok(())
     }
 
+    /// Registers a DataFrame's plan as the view `name`: queries that read it run the plan.
+    pub fn register_view(&self, name: &str, df: DataFrame) -> Result<()> {
+        let table = table_reference(name)?;
+        self.ctx.register_table(table, df.into_view())?;
+        Ok(())
+    }
+
     /// Removes a table; returns whether it existed.
     pub fn deregister(&self, name: &str) -> Result<bool> {
         Ok(self.ctx.deregister_table(table_reference(name)?)?.is_some())
@@ -438,6 +445,22 @@ impl Engine {
             gpu.measure_bandwidth()?;
         }
         let plan = self.ctx.state().statement_to_plan(statement).await?;
+        self.execute_plan(plan).await
+    }
+
+    /// `EXPLAIN` for a DataFrame built through the API rather than SQL: the same output as the
+    /// SQL statement, including where each operator runs on a GPU backend.
+    pub async fn explain(&self, df: DataFrame, verbose: bool, analyze: bool) -> Result<DataFrame> {
+        if analyze && let Some(gpu) = &self.gpu {
+            gpu.measure_bandwidth()?;
+        }
+        let plan = df.explain(verbose, analyze)?.into_unoptimized_plan();
+        self.execute_plan(plan).await
+    }
+
+    /// Runs DDL or turns a query plan into a lazy DataFrame, annotating plain `EXPLAIN` with
+    /// operator placement on GPU backends.
+    async fn execute_plan(&self, plan: LogicalPlan) -> Result<DataFrame> {
         if self.gpu.is_some()
             && let LogicalPlan::Explain(explain) = &plan
             && !explain.verbose

@@ -1,0 +1,194 @@
+//! `spate._spate.Expr`: a DataFusion logical expression, built from Python.
+//!
+//! The Python package (`spate/frame.py`) gives these pandas-like operators and names; this
+//! class only offers the building blocks: columns, literals (imported from a one-element
+//! pyarrow array, so every Arrow type pyarrow infers is a literal), operators, casts and the
+//! scalar and aggregate functions DataFusion ships, looked up by name.
+
+use std::sync::{Arc, OnceLock};
+
+use arrow_pyarrow::PyArrowType;
+use pyo3::prelude::*;
+use spate::arrow::array::{ArrayData, make_array};
+use spate::arrow::datatypes::DataType;
+use spate::datafusion::common::{Column, ScalarValue};
+use spate::datafusion::logical_expr::expr::AggregateFunction;
+use spate::datafusion::logical_expr::{
+    AggregateUDF, BinaryExpr, Expr, ExprFunctionExt, Operator, ScalarUDF, SortExpr, cast,
+};
+
+use spate::datafusion::functions::all_default_functions;
+use spate::datafusion::functions_aggregate::all_default_aggregate_functions;
+
+use crate::errors::{self, IntoPyResult, Origin};
+
+/// A column expression. Immutable: every method returns a new expression.
+#[pyclass(name = "Expr", module = "spate._spate", frozen, from_py_object)]
+#[derive(Debug, Clone)]
+pub struct PyExpr {
+    pub(crate) expr: Expr,
+}
+
+impl From<Expr> for PyExpr {
+    fn from(expr: Expr) -> Self {
+        PyExpr { expr }
+    }
+}
+
+fn scalar_functions() -> &'static [Arc<ScalarUDF>] {
+    static FUNCTIONS: OnceLock<Vec<Arc<ScalarUDF>>> = OnceLock::new();
+    FUNCTIONS.get_or_init(all_default_functions)
+}
+
+fn aggregate_functions() -> &'static [Arc<AggregateUDF>] {
+    static FUNCTIONS: OnceLock<Vec<Arc<AggregateUDF>>> = OnceLock::new();
+    FUNCTIONS.get_or_init(all_default_aggregate_functions)
+}
+
+fn exprs(args: Vec<PyExpr>) -> Vec<Expr> {
+    args.into_iter().map(|a| a.expr).collect()
+}
+
+#[pymethods]
+impl PyExpr {
+    /// The column `name`, taken verbatim (no case folding, dots are part of the name).
+    #[staticmethod]
+    fn col(name: &str) -> Self {
+        Expr::Column(Column::from_name(name)).into()
+    }
+
+    /// The column `name` of the input aliased `relation` (used after joins).
+    #[staticmethod]
+    fn qualified(relation: &str, name: &str) -> Self {
+        Expr::Column(Column::new(Some(relation), name)).into()
+    }
+
+    /// A literal: the first value of a one-element pyarrow array (so its type is exactly the
+    /// array's).
+    #[staticmethod]
+    fn lit(value: PyArrowType<ArrayData>) -> PyResult<Self> {
+        let array = make_array(value.0);
+        if array.len() != 1 {
+            return Err(errors::invalid(format!(
+                "a literal is a one-element array, got {} elements",
+                array.len()
+            )));
+        }
+        let scalar = ScalarValue::try_from_array(&array, 0).py(Origin::Frame)?;
+        Ok(Expr::Literal(scalar, None).into())
+    }
+
+    /// `self <op> other` for op in + - * / % == != < <= > >= & |.
+    fn binary(&self, op: &str, other: &PyExpr) -> PyResult<Self> {
+        let op = match op {
+            "+" => Operator::Plus,
+            "-" => Operator::Minus,
+            "*" => Operator::Multiply,
+            "/" => Operator::Divide,
+            "%" => Operator::Modulo,
+            "==" => Operator::Eq,
+            "!=" => Operator::NotEq,
+            "<" => Operator::Lt,
+            "<=" => Operator::LtEq,
+            ">" => Operator::Gt,
+            ">=" => Operator::GtEq,
+            "&" => Operator::And,
+            "|" => Operator::Or,
+            other => {
+                return Err(errors::invalid(format!(
+                    "unknown operator '{other}': expected one of + - * / % == != < <= > >= & |"
+                )));
+            }
+        };
+        Ok(Expr::BinaryExpr(BinaryExpr::new(
+            Box::new(self.expr.clone()),
+            op,
+            Box::new(other.expr.clone()),
+        ))
+        .into())
+    }
+
+    /// `-self`.
+    fn negate(&self) -> Self {
+        Expr::Negative(Box::new(self.expr.clone())).into()
+    }
+
+    /// `NOT self`.
+    fn invert(&self) -> Self {
+        Expr::Not(Box::new(self.expr.clone())).into()
+    }
+
+    /// `self IS NULL`.
+    fn is_null(&self) -> Self {
+        self.expr.clone().is_null().into()
+    }
+
+    /// `self IS NOT NULL`.
+    fn is_not_null(&self) -> Self {
+        self.expr.clone().is_not_null().into()
+    }
+
+    /// `self IN (values...)`, or `NOT IN` when `negated`.
+    #[pyo3(signature = (values, negated = false))]
+    fn isin(&self, values: Vec<PyExpr>, negated: bool) -> Self {
+        self.expr.clone().in_list(exprs(values), negated).into()
+    }
+
+    /// `CAST(self AS type)`.
+    fn cast(&self, data_type: PyArrowType<DataType>) -> Self {
+        cast(self.expr.clone(), data_type.0).into()
+    }
+
+    /// The same expression under the output name `name`.
+    fn alias(&self, name: &str) -> Self {
+        self.expr.clone().alias(name).into()
+    }
+
+    /// A call of DataFusion's scalar function `name` (e.g. `upper`, `starts_with`,
+    /// `regexp_like`, `coalesce`, `round`).
+    #[staticmethod]
+    fn function(name: &str, args: Vec<PyExpr>) -> PyResult<Self> {
+        let udf = scalar_functions()
+            .iter()
+            .find(|f| f.name() == name || f.aliases().iter().any(|a| a == name))
+            .ok_or_else(|| errors::invalid(format!("unknown scalar function '{name}'")))?;
+        Ok(udf.call(exprs(args)).into())
+    }
+
+    /// A call of DataFusion's aggregate function `name` (e.g. `sum`, `avg`, `count`, `min`,
+    /// `max`, `median`, `stddev`, `var_samp`), over distinct values when `distinct`.
+    #[staticmethod]
+    #[pyo3(signature = (name, args, distinct = false))]
+    fn aggregate(name: &str, args: Vec<PyExpr>, distinct: bool) -> PyResult<Self> {
+        let udaf = aggregate_functions()
+            .iter()
+            .find(|f| f.name() == name || f.aliases().iter().any(|a| a == name))
+            .ok_or_else(|| errors::invalid(format!("unknown aggregate function '{name}'")))?;
+        let call = Expr::AggregateFunction(AggregateFunction::new_udf(
+            Arc::clone(udaf),
+            exprs(args),
+            false,
+            None,
+            vec![],
+            None,
+        ));
+        if distinct {
+            return call.distinct().build().py(Origin::Frame).map(Into::into);
+        }
+        Ok(call.into())
+    }
+
+    /// The name DataFusion gives this expression's output column.
+    fn output_name(&self) -> PyResult<String> {
+        Ok(self.expr.schema_name().to_string())
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Expr({})", self.expr)
+    }
+}
+
+/// An ordering: an expression, its direction and where nulls go.
+pub(crate) fn sort_expr(expr: &PyExpr, ascending: bool, nulls_first: bool) -> SortExpr {
+    expr.expr.clone().sort(ascending, nulls_first)
+}

@@ -1,0 +1,244 @@
+//! `spate._spate.Session`: one Spate engine (a DataFusion session on a resolved backend) and
+//! the tables registered in it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+use pyo3::types::PyString;
+use spate::arrow::datatypes::SchemaRef;
+use spate::arrow::record_batch::RecordBatch;
+use spate::config::parse_byte_size;
+use spate::{Backend, Engine, FileFormat};
+
+use crate::errors::{self, IntoPyResult, Origin};
+use crate::frame::PyFrame;
+use crate::interchange;
+use crate::runtime::wait;
+
+/// A Spate session.
+#[pyclass(name = "Session", module = "spate._spate", frozen, skip_from_py_object)]
+#[derive(Debug)]
+pub struct PySession {
+    engine: Arc<Engine>,
+}
+
+/// A byte size given as an int or as text such as "4G".
+fn byte_size(value: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<usize>> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    if value.is_none() {
+        return Ok(None);
+    }
+    if let Ok(text) = value.cast::<PyString>() {
+        return parse_byte_size(&text.to_cow()?)
+            .map(Some)
+            .map_err(|e| errors::invalid(format!("{what}: {e}")));
+    }
+    match value.extract::<usize>() {
+        Ok(0) | Err(_) => Err(errors::invalid(format!(
+            "{what}: expected a positive number of bytes or a size such as '4G', got {value}"
+        ))),
+        Ok(bytes) => Ok(Some(bytes)),
+    }
+}
+
+/// Splits batches into slices of at most `rows` rows (zero-copy) dealt round-robin into
+/// `partitions` partitions, so that a scan of one big imported table runs on every core.
+fn partition(batches: Vec<RecordBatch>, rows: usize, partitions: usize) -> Vec<Vec<RecordBatch>> {
+    let partitions = partitions.max(1);
+    let rows = rows.max(1);
+    let mut out = vec![Vec::new(); partitions];
+    let mut next = 0;
+    for batch in batches {
+        let mut offset = 0;
+        while offset < batch.num_rows() {
+            let length = rows.min(batch.num_rows() - offset);
+            out[next % partitions].push(batch.slice(offset, length));
+            next += 1;
+            offset += length;
+        }
+    }
+    out
+}
+
+impl PySession {
+    fn frame_of_table(&self, py: Python<'_>, name: &str) -> PyResult<PyFrame> {
+        let engine = Arc::clone(&self.engine);
+        let table = name.to_ascii_lowercase();
+        let df = wait(
+            py,
+            async move { engine.context().table(table.as_str()).await },
+        )?
+        .py(Origin::Frame)?;
+        Ok(PyFrame::new(Arc::clone(&self.engine), df))
+    }
+}
+
+#[pymethods]
+impl PySession {
+    #[new]
+    #[pyo3(signature = (
+        backend = "auto",
+        gpu_memory_limit = None,
+        fallback = "cpu",
+        memory_limit = None,
+        target_partitions = None,
+        batch_size = None,
+        options = None,
+    ))]
+    fn new(
+        py: Python<'_>,
+        backend: &str,
+        gpu_memory_limit: Option<Bound<'_, PyAny>>,
+        fallback: &str,
+        memory_limit: Option<Bound<'_, PyAny>>,
+        target_partitions: Option<usize>,
+        batch_size: Option<usize>,
+        options: Option<HashMap<String, String>>,
+    ) -> PyResult<Self> {
+        let backend = backend.parse::<Backend>().py(Origin::Frame)?;
+        let mut builder = Engine::builder()
+            .backend(backend)
+            .option("spate.gpu.fallback", fallback);
+        if let Some(bytes) = byte_size(gpu_memory_limit.as_ref(), "gpu_memory_limit")? {
+            builder = builder.gpu_memory_limit(bytes);
+        }
+        if let Some(bytes) = byte_size(memory_limit.as_ref(), "memory_limit")? {
+            builder = builder.memory_limit(bytes);
+        }
+        if let Some(partitions) = target_partitions {
+            builder = builder.target_partitions(partitions);
+        }
+        if let Some(rows) = batch_size {
+            builder = builder.batch_size(rows);
+        }
+        for (key, value) in options.unwrap_or_default() {
+            builder = builder.option(key, value);
+        }
+        // Opening a GPU probes the driver and may compile kernels: no GIL needed for that.
+        let engine = py.detach(|| builder.build()).py(Origin::Frame)?;
+        Ok(PySession {
+            engine: Arc::new(engine),
+        })
+    }
+
+    /// The backend operators run on: `cuda`, `emulated` or `cpu` (never `auto`).
+    #[getter]
+    fn backend(&self) -> &'static str {
+        self.engine.backend().resolved.as_str()
+    }
+
+    /// The backend that was asked for.
+    #[getter]
+    fn requested_backend(&self) -> &'static str {
+        self.engine.backend().requested.as_str()
+    }
+
+    /// Why the session runs on its backend.
+    #[getter]
+    fn backend_reason(&self) -> String {
+        self.engine.backend().reason.clone()
+    }
+
+    /// Plans one SQL statement (DDL and `SET` take effect now) and returns it as a lazy frame.
+    fn sql(&self, py: Python<'_>, query: String) -> PyResult<PyFrame> {
+        let engine = Arc::clone(&self.engine);
+        let df = wait(py, async move { engine.sql(&query).await })?.py(Origin::Sql)?;
+        Ok(PyFrame::new(Arc::clone(&self.engine), df))
+    }
+
+    /// The registered table `name` as a frame.
+    fn table(&self, py: Python<'_>, name: &str) -> PyResult<PyFrame> {
+        self.frame_of_table(py, name)
+    }
+
+    /// Registers a file or folder as table `name`; `format` is parquet, csv, ndjson or
+    /// arrow, or None to go by the file extension.
+    #[pyo3(signature = (name, path, format = None))]
+    fn register_file(
+        &self,
+        py: Python<'_>,
+        name: String,
+        path: std::path::PathBuf,
+        format: Option<&str>,
+    ) -> PyResult<()> {
+        let format = match format {
+            None => None,
+            Some(f) => Some(match f.to_ascii_lowercase().as_str() {
+                "parquet" => FileFormat::Parquet,
+                "csv" => FileFormat::Csv,
+                "ndjson" | "json" => FileFormat::NdJson,
+                "arrow" | "ipc" | "feather" => FileFormat::ArrowIpc,
+                other => {
+                    return Err(errors::invalid(format!(
+                        "unknown file format '{other}': expected parquet, csv, ndjson or arrow"
+                    )));
+                }
+            }),
+        };
+        let engine = Arc::clone(&self.engine);
+        wait(py, async move {
+            match format {
+                None => engine.register(&name, &path).await,
+                Some(FileFormat::Parquet) => engine.register_parquet(&name, &path).await,
+                Some(FileFormat::Csv) => engine.register_csv(&name, &path).await,
+                Some(FileFormat::NdJson) => engine.register_ndjson(&name, &path).await,
+                Some(FileFormat::ArrowIpc) => engine.register_arrow(&name, &path).await,
+            }
+        })?
+        .py(Origin::Frame)
+    }
+
+    /// Registers Arrow data (anything with `__arrow_c_stream__` or `__arrow_c_array__`) as
+    /// table `name`, without copying it.
+    fn register_arrow(&self, name: &str, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        let (schema, batches): (SchemaRef, Vec<RecordBatch>) = interchange::import(data)?;
+        let config = self.engine.context().copied_config();
+        let partitions = partition(batches, config.batch_size(), config.target_partitions());
+        self.engine
+            .register_partitions(name, schema, partitions)
+            .py(Origin::Frame)
+    }
+
+    /// Registers a frame's plan as the view `name`.
+    fn register_frame(&self, name: &str, frame: &PyFrame) -> PyResult<()> {
+        self.engine
+            .register_view(name, frame.df.clone())
+            .py(Origin::Frame)
+    }
+
+    /// Removes table `name`; returns whether it existed.
+    fn deregister(&self, name: &str) -> PyResult<bool> {
+        self.engine.deregister(name).py(Origin::Frame)
+    }
+
+    /// The registered tables, sorted.
+    fn tables(&self) -> Vec<String> {
+        self.engine.table_names()
+    }
+
+    /// Loads table `name` into GPU memory (host memory on `cpu`); returns a description.
+    fn cache_table(&self, py: Python<'_>, name: String) -> PyResult<String> {
+        let engine = Arc::clone(&self.engine);
+        let cached = wait(py, async move { engine.cache_table(&name).await })?.py(Origin::Frame)?;
+        Ok(format!("{cached:?}"))
+    }
+
+    /// Frees a cached table.
+    fn uncache_table(&self, name: &str) -> PyResult<()> {
+        self.engine
+            .uncache_table(name)
+            .py(Origin::Frame)
+            .map(|_| ())
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Session(backend='{}', requested='{}')",
+            self.backend(),
+            self.requested_backend()
+        )
+    }
+}
