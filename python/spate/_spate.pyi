@@ -1,0 +1,133 @@
+"""Type stubs for ``spate._spate``, the native half of the package (python/src).
+
+Users work with the classes in :mod:`spate` (``Session``, ``DataFrame``, ``Column``); these are
+the building blocks those classes wrap. Every call that runs a plan releases the GIL and can be
+interrupted with Ctrl-C; engine errors raise subclasses of :class:`spate.Error`.
+"""
+
+from typing import Any, Mapping, Sequence
+
+import pyarrow as pa
+
+__version__: str
+
+def devices() -> tuple[list[tuple[int, str, str, int, int]], str | None]:
+    """The GPUs as ``(ordinal, name, arch, total_bytes, free_bytes)``, and why there are none
+    when the list is empty."""
+
+class Session:
+    """One Spate engine: a DataFusion session on a resolved backend."""
+
+    def __init__(
+        self,
+        backend: str = "auto",
+        gpu_memory_limit: int | str | None = None,
+        fallback: str = "cpu",
+        memory_limit: int | str | None = None,
+        target_partitions: int | None = None,
+        batch_size: int | None = None,
+        options: Mapping[str, str] | None = None,
+    ) -> None: ...
+    @property
+    def backend(self) -> str:
+        """``cuda``, ``emulated`` or ``cpu``: where operators run."""
+    @property
+    def requested_backend(self) -> str:
+        """The backend that was asked for (may be ``auto``)."""
+    @property
+    def backend_reason(self) -> str:
+        """Why the session runs on its backend."""
+    def sql(self, query: str) -> Frame:
+        """Plans one SQL statement; DDL takes effect now. Errors: ``SqlError``."""
+    def table(self, name: str) -> Frame:
+        """The registered table ``name``."""
+    def register_file(self, name: str, path: str, format: str | None = None) -> None:
+        """Registers a file or folder; ``format`` is parquet, csv, ndjson, arrow or None (by
+        extension). Errors: ``SourceError``."""
+    def register_arrow(self, name: str, data: Any) -> None:
+        """Registers Arrow data (``__arrow_c_stream__`` or ``__arrow_c_array__``) without
+        copying it."""
+    def register_frame(self, name: str, frame: Frame) -> None:
+        """Registers a frame's plan as a view."""
+    def deregister(self, name: str) -> bool:
+        """Removes a table; returns whether it existed."""
+    def tables(self) -> list[str]:
+        """The registered table names, sorted."""
+    def cache_table(self, name: str) -> str:
+        """Loads a table into GPU memory (host memory on ``cpu``)."""
+    def uncache_table(self, name: str) -> None:
+        """Frees a cached table."""
+
+class Frame:
+    """A lazy DataFusion DataFrame. Only ``count``, ``explain`` and ``__arrow_c_stream__`` run
+    the plan."""
+
+    def schema(self) -> pa.Schema:
+        """The output schema."""
+    def columns(self) -> list[str]:
+        """The output column names."""
+    def select(self, exprs: Sequence[Expr]) -> Frame: ...
+    def filter(self, predicate: Expr) -> Frame: ...
+    def aggregate(self, group: Sequence[Expr], aggregates: Sequence[Expr]) -> Frame: ...
+    def sort(
+        self, keys: Sequence[Expr], ascending: Sequence[bool], nulls_first: Sequence[bool]
+    ) -> Frame: ...
+    def limit(self, n: int | None, offset: int = 0) -> Frame: ...
+    def distinct(self) -> Frame: ...
+    def distinct_on(
+        self, on: Sequence[Expr], order: Sequence[Expr], ascending: Sequence[bool]
+    ) -> Frame: ...
+    def with_column(self, name: str, expr: Expr) -> Frame:
+        """All columns, with ``expr`` as ``name`` (replaced in place or appended)."""
+    def rename(self, mapping: Mapping[str, str]) -> Frame:
+        """All columns, renamed by ``mapping`` (unknown names ignored)."""
+    def merge(
+        self,
+        right: Frame,
+        how: str,
+        left_on: Sequence[str],
+        right_on: Sequence[str],
+        suffixes: tuple[str, str],
+        nulls_equal: bool = True,
+    ) -> Frame:
+        """A pandas-style merge (see ``spate.DataFrame.merge``)."""
+    def parse_expr(self, sql: str) -> Expr:
+        """A SQL expression over this frame's columns."""
+    def count(self) -> int:
+        """Runs the plan; the number of rows."""
+    def explain(self, verbose: bool = False, analyze: bool = False) -> str:
+        """The plan as ``EXPLAIN`` prints it, with GPU placement on GPU backends."""
+    def logical_plan(self) -> str:
+        """The unoptimised logical plan, indented."""
+    def __arrow_c_stream__(self, requested_schema: object | None = None) -> object:
+        """Runs the plan; the result as an ``arrow_array_stream`` PyCapsule."""
+
+class Expr:
+    """A DataFusion logical expression; every method returns a new one."""
+
+    @staticmethod
+    def col(name: str) -> Expr:
+        """The column ``name``, verbatim (no case folding)."""
+    @staticmethod
+    def qualified(relation: str, name: str) -> Expr:
+        """The column ``name`` of the input aliased ``relation``."""
+    @staticmethod
+    def lit(value: pa.Array) -> Expr:
+        """The value of a one-element pyarrow array, with its type."""
+    @staticmethod
+    def function(name: str, args: Sequence[Expr]) -> Expr:
+        """A call of DataFusion's scalar function ``name``."""
+    @staticmethod
+    def aggregate(name: str, args: Sequence[Expr], distinct: bool = False) -> Expr:
+        """A call of DataFusion's aggregate function ``name``."""
+    def binary(self, op: str, other: Expr) -> Expr:
+        """``self <op> other`` for + - * / % == != < <= > >= & |."""
+    def negate(self) -> Expr: ...
+    def invert(self) -> Expr: ...
+    def is_null(self) -> Expr: ...
+    def is_not_null(self) -> Expr: ...
+    def isin(self, values: Sequence[Expr], negated: bool = False) -> Expr: ...
+    def cast(self, data_type: pa.DataType) -> Expr: ...
+    def alias(self, name: str) -> Expr: ...
+    def output_name(self) -> str:
+        """The name DataFusion gives the expression's output column."""
