@@ -20,10 +20,12 @@ mod session;
 
 use pyo3::prelude::*;
 
-/// The GPUs on this machine as (ordinal, name, architecture, total bytes, free bytes), and why
-/// there are none when the list is empty.
+/// One GPU as `devices()` reports it: (ordinal, name, architecture, total bytes, free bytes).
+type DeviceRow = (usize, String, String, usize, usize);
+
+/// The GPUs on this machine, and why there are none when the list is empty.
 #[pyfunction]
-fn devices(py: Python<'_>) -> (Vec<(usize, String, String, usize, usize)>, Option<String>) {
+fn devices(py: Python<'_>) -> (Vec<DeviceRow>, Option<String>) {
     let inventory = py.detach(spate::GpuInventory::discover);
     let devices = inventory
         .devices
