@@ -93,8 +93,10 @@ pub fn candidate_dirs() -> Vec<PathBuf> {
         prefixes.push(cwd.join(".venv"));
     }
     if let Ok(exe) = std::env::current_exe() {
-        // target/{debug,release}/spate -> the repository's .venv
+        // target/{debug,release}/spate -> the repository's .venv; <env>/bin/python (the Python
+        // bindings, in any virtual environment) -> <env>, where pip put the NVRTC wheels.
         for up in exe.ancestors().skip(1).take(4) {
+            prefixes.push(up.to_path_buf());
             prefixes.push(up.join(".venv"));
         }
     }
