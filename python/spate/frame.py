@@ -12,21 +12,59 @@ Where pandas and SQL disagree, Spate follows pandas:
   (``sort=True``) and puts them in the index (``as_index=True``);
 - ``sum`` of a group with no values is 0, ``count`` counts non-null values;
 - ``merge`` matches null keys with each other and suffixes clashing columns with ``_x`` /
-  ``_y``.
+  ``_y``;
+- ``%`` takes the divisor's sign (``-7 % 3`` is 2), and a zero divisor gives null (pandas:
+  NaN) instead of failing;
+- ``round`` rounds floats half to even (``2.5`` to 2);
+- ``isin`` is never null: a null is in ``values`` only when None or NaN is among them;
+- ``+`` on strings concatenates.
 
-Comparisons with null give null, and filtering drops rows where the mask is null (as cuDF
-does). Row order is only defined after ``sort_values``.
+Where Spate deliberately differs from pandas:
+
+- Comparisons with null give null, and filtering drops rows where the mask is null (as cuDF
+  does). pandas gives False, so ``df[df.a > 0]`` keeps the same rows, but ``~(df.a > 0)``
+  keeps rows where ``a`` is null in pandas and drops them in Spate. String predicates
+  (``str.contains``, ``str.startswith``, ``str.endswith``) are null for null values too;
+  ``str.contains`` takes ``na=`` as pandas does.
+- There is no row index, so rows are not aligned by label: a Column can only be used with a
+  frame that has the columns it reads (``df[["a"]].assign(x=df.b)`` is a ``PlanError``;
+  write ``df.assign(x=df.b)[["a", "x"]]``). The index after ``groupby`` (or
+  ``set_index``) is a set of key columns that :meth:`DataFrame.to_pandas` turns into the
+  pandas index.
+- Row order is only defined after ``sort_values``. A frame that spans several batches (more
+  than ``batch_size`` rows, 8192 by default) comes back from a plain ``to_pandas`` in an
+  order of its partitions, not necessarily the input's; ``groupby(sort=False)`` and
+  ``drop_duplicates`` do not keep first-appearance order, and which duplicate
+  ``drop_duplicates`` keeps is unspecified.
+- ``groupby(...).agg(["sum", "max"])`` names its columns ``v_sum``, ``v_max`` (pandas: a
+  two-level header ``(v, sum)``); an aggregate cannot take the name of a group key (use a
+  named aggregation); ``size()`` and aggregations of one selected column return a frame
+  (``size`` is a column named ``size``), not a Series.
+- Nulls are nulls: pandas' NaN, None, NA and NaT all become null on the way in, while a NaN
+  computed by Spate (``0.0 / 0.0``) is a float value, not null (``isnull()`` is False for
+  it). ``astype`` of a null to an integer gives null (pandas raises).
+- :attr:`DataFrame.dtypes` maps names to Arrow types (a dict), not NumPy dtypes.
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    NamedTuple,
+    Sequence,
+    Union,
+)
 
 import pyarrow as pa
 
 from spate import _spate
-from spate.errors import PlanError, UnsupportedError
+from spate.errors import ConfigError, PlanError, UnsupportedError
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas
@@ -54,6 +92,32 @@ def _lit(value: Operand) -> _spate.Expr:
     return _spate.Expr.lit(array)
 
 
+def _is_missing(value: Any) -> bool:
+    """Whether ``value`` is a null marker: None, NaN, or pandas' NA/NaT."""
+    if value is None:
+        return True
+    if isinstance(value, float):
+        return value != value
+    try:
+        import pandas as pd
+
+        return value is pd.NA or value is pd.NaT
+    except ImportError:  # pragma: no cover - pandas is optional
+        return False
+
+
+def _python_mod(left: _spate.Expr, right: _spate.Expr) -> _spate.Expr:
+    """``left % right`` as Python and pandas compute it: the remainder has the sign of the
+    divisor (SQL's ``%`` gives it the dividend's: ``-7 % 3`` is 2, not -1), and a zero divisor
+    gives null where pandas gives NaN (SQL fails the query on integers)."""
+    zero = _lit(0)
+    divisor = _spate.Expr.function("nullif", [right, zero])
+    remainder = left.binary("%", divisor)
+    signs_differ = remainder.binary("<", zero).binary("!=", divisor.binary("<", zero))
+    needs_fix = remainder.binary("!=", zero).binary("&", signs_differ)
+    return _spate.Expr.case([(needs_fix, remainder.binary("+", divisor))], remainder)
+
+
 def _names(value: str | Sequence[str] | None) -> list[str]:
     if value is None:
         return []
@@ -71,7 +135,7 @@ def _pandas_dtype_mapper(backend: str | None) -> Callable[[pa.DataType], Any] | 
     if backend == "pyarrow":
         return pd.ArrowDtype
     if backend != "numpy_nullable":
-        raise ValueError(
+        raise ConfigError(
             f"dtype_backend must be None, 'numpy_nullable' or 'pyarrow', got {backend!r}"
         )
     mapping = {
@@ -211,9 +275,27 @@ class DataFrame:
             return Column(_spate.Expr.col(name), self, name)
         raise AttributeError(f"'DataFrame' has no attribute or column '{name}'")
 
+    def _operand(self, value: Operand) -> _spate.Expr:
+        """The expression for ``value`` in this frame. A Column may come from another frame
+        (``df[df2.a > 0]``), but it can only read columns this frame has: Spate frames have
+        no index to align rows of different frames on, as pandas does."""
+        expr = _lit(value)
+        if isinstance(value, Column):
+            have = set(self._frame.columns())
+            missing = [c for c in expr.column_names() if c not in have]
+            if missing:
+                raise PlanError(
+                    f"the expression {value.name!r} reads column(s) "
+                    f"{', '.join(repr(m) for m in missing)} that this DataFrame does not have "
+                    f"(its columns: {', '.join(self._frame.columns())}). Spate does not align "
+                    "rows of different frames by index: compute the column on the frame it "
+                    "comes from (e.g. df.assign(x=...)[['id', 'x']])"
+                )
+        return expr
+
     def __setitem__(self, name: str, value: Operand) -> None:
         """``df["c"] = df.a * 2`` adds or replaces column ``c`` (this frame's plan changes)."""
-        self._frame = self._frame.with_column(name, _lit(value))
+        self._frame = self._frame.with_column(name, self._operand(value))
 
     def filter(self, predicate: Column | str) -> DataFrame:
         """The rows where ``predicate`` is true: a boolean Column (``df.a > 2``) or a SQL
@@ -221,7 +303,7 @@ class DataFrame:
         if isinstance(predicate, str):
             expr = self._frame.parse_expr(predicate)
         elif isinstance(predicate, Column):
-            expr = predicate._expr
+            expr = self._operand(predicate)
         else:
             raise TypeError(
                 f"filter expects a boolean Column or a SQL expression string, got "
@@ -240,7 +322,7 @@ class DataFrame:
         for name, value in columns.items():
             if callable(value) and not isinstance(value, Column):
                 value = value(frame)
-            frame = frame._derive(frame._frame.with_column(name, _lit(value)))
+            frame = frame._derive(frame._frame.with_column(name, frame._operand(value)))
         return frame
 
     def drop(self, columns: str | Sequence[str]) -> DataFrame:
@@ -358,11 +440,11 @@ class DataFrame:
         else:
             directions = list(ascending)
             if len(directions) != len(keys):
-                raise ValueError(
+                raise ConfigError(
                     f"sort_values: {len(keys)} keys but {len(directions)} ascending flags"
                 )
         if na_position not in ("last", "first"):
-            raise ValueError(f"na_position must be 'last' or 'first', got {na_position!r}")
+            raise ConfigError(f"na_position must be 'last' or 'first', got {na_position!r}")
         first = na_position == "first"
         exprs = [_spate.Expr.col(k) for k in keys]
         return self._derive(self._frame.sort(exprs, directions, [first] * len(keys)))
@@ -422,7 +504,8 @@ class DataFrame:
         return self._frame.__arrow_c_stream__(requested_schema)
 
     def register(self, name: str) -> DataFrame:
-        """Registers this frame's plan as the view ``name`` in its session, for SQL."""
+        """Registers this frame's plan as the view ``name`` in its session, for SQL, replacing
+        any table of that name."""
         self._session._inner.register_frame(name, self._frame)
         return DataFrame(self._frame, self._session, self._index, name.lower())
 
@@ -483,11 +566,26 @@ class Column:
     def _rbinary(self, op: str, other: Operand) -> Column:
         return self._new(_lit(other).binary(op, self._expr), other)
 
+    def _is_string(self) -> bool:
+        kind = self._type()
+        return kind is not None and (
+            pa.types.is_string(kind)
+            or pa.types.is_large_string(kind)
+            or pa.types.is_string_view(kind)
+        )
+
+    def _concatenates(self, other: Operand) -> bool:
+        """Whether ``+`` with ``other`` joins strings (pandas' ``"a" + "b"``)."""
+        if isinstance(other, str):
+            return True
+        return self._is_string() or (isinstance(other, Column) and other._is_string())
+
     def __add__(self, other: Operand) -> Column:
-        return self._binary("+", other)
+        # On strings, + concatenates; a null on either side gives null, as in pandas.
+        return self._binary("||" if self._concatenates(other) else "+", other)
 
     def __radd__(self, other: Operand) -> Column:
-        return self._rbinary("+", other)
+        return self._rbinary("||" if self._concatenates(other) else "+", other)
 
     def __sub__(self, other: Operand) -> Column:
         return self._binary("-", other)
@@ -511,10 +609,11 @@ class Column:
         return self._new(left.binary("/", self._expr), other)
 
     def __mod__(self, other: Operand) -> Column:
-        return self._binary("%", other)
+        # pandas' (Python's) modulo: the result takes the divisor's sign.
+        return self._new(_python_mod(self._expr, _lit(other)), other)
 
     def __rmod__(self, other: Operand) -> Column:
-        return self._rbinary("%", other)
+        return self._new(_python_mod(_lit(other), self._expr), other)
 
     def __pow__(self, other: Operand) -> Column:
         left = self._expr.cast(pa.float64())
@@ -569,13 +668,48 @@ class Column:
         """The absolute value."""
         return self._new(_spate.Expr.function("abs", [self._expr]))
 
+    def _type(self) -> pa.DataType | None:
+        """The Arrow type of this expression in its frame (planning only, nothing runs), or
+        None for a column not attached to a frame."""
+        if self._frame is None:
+            return None
+        return self._frame._frame.select([self._expr]).schema().field(0).type
+
     def round(self, decimals: int = 0) -> Column:
-        """Rounded to ``decimals`` places."""
-        return self._new(_spate.Expr.function("round", [self._expr, _lit(decimals)]))
+        """Rounded to ``decimals`` places. Floats round half to even, as in pandas and NumPy
+        (``2.5`` becomes 2, SQL's ``round`` gives 3); integers are unchanged for
+        ``decimals >= 0``."""
+        kind = self._type()
+        if kind is not None and pa.types.is_integer(kind) and decimals >= 0:
+            return self
+        if kind is None or not pa.types.is_floating(kind):
+            return self._new(_spate.Expr.function("round", [self._expr, _lit(decimals)]))
+        # As NumPy does: multiply by 10**decimals, or divide by 10**-decimals when negative.
+        scale = _lit(10.0 ** abs(decimals))
+        scale_up, scale_down = ("*", "/") if decimals >= 0 else ("/", "*")
+        scaled = self._expr.binary(scale_up, scale)
+        fraction = _spate.Expr.function(
+            "abs", [scaled.binary("-", _spate.Expr.function("trunc", [scaled]))]
+        )
+        # A tie (exactly .5 after scaling) goes to the even neighbour: 2 * round(y / 2).
+        even = _lit(2.0).binary(
+            "*", _spate.Expr.function("round", [scaled.binary("/", _lit(2.0))])
+        )
+        nearest = _spate.Expr.function("round", [scaled])
+        rounded = _spate.Expr.case([(fraction.binary("==", _lit(0.5)), even)], nearest)
+        return self._new(rounded.binary(scale_down, scale))
 
     def isin(self, values: Iterable[Any]) -> Column:
-        """True where the value is one of ``values``."""
-        return self._new(self._expr.isin([_lit(v) for v in values]))
+        """True where the value is one of ``values``, else False, never null: as in pandas, a
+        null is not in ``values`` unless a None or NaN is among them."""
+        values = list(values)
+        present = [v for v in values if not _is_missing(v)]
+        if not present:
+            return self._new(self._expr.is_null() if values else _lit(False))
+        matches = self._expr.isin([_lit(v) for v in present])
+        if len(present) < len(values):
+            return self._new(matches.binary("|", self._expr.is_null()))
+        return self._new(_spate.Expr.function("coalesce", [matches, _lit(False)]))
 
     def between(self, left: Operand, right: Operand, inclusive: str = "both") -> Column:
         """True where ``left <= value <= right`` (``inclusive``: both, neither, left,
@@ -624,8 +758,13 @@ class Column:
         return self._frame
 
     def _aggregate(self, name: str, distinct: bool = False) -> Any:
-        agg = _spate.Expr.aggregate(name, [self._expr], distinct).alias("value")
-        frame = self._owner()._frame.aggregate([], [agg])
+        owner = self._owner()
+        value = self._expr
+        if name in ("sum", "avg") and pa.types.is_boolean(self._type()):
+            # pandas counts True as 1: the sum of a mask is its number of True values.
+            value = value.cast(pa.int64() if name == "sum" else pa.float64())
+        agg = _spate.Expr.aggregate(name, [value], distinct).alias("value")
+        frame = owner._frame.aggregate([], [agg])
         return pa.table(frame).column(0)[0].as_py()
 
     def sum(self) -> Any:
@@ -691,7 +830,7 @@ def _arrow_type(dtype: Any) -> pa.DataType:
 
         return pa.from_numpy_dtype(np.dtype(dtype))
     except Exception as e:
-        raise ValueError(f"cannot cast to {dtype!r}: not a type Spate knows ({e})") from None
+        raise ConfigError(f"cannot cast to {dtype!r}: not a type Spate knows ({e})") from None
 
 
 class StringMethods:
@@ -772,6 +911,17 @@ _AGGREGATES = {
 }
 
 
+class _Aggregate(NamedTuple):
+    """One output column of a grouped aggregation."""
+
+    #: The aggregate expression, aliased to ``name``.
+    expr: _spate.Expr
+    #: The output column name.
+    name: str
+    #: Whether a null result becomes 0 (``sum``).
+    zero_fill: bool
+
+
 class GroupBy:
     """Rows grouped by key columns; aggregate them with :meth:`agg` or a shortcut such as
     :meth:`sum`. Follows pandas: null keys are dropped (``dropna``), the result is sorted by
@@ -808,23 +958,29 @@ class GroupBy:
             return self._selection
         return [c for c in self._df._frame.columns() if c not in self._keys]
 
-    def _aggregate_expr(self, column: str, how: str, output: str) -> _spate.Expr:
+    def _aggregate_expr(self, column: str, how: str, output: str) -> _Aggregate:
+        """The aggregate ``how`` of ``column`` named ``output``, and whether a null result
+        (a group with no values) becomes 0, as pandas' ``sum`` does."""
         if how not in _AGGREGATES:
             raise UnsupportedError(
                 f"unknown aggregation '{how}': expected one of {', '.join(_AGGREGATES)}"
             )
+        schema = self._df.schema
+        if column not in schema.names:
+            raise PlanError(
+                f"cannot aggregate missing column '{column}'; the columns are: "
+                f"{', '.join(schema.names)}"
+            )
         value = _spate.Expr.col(column)
-        field_type = self._df.schema.field(column).type
+        field_type = schema.field(column).type
         if pa.types.is_boolean(field_type) and how in ("sum", "mean", "std", "var", "median"):
             value = value.cast(pa.int64() if how == "sum" else pa.float64())
         if how == "size":
             expr = _spate.Expr.aggregate("count", [_lit(1)])
         else:
             expr = _spate.Expr.aggregate(_AGGREGATES[how], [value], how == "nunique")
-        if how == "sum":
-            # pandas: the sum of no values is 0 (min_count=0), not null.
-            expr = _spate.Expr.function("coalesce", [expr, _lit(0)])
-        return expr.alias(output)
+        # pandas: the sum of no values is 0 (min_count=0), not null.
+        return _Aggregate(expr.alias(output), output, how == "sum")
 
     def agg(
         self,
@@ -840,7 +996,7 @@ class GroupBy:
 
         Functions: sum, mean, count, min, max, median, std, var, nunique, size.
         """
-        outputs: list[_spate.Expr] = []
+        outputs: list[_Aggregate] = []
         if spec is not None and named:
             raise PlanError("agg takes either a spec or named aggregations, not both")
         if named:
@@ -872,7 +1028,15 @@ class GroupBy:
             raise PlanError("nothing to aggregate: the frame has no columns besides the keys")
         return self._run(outputs)
 
-    def _run(self, outputs: list[_spate.Expr]) -> DataFrame:
+    def _run(self, outputs: list[_Aggregate]) -> DataFrame:
+        clash = [o.name for o in outputs if o.name in self._keys]
+        if clash:
+            raise PlanError(
+                f"the aggregate column(s) {', '.join(repr(c) for c in clash)} would have the "
+                "name of a group key (a Spate frame holds its index as columns, so names must "
+                f"differ); name them with a named aggregation, e.g. "
+                f"agg({clash[0]}_count=({clash[0]!r}, 'count'))"
+            )
         frame = self._df.reset_index()._frame
         keys = [_spate.Expr.col(k) for k in self._keys]
         if self._dropna:
@@ -880,7 +1044,17 @@ class GroupBy:
             for key in keys[1:]:
                 mask = mask.binary("&", key.is_not_null())
             frame = frame.filter(mask)
-        frame = frame.aggregate(keys, outputs)
+        frame = frame.aggregate(keys, [o.expr for o in outputs])
+        zero_fill = [o.name for o in outputs if o.zero_fill]
+        if zero_fill:
+            # 0 of the aggregate's own type (SUM of decimal(10, 2) is decimal(20, 2)): an int
+            # literal would widen it.
+            schema = frame.schema()
+            for name in zero_fill:
+                zero = _lit(0).cast(schema.field(name).type)
+                frame = frame.with_column(
+                    name, _spate.Expr.function("coalesce", [_spate.Expr.col(name), zero])
+                )
         if self._sort:
             n = len(keys)
             frame = frame.sort([_spate.Expr.col(k) for k in self._keys], [True] * n, [False] * n)

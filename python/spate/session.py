@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import pyarrow as pa
 
 from spate import _spate
+from spate.errors import PlanError
 from spate.frame import DataFrame
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -116,11 +117,13 @@ class Session:
         return list(self._inner.tables())
 
     def deregister(self, name: str) -> bool:
-        """Removes table ``name``; returns whether it existed."""
+        """Removes table ``name`` (and its cached copy); returns whether it existed."""
         return self._inner.deregister(name)
 
     def register(self, name: str, data: Any) -> DataFrame:
-        """Registers ``data`` as table ``name`` and returns it as a DataFrame.
+        """Registers ``data`` as table ``name`` and returns it as a DataFrame. A table already
+        registered under ``name`` is replaced (and uncached), as in DuckDB: re-running a
+        notebook cell works. If ``data`` cannot be read, the old table stays.
 
         ``data`` is a Spate DataFrame (registered as a view of its plan), a path to a Parquet,
         CSV, NDJSON or Arrow IPC file or folder, a pandas or Polars DataFrame, or any Arrow
@@ -128,7 +131,7 @@ class Session:
         """
         if isinstance(data, DataFrame):
             if data._session is not self:
-                raise ValueError("register: the DataFrame belongs to another session")
+                raise PlanError("register: the DataFrame belongs to another session")
             return data.register(name)
         if isinstance(data, (str, os.PathLike)):
             self._inner.register_file(name, os.fspath(data), None)

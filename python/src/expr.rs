@@ -14,7 +14,7 @@ use spate::arrow::datatypes::DataType;
 use spate::datafusion::common::{Column, ScalarValue};
 use spate::datafusion::logical_expr::expr::AggregateFunction;
 use spate::datafusion::logical_expr::{
-    AggregateUDF, BinaryExpr, Expr, ExprFunctionExt, Operator, ScalarUDF, SortExpr, cast,
+    AggregateUDF, BinaryExpr, Case, Expr, ExprFunctionExt, Operator, ScalarUDF, SortExpr, cast,
 };
 
 use spate::datafusion::functions::all_default_functions;
@@ -78,7 +78,8 @@ impl PyExpr {
         Ok(Expr::Literal(scalar, None).into())
     }
 
-    /// `self <op> other` for op in + - * / % == != < <= > >= & |.
+    /// `self <op> other` for op in + - * / % == != < <= > >= & | and `||` (string
+    /// concatenation).
     fn binary(&self, op: &str, other: &PyExpr) -> PyResult<Self> {
         let op = match op {
             "+" => Operator::Plus,
@@ -94,9 +95,11 @@ impl PyExpr {
             ">=" => Operator::GtEq,
             "&" => Operator::And,
             "|" => Operator::Or,
+            "||" => Operator::StringConcat,
             other => {
                 return Err(errors::invalid(format!(
-                    "unknown operator '{other}': expected one of + - * / % == != < <= > >= & |"
+                    "unknown operator '{other}': expected one of + - * / % == != < <= > >= & | \
+                     ||"
                 )));
             }
         };
@@ -139,6 +142,24 @@ impl PyExpr {
         cast(self.expr.clone(), data_type.0).into()
     }
 
+    /// `CASE WHEN when_1 THEN then_1 ... ELSE otherwise END`: the `then` of the first
+    /// `(when, then)` pair whose condition is true, else `otherwise` (null when None).
+    #[staticmethod]
+    #[pyo3(signature = (branches, otherwise = None))]
+    fn case(branches: Vec<(PyExpr, PyExpr)>, otherwise: Option<PyExpr>) -> PyResult<Self> {
+        if branches.is_empty() {
+            return Err(errors::invalid(
+                "case needs at least one (condition, value) pair".to_string(),
+            ));
+        }
+        let when_then = branches
+            .into_iter()
+            .map(|(when, then)| (Box::new(when.expr), Box::new(then.expr)))
+            .collect();
+        let otherwise = otherwise.map(|e| Box::new(e.expr));
+        Ok(Expr::Case(Case::new(None, when_then, otherwise)).into())
+    }
+
     /// The same expression under the output name `name`.
     fn alias(&self, name: &str) -> Self {
         self.expr.clone().alias(name).into()
@@ -176,6 +197,19 @@ impl PyExpr {
             return call.distinct().build().py(Origin::Frame).map(Into::into);
         }
         Ok(call.into())
+    }
+
+    /// The names of the columns this expression reads, sorted, without duplicates.
+    fn column_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .expr
+            .column_refs()
+            .into_iter()
+            .map(|c| c.name.clone())
+            .collect();
+        names.sort();
+        names.dedup();
+        names
     }
 
     /// The name DataFusion gives this expression's output column.

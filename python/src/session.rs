@@ -3,18 +3,27 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 use spate::arrow::datatypes::SchemaRef;
 use spate::arrow::record_batch::RecordBatch;
 use spate::config::parse_byte_size;
+use spate::datafusion::common::TableReference;
 use spate::{Backend, Engine, FileFormat};
 
 use crate::errors::{self, IntoPyResult, Origin};
 use crate::frame::PyFrame;
 use crate::interchange;
 use crate::runtime::wait;
+
+/// Where a file table is registered before it replaces the table of its real name, so that a
+/// registration that fails leaves the old table in place.
+const STAGING_PREFIX: &str = "__spate_staging_";
+
+/// Numbers staging names apart when several threads register at once.
+static STAGING: AtomicU64 = AtomicU64::new(0);
 
 /// A Spate session.
 #[pyclass(name = "Session", module = "spate._spate", frozen, skip_from_py_object)]
@@ -64,6 +73,35 @@ fn partition(batches: Vec<RecordBatch>, rows: usize, partitions: usize) -> Vec<V
 }
 
 impl PySession {
+    /// Removes table `name` (and its cached copy, which would otherwise outlive it and be
+    /// taken for the cache of a new table of that name); returns whether it existed.
+    fn drop_table(&self, name: &str) -> Result<bool, spate::SpateError> {
+        let key = name.to_ascii_lowercase();
+        if self.engine.cached_tables().iter().any(|t| t.name == key) {
+            self.engine.uncache_table(name)?;
+        }
+        self.engine.deregister(name)
+    }
+
+    /// Moves the table registered as `staged` to `name`, replacing any table of that name.
+    /// An invalid `name` drops the staged table and fails.
+    fn adopt(&self, staged: &str, name: &str) -> PyResult<()> {
+        let context = self.engine.context();
+        let staged_ref = TableReference::bare(staged);
+        if let Err(e) = self.drop_table(name) {
+            let _ = context.deregister_table(staged_ref);
+            return Err(errors::to_py(e, Origin::Frame));
+        }
+        let provider = context
+            .deregister_table(staged_ref)
+            .py(Origin::Frame)?
+            .ok_or_else(|| errors::internal(format!("staged table '{staged}' vanished")))?;
+        context
+            .register_table(TableReference::bare(name.to_ascii_lowercase()), provider)
+            .py(Origin::Frame)?;
+        Ok(())
+    }
+
     fn frame_of_table(&self, py: Python<'_>, name: &str) -> PyResult<PyFrame> {
         let engine = Arc::clone(&self.engine);
         let table = name.to_ascii_lowercase();
@@ -154,8 +192,9 @@ impl PySession {
         self.frame_of_table(py, name)
     }
 
-    /// Registers a file or folder as table `name`; `format` is parquet, csv, ndjson or
-    /// arrow, or None to go by the file extension.
+    /// Registers a file or folder as table `name`, replacing any table of that name (unless
+    /// the file cannot be registered: then the old table stays); `format` is parquet, csv,
+    /// ndjson or arrow, or None to go by the file extension.
     #[pyo3(signature = (name, path, format = None))]
     fn register_file(
         &self,
@@ -179,31 +218,41 @@ impl PySession {
             }),
         };
         let engine = Arc::clone(&self.engine);
+        let staged = format!(
+            "{STAGING_PREFIX}{}",
+            STAGING.fetch_add(1, Ordering::Relaxed)
+        );
+        let table = staged.clone();
         wait(py, async move {
             match format {
-                None => engine.register(&name, &path).await,
-                Some(FileFormat::Parquet) => engine.register_parquet(&name, &path).await,
-                Some(FileFormat::Csv) => engine.register_csv(&name, &path).await,
-                Some(FileFormat::NdJson) => engine.register_ndjson(&name, &path).await,
-                Some(FileFormat::ArrowIpc) => engine.register_arrow(&name, &path).await,
+                None => engine.register(&table, &path).await,
+                Some(FileFormat::Parquet) => engine.register_parquet(&table, &path).await,
+                Some(FileFormat::Csv) => engine.register_csv(&table, &path).await,
+                Some(FileFormat::NdJson) => engine.register_ndjson(&table, &path).await,
+                Some(FileFormat::ArrowIpc) => engine.register_arrow(&table, &path).await,
             }
         })?
-        .py(Origin::Frame)
+        .py(Origin::Frame)?;
+        self.adopt(&staged, &name)
     }
 
     /// Registers Arrow data (anything with `__arrow_c_stream__` or `__arrow_c_array__`) as
-    /// table `name`, without copying it.
+    /// table `name`, without copying it, replacing any table of that name once the data has
+    /// been read.
     fn register_arrow(&self, name: &str, data: &Bound<'_, PyAny>) -> PyResult<()> {
         let (schema, batches): (SchemaRef, Vec<RecordBatch>) = interchange::import(data)?;
         let config = self.engine.context().copied_config();
         let partitions = partition(batches, config.batch_size(), config.target_partitions());
+        self.drop_table(name).py(Origin::Frame)?;
         self.engine
             .register_partitions(name, schema, partitions)
             .py(Origin::Frame)
     }
 
-    /// Registers a frame's plan as the view `name`.
+    /// Registers a frame's plan as the view `name`, replacing any table of that name. The
+    /// plan holds the tables it reads, so a view of the table it replaces still works.
     fn register_frame(&self, name: &str, frame: &PyFrame) -> PyResult<()> {
+        self.drop_table(name).py(Origin::Frame)?;
         self.engine
             .register_view(name, frame.df.clone())
             .py(Origin::Frame)
@@ -211,12 +260,16 @@ impl PySession {
 
     /// Removes table `name`; returns whether it existed.
     fn deregister(&self, name: &str) -> PyResult<bool> {
-        self.engine.deregister(name).py(Origin::Frame)
+        self.drop_table(name).py(Origin::Frame)
     }
 
     /// The registered tables, sorted.
     fn tables(&self) -> Vec<String> {
-        self.engine.table_names()
+        self.engine
+            .table_names()
+            .into_iter()
+            .filter(|name| !name.starts_with(STAGING_PREFIX))
+            .collect()
     }
 
     /// Loads table `name` into GPU memory (host memory on `cpu`); returns a description.
