@@ -88,7 +88,20 @@ def _lit(value: Operand) -> _spate.Expr:
     if isinstance(value, pa.Scalar):
         array = pa.array([value.as_py()], type=value.type)
     else:
-        array = pa.array([value])
+        if isinstance(value, (list, tuple, set, frozenset, dict)) or (
+            hasattr(value, "__len__") and not isinstance(value, (str, bytes))
+        ):
+            # pandas would take a sequence as one value per row, aligned by position or
+            # index; a Spate frame has neither, and a list literal would be a silent mistake.
+            raise TypeError(
+                f"expected a Column or a scalar, got {type(value).__name__}: Spate cannot "
+                "align a sequence with a frame's rows; register it as a table and merge it, "
+                "or wrap a list value in pyarrow.scalar"
+            )
+        try:
+            array = pa.array([value])
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            raise TypeError(f"cannot use {value!r} as a value in an expression: {e}") from None
     return _spate.Expr.lit(array)
 
 
@@ -736,8 +749,16 @@ class Column:
 
     def astype(self, dtype: Any) -> Column:
         """Cast to ``dtype``: a pyarrow type, a NumPy dtype or its name (``"int32"``,
-        ``"float64"``), or ``"str"``."""
-        return self._new(self._expr.cast(_arrow_type(dtype)))
+        ``"float64"``), or ``"str"``. Booleans become ``"True"`` / ``"False"`` as in pandas;
+        other values are formatted as Arrow formats them (floats with exponents differ from
+        Python's: ``1e20`` rather than ``1e+20``)."""
+        target = _arrow_type(dtype)
+        if pa.types.is_string(target) and pa.types.is_boolean(self._type()):
+            text = _spate.Expr.case(
+                [(self._expr, _lit("True")), (self._expr.invert(), _lit("False"))]
+            )
+            return self._new(text)
+        return self._new(self._expr.cast(target))
 
     def alias(self, name: str) -> Column:
         """The same values under the column name ``name``."""

@@ -322,6 +322,7 @@ def test_astype(sdf, pdf):
         bi=sdf.b.astype("int64"),
         ib=sdf.i.astype(bool),
         ft=sdf.f.fillna(1.5).astype("int64"),
+        bs=sdf.b.astype(str),
     )
     expected = pdf.assign(
         fi=pdf.i.astype("float64"),
@@ -330,6 +331,7 @@ def test_astype(sdf, pdf):
         bi=pdf.b.astype("int64"),
         ib=pdf.i.astype(bool),
         ft=pdf.f.fillna(1.5).astype("int64"),
+        bs=pdf.b.astype(str),
     )
     assert_same(got, expected)
     assert got.dtypes["i32"] == pa.int32()
@@ -360,6 +362,20 @@ def test_column_reductions(sdf, pdf):
     assert sdf.b.sum() == pdf.b.sum() and sdf.b.mean() == pytest.approx(pdf.b.mean())
     assert (sdf.i > 0).sum() == (pdf.i > 0).sum()
     assert sdf.f.isnull().sum() == pdf.f.isnull().sum()
+
+
+def test_sequences_are_not_values(sdf):
+    # pandas assigns a list or Series row by row (aligned by position or index); Spate has
+    # no row positions, so it refuses instead of making a list-valued column.
+    for value in [[1, 2], (1, 2), np.arange(2), pd.Series([1, 2]), pa.array([1, 2])]:
+        with pytest.raises(TypeError, match="align"):
+            sdf.assign(x=value)
+    with pytest.raises(TypeError, match="cannot use"):
+        sdf.assign(x=object())
+    # NumPy and pyarrow scalars are values.
+    got = sdf.assign(x=np.int64(3), y=np.float32(2.5), z=np.bool_(True), w=pa.scalar([1, 2]))
+    row = got[["x", "y", "z", "w"]].head(1).to_arrow().to_pylist()[0]
+    assert row == {"x": 3, "y": 2.5, "z": True, "w": [1, 2]}
 
 
 def test_column_of_another_frame(sdf, pdf):

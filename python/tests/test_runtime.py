@@ -45,7 +45,7 @@ def test_query_releases_the_gil(cpu):
     assert result["seconds"] > 0.3, "the query was too fast to show anything"
     # Had the query held the GIL, the loop would have stalled for the whole query.
     assert iterations > 10_000
-    assert longest_gap < min(0.25, result["seconds"] / 2), (longest_gap, result["seconds"])
+    assert longest_gap < result["seconds"] / 2, (longest_gap, result["seconds"])
 
 
 def test_ctrl_c_interrupts_a_long_query(cpu):
@@ -70,13 +70,13 @@ def test_ctrl_c_interrupts_a_long_query(cpu):
     assert cpu.sql("select 1 as x").to_pandas()["x"][0] == 1
 
 
-def test_ctrl_c_interrupts_len(cpu):
+def test_ctrl_c_interrupts_explain_analyze(cpu):
     frame = cpu.sql(LONG_QUERY)
     timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     started = time.perf_counter()
     try:
-        with deadline(60, "the interrupted count"), pytest.raises(KeyboardInterrupt):
+        with deadline(60, "the interrupted EXPLAIN ANALYZE"), pytest.raises(KeyboardInterrupt):
             frame.explain(analyze=True)
     finally:
         timer.cancel()
