@@ -714,7 +714,9 @@ class Column:
 
     def isin(self, values: Iterable[Any]) -> Column:
         """True where the value is one of ``values``, else False, never null: as in pandas, a
-        null is not in ``values`` unless a None or NaN is among them."""
+        null is not in ``values`` unless a null marker (None, NaN, ``pd.NA``) is among them.
+        (pandas' rule depends on the dtype, e.g. an ``Int64`` NA only matches ``pd.NA`` and a
+        float NaN only ``NaN``; Spate has one null, which any of them matches.)"""
         values = list(values)
         present = [v for v in values if not _is_missing(v)]
         if not present:

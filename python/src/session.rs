@@ -258,7 +258,7 @@ impl PySession {
             .py(Origin::Frame)
     }
 
-    /// Removes table `name`; returns whether it existed.
+    /// Removes table `name` and its cached copy; returns whether it existed.
     fn deregister(&self, name: &str) -> PyResult<bool> {
         self.drop_table(name).py(Origin::Frame)
     }

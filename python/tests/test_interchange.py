@@ -141,6 +141,23 @@ def test_zero_copy_export(cpu):
     assert df.to_polars()["a"].to_arrow().buffers()[1].address == address
 
 
+def test_zero_copy_from_pandas_and_polars(cpu):
+    # NumPy int64 data reaches the result without a copy: pyarrow wraps the array, Spate
+    # slices it, and pyarrow / Polars wrap Spate's output again.
+    values = np.arange(1000, dtype=np.int64)
+    frame = pd.DataFrame({"a": values})
+    out = cpu.from_pandas(frame).to_arrow()
+    assert out.column(0).chunks[0].buffers()[1].address == frame["a"].to_numpy().ctypes.data
+    polars_frame = pl.DataFrame({"a": values})
+    address = polars_frame["a"].to_arrow().buffers()[1].address
+    assert cpu.from_polars(polars_frame).to_arrow().column(0).chunks[0].buffers()[1].address == (
+        address
+    )
+    assert cpu.from_polars(polars_frame).to_polars()["a"].to_arrow().buffers()[1].address == (
+        address
+    )
+
+
 def test_polars_round_trip(cpu):
     frame = pl.DataFrame(
         {
