@@ -97,7 +97,7 @@ class Device:
         )
 
 
-class Devices(list):  # type: ignore[type-arg]
+class Devices(list["Device"]):
     """The GPUs on this machine (a list of :class:`Device`), and in :attr:`reason` why there
     are none when it is empty."""
 

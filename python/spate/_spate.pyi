@@ -120,8 +120,13 @@ class Expr:
     @staticmethod
     def aggregate(name: str, args: Sequence[Expr], distinct: bool = False) -> Expr:
         """A call of DataFusion's aggregate function ``name``."""
+    @staticmethod
+    def case(branches: Sequence[tuple[Expr, Expr]], otherwise: Expr | None = None) -> Expr:
+        """``CASE WHEN c1 THEN v1 ... ELSE otherwise END``: the value of the first ``(when,
+        then)`` pair whose condition is true, else ``otherwise`` (null when None)."""
     def binary(self, op: str, other: Expr) -> Expr:
-        """``self <op> other`` for + - * / % == != < <= > >= & |."""
+        """``self <op> other`` for + - * / % == != < <= > >= & | and ``||`` (string
+        concatenation)."""
     def negate(self) -> Expr: ...
     def invert(self) -> Expr: ...
     def is_null(self) -> Expr: ...
@@ -131,3 +136,5 @@ class Expr:
     def alias(self, name: str) -> Expr: ...
     def output_name(self) -> str:
         """The name DataFusion gives the expression's output column."""
+    def column_names(self) -> list[str]:
+        """The names of the columns the expression reads, sorted, without duplicates."""

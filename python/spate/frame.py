@@ -418,9 +418,8 @@ class DataFrame:
         if how == "cross":
             if on is not None or left_on is not None or right_on is not None:
                 raise PlanError("a cross merge takes no keys")
-            return DataFrame(
-                left_frame.merge(right_frame, "inner", [], [], tuple(suffixes)), self._session
-            )
+            pair = (suffixes[0], suffixes[1])
+            return DataFrame(left_frame.merge(right_frame, "inner", [], [], pair), self._session)
         if on is not None:
             if left_on is not None or right_on is not None:
                 raise PlanError("merge takes either on= or left_on=/right_on=, not both")
@@ -436,7 +435,9 @@ class DataFrame:
             if not common:
                 raise PlanError("merge: no common columns to merge on; pass on= or left_on=")
             lkeys = rkeys = common
-        frame = left_frame.merge(right_frame, how, lkeys, rkeys, tuple(suffixes), nulls_equal)
+        frame = left_frame.merge(
+            right_frame, how, lkeys, rkeys, (suffixes[0], suffixes[1]), nulls_equal
+        )
         return DataFrame(frame, self._session)
 
     def sort_values(
@@ -509,7 +510,7 @@ class DataFrame:
         """Runs the plan and returns a ``polars.DataFrame`` (index columns included)."""
         import polars as pl
 
-        return pl.from_arrow(self.to_arrow())
+        return pl.DataFrame(self.to_arrow())
 
     def __arrow_c_stream__(self, requested_schema: object | None = None) -> object:
         """The Arrow PyCapsule stream protocol: ``pyarrow.table(df)`` and
@@ -541,7 +542,7 @@ class DataFrame:
     def _repr_html_(self) -> str:
         head = DataFrame(self._frame.limit(REPR_ROWS, 0), self._session, self._index)
         try:
-            return head.to_pandas()._repr_html_()  # type: ignore[no-any-return]
+            return head.to_pandas().to_html()
         except ImportError:
             return "<pre>" + repr(self) + "</pre>"
 
@@ -768,11 +769,6 @@ class Column:
 
     rename = alias
 
-    @property
-    def str(self) -> StringMethods:
-        """String methods: ``contains``, ``startswith``, ``endswith``, ``lower``, ...."""
-        return StringMethods(self)
-
     # ----- running a column on its own -----------------------------------------------------
 
     def _owner(self) -> DataFrame:
@@ -835,6 +831,12 @@ class Column:
 
     def __repr__(self) -> str:
         return f"Column({self.name}: {self._expr!r})"
+
+    # Last in the class: from here on, `str` in annotations would mean this property.
+    @property
+    def str(self) -> StringMethods:
+        """String methods: ``contains``, ``startswith``, ``endswith``, ``lower``, ...."""
+        return StringMethods(self)
 
 
 def _arrow_type(dtype: Any) -> pa.DataType:
