@@ -178,7 +178,7 @@ class DataFrame:
     result is asked for.
     """
 
-    __slots__ = ("_frame", "_session", "_index", "_table_name")
+    __slots__ = ("_frame", "_session", "_index", "_table_name", "__weakref__")
 
     def __init__(
         self,

@@ -6,6 +6,7 @@ import itertools
 import os
 import re
 import threading
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -178,11 +179,21 @@ class Session:
     def from_arrow(self, data: Any, name: str | None = None) -> DataFrame:
         """Registers Arrow data without copying it: anything with ``__arrow_c_stream__`` or
         ``__arrow_c_array__`` (pyarrow tables, batches and readers; Polars DataFrames; pandas
-        DataFrames with Arrow-backed columns). The table is named ``name`` (default
-        ``df_<n>``)."""
-        name = name or self._auto_name()
+        DataFrames with Arrow-backed columns).
+
+        The table is registered as ``name``. Without a name it gets one (``df_<n>``, see
+        :attr:`DataFrame.table_name`) that lasts as long as the returned DataFrame: frames
+        derived from it keep the data, and the name goes when the frame is garbage
+        collected, so that converting frames in a loop does not fill the session."""
+        if name is not None:
+            self._inner.register_arrow(name, data)
+            return self.table(name)
+        name = self._auto_name()
         self._inner.register_arrow(name, data)
-        return self.table(name)
+        frame = self.table(name)
+        forget = weakref.finalize(frame, _forget_table, weakref.ref(self), name)
+        forget.atexit = False
+        return frame
 
     def from_pandas(
         self, df: pandas.DataFrame, name: str | None = None, preserve_index: bool = False
@@ -195,6 +206,18 @@ class Session:
     def from_polars(self, df: polars.DataFrame, name: str | None = None) -> DataFrame:
         """Registers a Polars DataFrame without copying it."""
         return self.from_arrow(df, name)
+
+
+def _forget_table(session: weakref.ref[Session], name: str) -> None:
+    """Deregisters the automatic name of a collected frame (plans derived from it hold the
+    data themselves)."""
+    alive = session()
+    if alive is None:
+        return
+    try:
+        alive._inner.deregister(name)
+    except Exception:  # noqa: BLE001 - a finalizer must not raise; the name is harmless
+        pass
 
 
 def _is_pandas(data: Any) -> bool:

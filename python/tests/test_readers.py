@@ -160,3 +160,37 @@ def test_cache_and_uncache(session, data):
     session.sql("CACHE TABLE c")
     assert len(session.table("c")) == len(data)
     session.sql("UNCACHE TABLE c")
+
+
+def test_unnamed_frames_release_their_names_when_collected(session):
+    import gc
+
+    before = set(session.tables())
+    kept = None
+    for i in range(20):
+        frame = session.from_pandas(pd.DataFrame({"k": [i % 3, 1, 2], "v": [1.0, 2.0, float(i)]}))
+        name = frame.table_name
+        assert name in session.tables()
+        # SQL sees the automatic name while the frame is alive.
+        assert session.sql(f"select count(*) as n from {name}").to_pandas()["n"][0] == 3
+        derived = frame[frame.v > 1.5].groupby("k").agg({"v": "sum"})
+        if i == 19:
+            kept = derived
+        del frame, derived
+    gc.collect()
+    assert set(session.tables()) == before
+    # A frame derived from a collected one still has its data.
+    got = kept.to_pandas()
+    expected = pd.DataFrame({"k": [0, 1, 2], "v": [0.0, 2.0, 19.0]})
+    expected = expected[expected.v > 1.5].groupby("k").agg({"v": "sum"})
+    pd.testing.assert_frame_equal(got, expected, check_dtype=False)
+
+
+def test_named_frames_stay_registered(session):
+    import gc
+
+    frame = session.from_pandas(pd.DataFrame({"a": [1, 2]}), name="kept_table")
+    del frame
+    gc.collect()
+    assert "kept_table" in session.tables()
+    assert session.sql("select sum(a) as s from kept_table").to_pandas()["s"][0] == 3
