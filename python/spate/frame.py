@@ -514,7 +514,8 @@ class DataFrame:
 
     def __arrow_c_stream__(self, requested_schema: object | None = None) -> object:
         """The Arrow PyCapsule stream protocol: ``pyarrow.table(df)`` and
-        ``polars.from_arrow(df)`` read the result without copying it."""
+        ``polars.DataFrame(df)`` read the result without copying it (``polars.from_arrow``
+        makes any non-pyarrow stream one Series of structs)."""
         return self._frame.__arrow_c_stream__(requested_schema)
 
     def register(self, name: str) -> DataFrame:
