@@ -23,7 +23,7 @@ use datafusion::datasource::file_format::options::ArrowReadOptions;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::session_state::SessionStateBuilder;
-use datafusion::logical_expr::{Explain, LogicalPlan};
+use datafusion::logical_expr::{DdlStatement, Explain, LogicalPlan};
 use datafusion::prelude::{
     CsvReadOptions, JsonReadOptions, ParquetReadOptions, SessionConfig, SessionContext,
 };
@@ -385,7 +385,10 @@ impl Engine {
 
     /// Removes a table; returns whether it existed.
     pub fn deregister(&self, name: &str) -> Result<bool> {
-        Ok(self.ctx.deregister_table(table_reference(name)?)?.is_some())
+        let existed = self.ctx.deregister_table(table_reference(name)?)?.is_some();
+        // The cached data went with the provider; its entry must not outlive it.
+        self.lock_cached().remove(&normalized_name(name)?);
+        Ok(existed)
     }
 
     /// Splits SQL text into statements, in the session's dialect.
@@ -468,18 +471,40 @@ impl Engine {
         {
             return self.explain_with_placement(explain).await;
         }
-        Ok(self.ctx.execute_logical_plan(plan).await?)
+        // DDL that drops or replaces a table also ends its cache: the cached provider is the
+        // one that goes.
+        let replaced = match &plan {
+            LogicalPlan::Ddl(ddl) => match ddl {
+                DdlStatement::DropTable(drop) => Some(drop.name.table().to_string()),
+                DdlStatement::DropView(drop) => Some(drop.name.table().to_string()),
+                DdlStatement::CreateMemoryTable(create) => Some(create.name.table().to_string()),
+                DdlStatement::CreateView(create) => Some(create.name.table().to_string()),
+                DdlStatement::CreateExternalTable(create) => Some(create.name.table().to_string()),
+                _ => None,
+            },
+            _ => None,
+        };
+        let df = self.ctx.execute_logical_plan(plan).await?;
+        if let Some(name) = replaced {
+            self.lock_cached().remove(&name);
+        }
+        Ok(df)
     }
 
     /// Loads table `name` into memory for later queries: GPU memory on a GPU backend, host
     /// memory on `cpu` (see [`crate::cache`]). Caching a cached table again changes nothing.
     pub async fn cache_table(&self, name: &str) -> Result<CachedTable> {
         let key = normalized_name(name)?;
-        if let Some(cached) = self.lock_cached().get(&key) {
-            return Ok(cached.clone());
-        }
         let reference = table_reference(name)?;
         let original = self.ctx.table_provider(reference.clone()).await?;
+        if original_provider(original.as_ref()).is_some() {
+            if let Some(cached) = self.lock_cached().get(&key) {
+                return Ok(cached.clone());
+            }
+        } else {
+            // A table registered since under this name (by an embedder, say) ended the cache.
+            self.lock_cached().remove(&key);
+        }
         let schema = original.schema();
         let partitions = self
             .ctx

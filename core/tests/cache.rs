@@ -210,3 +210,55 @@ async fn gpu_cache_over_the_device_budget_fails_cleanly() {
     let rows = text(&gpu.collect("SELECT count(*) FROM lineitem").await.unwrap());
     assert_eq!(rows, "60175");
 }
+
+/// A cache belongs to the table it was made from: dropping or replacing that table (through
+/// the API or SQL DDL) ends it, and caching the new table of that name caches the new data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_or_replacing_a_table_ends_its_cache() {
+    let engine = Engine::builder()
+        .backend(Backend::Cpu)
+        .target_partitions(2)
+        .build()
+        .unwrap();
+    let rows = |engine: &Engine| -> Vec<(String, usize)> {
+        engine
+            .cached_tables()
+            .into_iter()
+            .map(|t| (t.name, t.rows))
+            .collect()
+    };
+
+    // Through the API.
+    engine
+        .collect("CREATE TABLE t AS VALUES (1), (2), (3)")
+        .await
+        .unwrap();
+    assert_eq!(engine.cache_table("t").await.unwrap().rows, 3);
+    assert!(engine.deregister("t").unwrap());
+    assert_eq!(rows(&engine), vec![]);
+    engine
+        .collect("CREATE TABLE t AS VALUES (1), (2), (3), (4), (5)")
+        .await
+        .unwrap();
+    assert_eq!(rows(&engine), vec![]);
+    assert_eq!(engine.cache_table("t").await.unwrap().rows, 5);
+    assert_eq!(rows(&engine), vec![("t".to_string(), 5)]);
+
+    // Through SQL: DROP TABLE, then CREATE OR REPLACE.
+    engine.collect("DROP TABLE t").await.unwrap();
+    assert_eq!(rows(&engine), vec![]);
+    engine
+        .collect("CREATE TABLE t AS VALUES (7)")
+        .await
+        .unwrap();
+    assert_eq!(engine.cache_table("t").await.unwrap().rows, 1);
+    engine
+        .collect("CREATE OR REPLACE TABLE t AS VALUES (8), (9)")
+        .await
+        .unwrap();
+    assert_eq!(rows(&engine), vec![]);
+    let cached = text(&engine.collect("CACHE TABLE t").await.unwrap());
+    assert!(cached.starts_with("t|2|"), "{cached}");
+    let sum = text(&engine.collect("SELECT sum(column1) FROM t").await.unwrap());
+    assert_eq!(sum, "17");
+}

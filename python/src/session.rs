@@ -73,13 +73,8 @@ fn partition(batches: Vec<RecordBatch>, rows: usize, partitions: usize) -> Vec<V
 }
 
 impl PySession {
-    /// Removes table `name` (and its cached copy, which would otherwise outlive it and be
-    /// taken for the cache of a new table of that name); returns whether it existed.
+    /// Removes table `name` (and its cache); returns whether it existed.
     fn drop_table(&self, name: &str) -> Result<bool, spate::SpateError> {
-        let key = name.to_ascii_lowercase();
-        if self.engine.cached_tables().iter().any(|t| t.name == key) {
-            self.engine.uncache_table(name)?;
-        }
         self.engine.deregister(name)
     }
 
