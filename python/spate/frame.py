@@ -36,8 +36,9 @@ Where Spate deliberately differs from pandas:
   order of its partitions, not necessarily the input's; ``groupby(sort=False)`` and
   ``drop_duplicates`` do not keep first-appearance order, and which duplicate
   ``drop_duplicates`` keeps is unspecified.
-- ``groupby(...).agg(["sum", "max"])`` names its columns ``v_sum``, ``v_max`` (pandas: a
-  two-level header ``(v, sum)``); an aggregate cannot take the name of a group key (use a
+- ``groupby(...).agg(["sum", "max"])`` names its columns ``v_sum``, ``v_max`` in Arrow
+  (``to_arrow``, ``to_polars``, SQL), which has no two-level header; ``to_pandas`` shows
+  pandas' ``(v, sum)`` header. An aggregate cannot take the name of a group key (use a
   named aggregation); ``size()`` and aggregations of one selected column return a frame
   (``size`` is a column named ``size``), not a Series.
 - Nulls are nulls: pandas' NaN, None, NA and NaT all become null on the way in, while a NaN
@@ -178,7 +179,7 @@ class DataFrame:
     result is asked for.
     """
 
-    __slots__ = ("_frame", "_session", "_index", "_table_name", "__weakref__")
+    __slots__ = ("_frame", "_session", "_index", "_table_name", "_levels", "__weakref__")
 
     def __init__(
         self,
@@ -186,17 +187,22 @@ class DataFrame:
         session: Session,
         index: Sequence[str] = (),
         table_name: str | None = None,
+        levels: Mapping[str, tuple[str, str]] | None = None,
     ) -> None:
         self._frame = frame
         self._session = session
         self._index: tuple[str, ...] = tuple(index)
         self._table_name = table_name
+        # pandas' two-level header, (column, function), of the columns `agg` made from a list:
+        # Arrow has one level, so they are named `column_function`, and to_pandas restores it.
+        self._levels: dict[str, tuple[str, str]] = dict(levels or {})
 
     def _derive(self, frame: _spate.Frame, index: Sequence[str] | None = None) -> DataFrame:
+        names = set(frame.columns())
         if index is None:
-            names = set(frame.columns())
             index = tuple(i for i in self._index if i in names)
-        return DataFrame(frame, self._session, index)
+        levels = {c: level for c, level in self._levels.items() if c in names}
+        return DataFrame(frame, self._session, index, levels=levels)
 
     # ----- shape and schema ------------------------------------------------------------
 
@@ -504,6 +510,11 @@ class DataFrame:
         frame = table.to_pandas(types_mapper=mapper) if mapper else table.to_pandas()
         if self._index:
             frame = frame.set_index(list(self._index))
+        columns = list(frame.columns)
+        if self._levels and columns and all(c in self._levels for c in columns):
+            import pandas as pd
+
+            frame.columns = pd.MultiIndex.from_tuples([self._levels[c] for c in columns])
         return frame
 
     def to_polars(self) -> polars.DataFrame:
@@ -1016,13 +1027,17 @@ class GroupBy:
         """Aggregates each group.
 
         - ``agg("sum")`` applies one function to every value column;
-        - ``agg(["sum", "max"])`` applies several (columns named ``v_sum``, ``v_max``);
-        - ``agg({"v": "sum", "w": ["min", "max"]})`` picks functions per column;
+        - ``agg(["sum", "max"])`` applies several: the columns are named ``v_sum``, ``v_max``
+          (Arrow has no two-level header), and :meth:`DataFrame.to_pandas` shows them under
+          pandas' ``(v, sum)`` header;
+        - ``agg({"v": "sum", "w": ["min", "max"]})`` picks functions per column (with a list
+          among them, every column gets the two-level header, as in pandas);
         - ``agg(total=("v", "sum"))`` names the outputs (pandas' named aggregation).
 
         Functions: sum, mean, count, min, max, median, std, var, nunique, size.
         """
         outputs: list[_Aggregate] = []
+        levels: dict[str, tuple[str, str]] = {}
         if spec is not None and named:
             raise PlanError("agg takes either a spec or named aggregations, not both")
         if named:
@@ -1036,25 +1051,29 @@ class GroupBy:
         elif isinstance(spec, str):
             outputs = [self._aggregate_expr(c, spec, c) for c in self._values()]
         elif isinstance(spec, Mapping):
+            two_levels = any(not isinstance(hows, str) for hows in spec.values())
             for column, hows in spec.items():
                 if isinstance(hows, str):
                     outputs.append(self._aggregate_expr(column, hows, column))
+                    if two_levels:
+                        levels[column] = (column, hows)
                 else:
-                    outputs.extend(
-                        self._aggregate_expr(column, h, f"{column}_{h}") for h in hows
-                    )
+                    for h in hows:
+                        outputs.append(self._aggregate_expr(column, h, f"{column}_{h}"))
+                        levels[f"{column}_{h}"] = (column, h)
         elif spec is not None:
-            outputs = [
-                self._aggregate_expr(c, h, f"{c}_{h}")
-                for c, h in itertools.product(self._values(), list(spec))
-            ]
+            for c, h in itertools.product(self._values(), list(spec)):
+                outputs.append(self._aggregate_expr(c, h, f"{c}_{h}"))
+                levels[f"{c}_{h}"] = (c, h)
         else:
             raise PlanError("agg needs a function, a list, a dict or named aggregations")
         if not outputs:
             raise PlanError("nothing to aggregate: the frame has no columns besides the keys")
-        return self._run(outputs)
+        return self._run(outputs, levels)
 
-    def _run(self, outputs: list[_Aggregate]) -> DataFrame:
+    def _run(
+        self, outputs: list[_Aggregate], levels: Mapping[str, tuple[str, str]] | None = None
+    ) -> DataFrame:
         clash = [o.name for o in outputs if o.name in self._keys]
         if clash:
             raise PlanError(
@@ -1085,7 +1104,7 @@ class GroupBy:
             n = len(keys)
             frame = frame.sort([_spate.Expr.col(k) for k in self._keys], [True] * n, [False] * n)
         index = self._keys if self._as_index else ()
-        return DataFrame(frame, self._df._session, index)
+        return DataFrame(frame, self._df._session, index, levels=levels)
 
     def _numeric(self) -> list[str]:
         schema = self._df.schema
