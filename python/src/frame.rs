@@ -206,23 +206,12 @@ impl PyFrame {
     /// All columns, with `expr` as column `name` (replacing a column of that name in place, or
     /// appended).
     fn with_column(&self, name: &str, expr: &PyExpr) -> PyResult<Self> {
-        let mut replaced = false;
-        let mut exprs: Vec<Expr> = self
-            .qualified_columns()
-            .iter()
-            .map(|(q, f)| {
-                if f.name() == name {
-                    replaced = true;
-                    expr.expr.clone().alias(name)
-                } else {
-                    column_expr(q.as_ref(), f)
-                }
-            })
-            .collect();
-        if !replaced {
-            exprs.push(expr.expr.clone().alias(name));
-        }
-        Ok(self.with(self.df.clone().select(exprs).py(Origin::Frame)?))
+        Ok(self.with(
+            self.df
+                .clone()
+                .with_column(name, expr.expr.clone())
+                .py(Origin::Frame)?,
+        ))
     }
 
     /// All columns, renamed by `mapping` (old name to new name; names not present are
