@@ -250,30 +250,34 @@ impl Engine {
 
     /// Registers a Parquet file or folder of Parquet files.
     pub async fn register_parquet(&self, name: &str, path: impl AsRef<Path>) -> Result<()> {
-        self.register_as(name, path.as_ref(), FileFormat::Parquet)
-            .await
+        self.register_format(name, path, FileFormat::Parquet).await
     }
 
     /// Registers a CSV file (with a header row) or folder of CSV files.
     pub async fn register_csv(&self, name: &str, path: impl AsRef<Path>) -> Result<()> {
-        self.register_as(name, path.as_ref(), FileFormat::Csv).await
+        self.register_format(name, path, FileFormat::Csv).await
     }
 
     /// Registers a newline-delimited JSON file or folder.
     pub async fn register_ndjson(&self, name: &str, path: impl AsRef<Path>) -> Result<()> {
-        self.register_as(name, path.as_ref(), FileFormat::NdJson)
-            .await
+        self.register_format(name, path, FileFormat::NdJson).await
     }
 
     /// Registers an Arrow IPC file or folder.
     pub async fn register_arrow(&self, name: &str, path: impl AsRef<Path>) -> Result<()> {
-        self.register_as(name, path.as_ref(), FileFormat::ArrowIpc)
-            .await
+        self.register_format(name, path, FileFormat::ArrowIpc).await
     }
 
-    async fn register_as(&self, name: &str, path: &Path, format: FileFormat) -> Result<()> {
-        // An explicit format wins over a file's extension. A folder is read through the
-        // extension of its files, which must be of the requested format.
+    /// Registers a file or folder in the given format. The format wins over a file's
+    /// extension; a folder is read through the extension of its files, which must be of
+    /// that format.
+    pub async fn register_format(
+        &self,
+        name: &str,
+        path: impl AsRef<Path>,
+        format: FileFormat,
+    ) -> Result<()> {
+        let path = path.as_ref();
         let extension = if path.is_file() {
             path.extension()
                 .map(|e| e.to_string_lossy().into_owned())

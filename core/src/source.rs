@@ -7,6 +7,7 @@
 
 use std::fmt;
 use std::path::Path;
+use std::str::FromStr;
 
 use crate::error::{Result, SpateError};
 
@@ -95,6 +96,20 @@ impl FileFormat {
     }
 }
 
+impl FromStr for FileFormat {
+    type Err = SpateError;
+
+    /// A format by name, any case: `parquet`, `csv`, `ndjson` (or `json`), `arrow` (or `ipc`,
+    /// `feather`), or any other extension that selects a format.
+    fn from_str(name: &str) -> Result<Self> {
+        Self::from_extension(name.trim()).ok_or_else(|| SpateError::Config {
+            message: format!(
+                "unknown file format '{name}': expected parquet, csv, ndjson or arrow"
+            ),
+        })
+    }
+}
+
 impl fmt::Display for FileFormat {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -142,6 +157,22 @@ mod tests {
             Some(FileFormat::ArrowIpc)
         );
         assert_eq!(FileFormat::from_extension("xlsx"), None);
+    }
+
+    #[test]
+    fn formats_parse_by_name() {
+        assert_eq!(
+            "Parquet".parse::<FileFormat>().unwrap(),
+            FileFormat::Parquet
+        );
+        assert_eq!("json".parse::<FileFormat>().unwrap(), FileFormat::NdJson);
+        assert_eq!(" ipc ".parse::<FileFormat>().unwrap(), FileFormat::ArrowIpc);
+        let err = "xlsx".parse::<FileFormat>().unwrap_err();
+        assert!(matches!(err, SpateError::Config { .. }), "{err:?}");
+        assert!(
+            err.to_string().contains("unknown file format 'xlsx'"),
+            "{err}"
+        );
     }
 
     #[test]

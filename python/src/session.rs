@@ -198,20 +198,10 @@ impl PySession {
         path: std::path::PathBuf,
         format: Option<&str>,
     ) -> PyResult<()> {
-        let format = match format {
-            None => None,
-            Some(f) => Some(match f.to_ascii_lowercase().as_str() {
-                "parquet" => FileFormat::Parquet,
-                "csv" => FileFormat::Csv,
-                "ndjson" | "json" => FileFormat::NdJson,
-                "arrow" | "ipc" | "feather" => FileFormat::ArrowIpc,
-                other => {
-                    return Err(errors::invalid(format!(
-                        "unknown file format '{other}': expected parquet, csv, ndjson or arrow"
-                    )));
-                }
-            }),
-        };
+        let format = format
+            .map(str::parse::<FileFormat>)
+            .transpose()
+            .py(Origin::Frame)?;
         let engine = Arc::clone(&self.engine);
         let staged = format!(
             "{STAGING_PREFIX}{}",
@@ -221,10 +211,7 @@ impl PySession {
         wait(py, async move {
             match format {
                 None => engine.register(&table, &path).await,
-                Some(FileFormat::Parquet) => engine.register_parquet(&table, &path).await,
-                Some(FileFormat::Csv) => engine.register_csv(&table, &path).await,
-                Some(FileFormat::NdJson) => engine.register_ndjson(&table, &path).await,
-                Some(FileFormat::ArrowIpc) => engine.register_arrow(&table, &path).await,
+                Some(format) => engine.register_format(&table, &path, format).await,
             }
         })?
         .py(Origin::Frame)?;
