@@ -9,11 +9,16 @@
 //   kernel that relies on implicit warp lock-step, or forgets a barrier between a shared-memory
 //   write and a read by another thread, computes a wrong answer here as it can on a GPU.
 //   The scheduler alternates the order in which it resumes threads, so a race whose outcome
-//   depends on thread order shows up in one direction or the other.
-// - Blocks run concurrently on several OS threads, so global-memory atomics are real atomics.
+//   depends on thread order shows up in one direction or the other; with a seed (strict
+//   mode, SPATE_EMU_STRICT) it resumes them in a random order at every barrier instead.
+// - Blocks run concurrently on several OS threads (which the Rust runtime provides, see
+//   `run_workers`), so global-memory atomics are real atomics. With a seed, blocks are taken
+//   in a random order, so a kernel that assumes block i runs before block i + 1 fails.
 // - Barrier misuse is an error, not a hang: a thread that exits while others wait at
 //   `__syncthreads`, warp operations whose lanes disagree, and partial-mask warp operations
 //   are reported with the kernel's name.
+// - A fault (an out-of-bounds or freed address, caught by the runtime's guard pages) or the
+//   runtime's watchdog stops the block through `abort_from_signal`, with a message.
 //
 // What kernels may use is documented in docs/dev/kernels.md ("The dialect"). This header is
 // embedded into the Spate binary and also used to compile generated kernels at run time.
@@ -27,8 +32,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <csignal>
 #include <cstring>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -58,12 +63,34 @@ struct dim3 {
 #define __host__
 #define __forceinline__ inline __attribute__((always_inline))
 #define __noinline__ __attribute__((noinline))
+// The build script preprocesses every kernel once with SPATE_EMU_SCAN_BOUNDS to learn each
+// entry's launch bounds, which the runtime then enforces at launch as a GPU does.
+#if defined(SPATE_EMU_SCAN_BOUNDS)
+#define __launch_bounds__(...) spate_emu_bounds_mark(__VA_ARGS__)
+#else
 #define __launch_bounds__(...)
+#endif
 #define __constant__
 #define __align__(n) alignas(n)
 // Shared memory is per block. All fibers of a block run on one OS thread and a worker runs one
 // block at a time, so a thread-local static is exactly one copy per running block.
 #define __shared__ static thread_local
+
+// The launch record the Rust runtime passes (`LaunchArgs` in backend/emulated/grid.rs; keep
+// the two in step).
+extern "C" {
+struct spate_emu_launch {
+    unsigned dims[7];  // grid x y z, block x y z, dynamic shared memory bytes
+    void** params;
+    char* err;
+    unsigned long errlen;
+    unsigned long long seed;  // 0: deterministic order; else random block and thread order
+    unsigned workers;
+    void* runner;
+    void (*run_workers)(void* runner, unsigned workers, void (*work)(void*), void* arg);
+    void (*abort_block)(const char* message);  // filled in by run_grid
+};
+}
 
 namespace spate_emu {
 
@@ -108,6 +135,7 @@ struct Block {
     unsigned char* dyn_shared = nullptr;
     bool failed = false;
     char error[512] = {0};
+    std::vector<unsigned> order;  // resumption order of one round
 };
 
 struct Launch {
@@ -117,10 +145,24 @@ struct Launch {
     void (*invoke)(void**);
     void** params;
     const char* name;
+    unsigned long long seed;
 };
 
 inline thread_local Block* tls_block = nullptr;
 inline thread_local Fiber* tls_fiber = nullptr;
+// True only while this thread executes a fiber (kernel code or the dialect's functions), where
+// a signal handler may leave the fiber through abort_from_signal.
+inline thread_local volatile sig_atomic_t tls_in_kernel = 0;
+// An abort that arrived while the thread was in the scheduler, picked up at its next step.
+inline thread_local const char* volatile tls_pending_abort = nullptr;
+
+// splitmix64: the seeded random orders.
+inline unsigned long long mix(unsigned long long& state) {
+    unsigned long long z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Context switching
@@ -161,11 +203,13 @@ __attribute__((naked, noinline)) static void switch_stack(void** /*from*/, void*
 [[noreturn]] inline void fiber_main();
 
 inline void to_scheduler() {
+    tls_in_kernel = 0;
 #if defined(__x86_64__)
     switch_stack(&tls_fiber->sp, tls_block->sched_sp);
 #else
     swapcontext(static_cast<ucontext_t*>(tls_fiber->sp), static_cast<ucontext_t*>(tls_block->sched_sp));
 #endif
+    tls_in_kernel = 1;
 }
 
 // Records the first error of the block and leaves the fiber for good.
@@ -257,6 +301,7 @@ inline void resume(Block& blk, Fiber& f) {
 }
 
 [[noreturn]] inline void fiber_main() {
+    tls_in_kernel = 1;
     Block* blk = tls_block;
     blk->launch->invoke(blk->launch->params);
     tls_fiber->state = kDone;
@@ -286,10 +331,25 @@ inline bool run_block(Block& blk) {
 #endif
     tls_block = &blk;
     bool forward = true;
+    // With a seed, every round resumes the runnable threads in a fresh random order.
+    unsigned long long rng = l.seed ^ (0x632be59bd9b4e019ull * (1 + blk.idx.x + 65536ull * (blk.idx.y + 65536ull * blk.idx.z)));
+    std::vector<unsigned>& order = blk.order;
+    order.resize(n);
+    for (size_t k = 0; k < n; ++k) order[k] = unsigned(k);
     while (blk.live > 0 && !blk.failed) {
         bool ran = false;
+        if (l.seed != 0) {
+            for (size_t k = n; k > 1; --k) std::swap(order[k - 1], order[mix(rng) % k]);
+        }
         for (size_t k = 0; k < n && !blk.failed; ++k) {
-            Fiber& f = blk.fibers[forward ? k : n - 1 - k];
+            if (const char* why = tls_pending_abort) {
+                tls_pending_abort = nullptr;
+                blk.failed = true;
+                std::snprintf(blk.error, sizeof(blk.error), "%s", why);
+                break;
+            }
+            size_t i = l.seed != 0 ? order[k] : (forward ? k : n - 1 - k);
+            Fiber& f = blk.fibers[i];
             if (f.state == kRunnable) {
                 resume(blk, f);
                 ran = true;
@@ -313,6 +373,24 @@ inline bool run_block(Block& blk) {
     }
     tls_block = nullptr;
     return !blk.failed;
+}
+
+// Called by the runtime's signal handlers (a fault, the watchdog). In kernel code it leaves the
+// fiber for good with `message` as the block's error; anywhere else it leaves a note that the
+// scheduler picks up at its next step, and returns.
+inline void abort_from_signal(const char* message) {
+    if (tls_in_kernel && tls_block != nullptr && tls_fiber != nullptr) {
+        Block* blk = tls_block;
+        if (!blk->failed) {
+            blk->failed = true;
+            std::snprintf(blk->error, sizeof(blk->error), "%s (thread (%u,%u,%u))", message,
+                          tls_fiber->tid.x, tls_fiber->tid.y, tls_fiber->tid.z);
+        }
+        tls_fiber->state = kDone;
+        to_scheduler();
+        __builtin_unreachable();
+    }
+    tls_pending_abort = message;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -437,83 +515,110 @@ inline unsigned param_sizes(void (*)(A...), unsigned* sizes, unsigned max) {
     return n;
 }
 
-inline unsigned worker_count(size_t blocks) {
-    unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-    if (const char* env = std::getenv("SPATE_EMU_THREADS")) {
-        long v = std::strtol(env, nullptr, 10);
-        if (v > 0) hw = unsigned(v);
-    }
-    return unsigned(std::min<size_t>(hw, blocks));
-}
-
-// Runs a whole grid. Returns 0 on success; otherwise writes the first error to `err`.
-inline int run_grid(const unsigned* dims, void (*invoke)(void**), void** params, const char* name, char* err,
-                    unsigned long errlen) {
-    Launch l{};
-    for (int i = 0; i < 3; ++i) {
-        l.grid[i] = dims[i];
-        l.block[i] = dims[3 + i];
-    }
-    l.shared_mem_bytes = dims[6];
-    l.invoke = invoke;
-    l.params = params;
-    l.name = name;
-    size_t threads = size_t(l.block[0]) * l.block[1] * l.block[2];
-    size_t blocks = size_t(l.grid[0]) * l.grid[1] * l.grid[2];
-    if (threads == 0 || threads > 1024 || threads % 32 != 0) {
-        std::snprintf(err, errlen, "%s: block of %zu threads; the dialect needs 32 to 1024 threads, a multiple of 32",
-                      name, threads);
-        return 1;
-    }
-    if (blocks == 0) return 0;
-
+// What the workers of one grid share.
+struct Grid {
+    Launch launch{};
+    size_t threads = 0;
+    size_t blocks = 0;
+    std::vector<unsigned> order;  // with a seed: the order blocks are taken in
+    unsigned long long stride = 1, start = 0;  // a seeded order for grids too large to list
     std::atomic<size_t> next{0};
     std::atomic<bool> failed{false};
-    std::vector<char> first_error(512, 0);
     std::atomic<bool> error_taken{false};
+    char first_error[768] = {0};
 
-    auto work = [&]() {
-        if (!tls_stacks.reserve(threads)) {
-            if (!error_taken.exchange(true))
-                std::snprintf(first_error.data(), first_error.size(), "%s: could not map %zu fiber stacks", name, threads);
-            failed = true;
+    size_t block_at(size_t i) const {
+        if (launch.seed == 0) return i;
+        if (!order.empty()) return order[i];
+        return size_t((start + stride * (unsigned long long)i) % blocks);
+    }
+};
+
+inline void grid_worker(void* arg) {
+    Grid& g = *static_cast<Grid*>(arg);
+    const Launch& l = g.launch;
+    if (!tls_stacks.reserve(g.threads)) {
+        if (!g.error_taken.exchange(true))
+            std::snprintf(g.first_error, sizeof(g.first_error), "%s: could not map %zu fiber stacks", l.name,
+                          g.threads);
+        g.failed = true;
+        return;
+    }
+    std::vector<unsigned char> dyn(std::max<size_t>(l.shared_mem_bytes, 16) + 64);
+    unsigned char* dyn_aligned =
+        reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(dyn.data()) + 63) & ~uintptr_t(63));
+    Block blk;
+    blk.launch = &l;
+    blk.dyn_shared = dyn_aligned;
+    for (;;) {
+        if (g.failed.load(std::memory_order_relaxed)) return;
+        size_t i = g.next.fetch_add(1);
+        if (i >= g.blocks) return;
+        size_t b = g.block_at(i);
+        blk.idx = uint3{unsigned(b % l.grid[0]), unsigned((b / l.grid[0]) % l.grid[1]),
+                        unsigned(b / (size_t(l.grid[0]) * l.grid[1]))};
+        blk.failed = false;
+        blk.error[0] = 0;
+        // Shared memory starts as garbage on a GPU; make that visible to kernels that forget
+        // to initialise the dynamic part.
+        std::memset(blk.dyn_shared, 0xcd, l.shared_mem_bytes);
+        if (!run_block(blk)) {
+            if (!g.error_taken.exchange(true))
+                std::snprintf(g.first_error, sizeof(g.first_error), "block (%u,%u,%u): %s", blk.idx.x, blk.idx.y,
+                              blk.idx.z, blk.error);
+            g.failed = true;
             return;
         }
-        std::vector<unsigned char> dyn(std::max<size_t>(l.shared_mem_bytes, 16) + 64);
-        unsigned char* dyn_aligned = reinterpret_cast<unsigned char*>(
-            (reinterpret_cast<uintptr_t>(dyn.data()) + 63) & ~uintptr_t(63));
-        Block blk;
-        blk.launch = &l;
-        blk.dyn_shared = dyn_aligned;
-        for (;;) {
-            if (failed.load(std::memory_order_relaxed)) return;
-            size_t b = next.fetch_add(1);
-            if (b >= blocks) return;
-            blk.idx = uint3{unsigned(b % l.grid[0]), unsigned((b / l.grid[0]) % l.grid[1]),
-                            unsigned(b / (size_t(l.grid[0]) * l.grid[1]))};
-            blk.failed = false;
-            blk.error[0] = 0;
-            // Shared memory starts as garbage on a GPU; make that visible to kernels that
-            // forget to initialise the dynamic part.
-            std::memset(blk.dyn_shared, 0xcd, l.shared_mem_bytes);
-            if (!run_block(blk)) {
-                if (!error_taken.exchange(true))
-                    std::snprintf(first_error.data(), first_error.size(), "block (%u,%u,%u): %s", blk.idx.x,
-                                  blk.idx.y, blk.idx.z, blk.error);
-                failed = true;
-                return;
-            }
-        }
-    };
+    }
+}
 
-    unsigned workers = worker_count(blocks);
-    std::vector<std::thread> pool;
-    pool.reserve(workers - 1);
-    for (unsigned i = 1; i < workers; ++i) pool.emplace_back(work);
-    work();
-    for (auto& t : pool) t.join();
-    if (failed) {
-        std::snprintf(err, errlen, "%s", first_error.data());
+inline unsigned long long gcd(unsigned long long a, unsigned long long b) {
+    while (b) {
+        unsigned long long t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+// Runs a whole grid. Returns 0 on success; otherwise writes the first error to `a->err`.
+inline int run_grid(spate_emu_launch* a, void (*invoke)(void**), const char* name) {
+    Grid g;
+    Launch& l = g.launch;
+    for (int i = 0; i < 3; ++i) {
+        l.grid[i] = a->dims[i];
+        l.block[i] = a->dims[3 + i];
+    }
+    l.shared_mem_bytes = a->dims[6];
+    l.invoke = invoke;
+    l.params = a->params;
+    l.name = name;
+    l.seed = a->seed;
+    g.threads = size_t(l.block[0]) * l.block[1] * l.block[2];
+    g.blocks = size_t(l.grid[0]) * l.grid[1] * l.grid[2];
+    if (g.threads == 0 || g.threads > 1024 || g.threads % 32 != 0) {
+        std::snprintf(a->err, a->errlen, "%s: block of %zu threads; the dialect needs 32 to 1024 threads, a multiple of 32",
+                      name, g.threads);
+        return 1;
+    }
+    if (g.blocks == 0) return 0;
+    if (l.seed != 0) {
+        unsigned long long rng = l.seed;
+        if (g.blocks <= (size_t(1) << 20)) {
+            g.order.resize(g.blocks);
+            for (size_t i = 0; i < g.blocks; ++i) g.order[i] = unsigned(i);
+            for (size_t k = g.blocks; k > 1; --k) std::swap(g.order[k - 1], g.order[mix(rng) % k]);
+        } else {
+            g.start = mix(rng) % g.blocks;
+            do g.stride = 1 + mix(rng) % g.blocks;
+            while (gcd(g.stride, g.blocks) != 1);
+        }
+    }
+    a->abort_block = &abort_from_signal;
+    unsigned workers = unsigned(std::min<size_t>(std::max(1u, a->workers), g.blocks));
+    a->run_workers(a->runner, workers, &grid_worker, &g);
+    if (g.failed) {
+        std::snprintf(a->err, a->errlen, "%s", g.first_error);
         return 1;
     }
     return 0;
@@ -649,10 +754,9 @@ inline T max(T a, T b) { return a < b ? b : a; }
 // It generates the two C entry points the Rust launcher calls: one runs the grid with the
 // packed parameters, the other reports the parameter sizes so every launch is checked.
 #define SPATE_EXPORT(name)                                                                              \
-    extern "C" int spate_emu_launch_##name(const unsigned* dims, void** params, char* err,                \
-                                           unsigned long errlen) {                                        \
+    extern "C" int spate_emu_launch_##name(::spate_emu_launch* launch) {                                  \
         return ::spate_emu::run_grid(                                                                     \
-            dims, [](void** p) { ::spate_emu::call_with_params(name, p); }, params, #name, err, errlen);   \
+            launch, [](void** p) { ::spate_emu::call_with_params(name, p); }, #name);                     \
     }                                                                                                     \
     extern "C" unsigned spate_emu_params_##name(unsigned* sizes, unsigned max) {                          \
         return ::spate_emu::param_sizes(name, sizes, max);                                                \

@@ -4,11 +4,11 @@
 //! Arrow boolean bitmap (with a bit offset); rows whose mask is NULL are dropped, as SQL's
 //! `WHERE` drops them. Batches hold at most `u32::MAX - 1` rows (indices are u32).
 
-use crate::device::Stream;
 use crate::error::{Result, ensure_arg};
 use crate::launch::{KernelArg, LaunchConfig, TILE};
 use crate::memory::{DeviceBitmap, DeviceBuffer, DeviceCopy, DeviceSlice};
 use crate::scan;
+use crate::stream::Stream;
 
 /// A compaction mask.
 #[derive(Debug, Clone, Copy)]

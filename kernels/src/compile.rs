@@ -338,8 +338,8 @@ const HOST_CODEGEN_FLAGS: &[&str] = &[
 /// is about a third of a generated kernel's host compile. A kernel's own includes of them are
 /// then no-ops (include guards).
 const PRECOMPILED_HEADER: &str = "#include <algorithm>\n#include <atomic>\n#include <cmath>\n\
-#include <cstddef>\n#include <cstdint>\n#include <cstdio>\n#include <cstdlib>\n#include <cstring>\n\
-#include <thread>\n#include <type_traits>\n#include <utility>\n#include <vector>\n\
+#include <cstddef>\n#include <cstdint>\n#include <cstdio>\n#include <cstdlib>\n#include <csignal>\n\
+#include <cstring>\n#include <type_traits>\n#include <utility>\n#include <vector>\n\
 #include <sys/mman.h>\n#include <unistd.h>\n";
 
 /// The header to pass with `-include` (its `.gch` beside it), building it on first use; `None`

@@ -6,11 +6,11 @@
 //! width shares one kernel. Strings are Arrow offsets + bytes, with i32 (Utf8) or i64
 //! (LargeUtf8) offsets; the launcher checks the gathered bytes fit the offset type.
 
-use crate::device::Stream;
 use crate::error::{KernelError, Result, ensure_arg};
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::memory::{DeviceBitmap, DeviceBuffer, DeviceCopy, DeviceSlice};
 use crate::scan;
+use crate::stream::Stream;
 
 /// Element types gathered and scattered by width.
 pub trait GatherElem: DeviceCopy {

@@ -5,11 +5,11 @@
 //! left to right with `hash_combine`, starting from a seed; a NULL contributes
 //! [`crate::reference::NULL_HASH`], so NULL keys group together.
 
-use crate::device::Stream;
 use crate::error::{Result, ensure_arg};
 use crate::gather::{DeviceStrings, OffsetElem};
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::memory::{DeviceBitmap, DeviceBuffer, DeviceCopy, DeviceSlice};
+use crate::stream::Stream;
 
 /// The seed row hashes start from.
 pub const DEFAULT_SEED: u64 = 0;

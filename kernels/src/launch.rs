@@ -3,14 +3,16 @@
 //! Arguments are passed the way `cuLaunchKernel` takes them: an array of pointers to each
 //! argument's bytes. The emulated backend unpacks that array into the kernel's C++ signature,
 //! and checks every argument's size against the signature first; on `cuda` the check uses
-//! `cuFuncGetParamInfo` where the driver has it (12.4+).
+//! `cuFuncGetParamInfo` where the driver has it (12.4+). Launch limits (block and grid
+//! dimensions, `__launch_bounds__`, dynamic shared memory above 48 KiB without an opt-in) are
+//! checked alike on both backends, before anything is queued.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
-use cudarc::driver::{CudaFunction, CudaModule};
-
+use crate::backend::{DeviceLimits, KernelBackend};
+use crate::device::BackendKind;
 use crate::memory::{DeviceBitmap, DeviceBuffer, DeviceCopy, DeviceSlice};
-use crate::source::EmuLaunchFn;
 
 /// Threads per block of every fixed kernel (`SPATE_BLOCK_THREADS` in `common/prelude.cuh`).
 pub const BLOCK_THREADS: u32 = 256;
@@ -161,39 +163,31 @@ scalar_arg!(u32 => U32, i32 => I32, u64 => U64, i64 => I64, f32 => F32, f64 => F
 #[derive(Clone)]
 pub struct Kernel {
     pub(crate) name: Arc<str>,
-    pub(crate) imp: KernelImpl,
+    pub(crate) backend: BackendKind,
+    pub(crate) imp: Arc<dyn KernelBackend>,
+    /// Dynamic shared memory launches may use beyond the default, once opted in.
+    opt_in_shared_bytes: Arc<AtomicU32>,
 }
 
 impl std::fmt::Debug for Kernel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let backend = match self.imp {
-            KernelImpl::Cuda { .. } => "cuda",
-            KernelImpl::Emulated { .. } => "emulated",
-        };
         f.debug_struct("Kernel")
             .field("name", &self.name)
-            .field("backend", &backend)
+            .field("backend", &self.backend)
             .finish()
     }
 }
 
-#[derive(Clone)]
-pub(crate) enum KernelImpl {
-    Cuda {
-        function: CudaFunction,
-        _module: Arc<CudaModule>,
-        /// Parameter sizes, when the driver can report them.
-        param_sizes: Option<Arc<[usize]>>,
-    },
-    Emulated {
-        launch: EmuLaunchFn,
-        param_sizes: Arc<[usize]>,
-        /// Keeps a run-time compiled shared object loaded while the kernel lives.
-        _library: Option<Arc<libloading::Library>>,
-    },
-}
-
 impl Kernel {
+    pub(crate) fn new(name: &str, backend: BackendKind, imp: Arc<dyn KernelBackend>) -> Self {
+        Kernel {
+            name: Arc::from(name),
+            backend,
+            imp,
+            opt_in_shared_bytes: Arc::new(AtomicU32::new(0)),
+        }
+    }
+
     /// The entry point's name.
     pub fn name(&self) -> &str {
         &self.name
@@ -201,20 +195,80 @@ impl Kernel {
 
     /// Parameter sizes in bytes, where the backend can tell them.
     pub fn param_sizes(&self) -> Option<&[usize]> {
-        match &self.imp {
-            KernelImpl::Cuda { param_sizes, .. } => param_sizes.as_deref(),
-            KernelImpl::Emulated { param_sizes, .. } => Some(param_sizes),
-        }
+        self.imp.param_sizes()
     }
 
     /// Registers used per thread and local (spill) bytes, on `cuda`.
     pub fn resource_usage(&self) -> Option<(i32, i32)> {
-        match &self.imp {
-            KernelImpl::Cuda { function, .. } => {
-                Some((function.num_regs().ok()?, function.local_size_bytes().ok()?))
-            }
-            KernelImpl::Emulated { .. } => None,
+        self.imp.resource_usage()
+    }
+
+    /// The most threads per block a launch may use: the kernel's `__launch_bounds__` (or, on
+    /// `cuda`, what its register use allows), else 1024.
+    pub fn max_threads_per_block(&self) -> u32 {
+        self.imp.max_threads_per_block()
+    }
+
+    /// Opts the kernel in to `bytes` of dynamic shared memory per block. A launch with more
+    /// than 48 KiB fails unless its kernel opted in to at least that much, as on a GPU
+    /// (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`).
+    pub fn set_max_dynamic_shared_bytes(&self, bytes: u32) -> crate::Result<()> {
+        self.imp.set_max_dynamic_shared_bytes(bytes)?;
+        self.opt_in_shared_bytes.store(bytes, Ordering::Release);
+        Ok(())
+    }
+
+    /// Checks a launch configuration against the kernel and the device limits; what a GPU
+    /// would refuse is refused on both backends, before anything is queued.
+    pub(crate) fn check_launch(
+        &self,
+        cfg: &LaunchConfig,
+        limits: &DeviceLimits,
+    ) -> crate::Result<()> {
+        let refuse = |why: String| {
+            Err(crate::KernelError::Launch {
+                entry: self.name.to_string(),
+                grid: cfg.grid,
+                block: cfg.block,
+                message: why,
+            })
+        };
+        let (bx, by, bz) = cfg.block;
+        let (mx, my, mz) = limits.max_block;
+        if bx == 0 || by == 0 || bz == 0 || bx > mx || by > my || bz > mz {
+            return refuse(format!(
+                "block dimensions must be 1..={mx} x 1..={my} x 1..={mz}"
+            ));
         }
+        let threads = cfg.threads_per_block();
+        let bound = u64::from(
+            self.max_threads_per_block()
+                .min(limits.max_threads_per_block),
+        );
+        if threads > bound {
+            return refuse(format!(
+                "{threads} threads per block, more than the kernel's limit of {bound} \
+                 (its __launch_bounds__, or what its registers allow)"
+            ));
+        }
+        let (gx, gy, gz) = cfg.grid;
+        let (mx, my, mz) = limits.max_grid;
+        if gx > mx || gy > my || gz > mz {
+            return refuse(format!(
+                "grid dimensions must be at most {mx} x {my} x {mz}"
+            ));
+        }
+        let allowed = limits
+            .default_shared_bytes
+            .max(self.opt_in_shared_bytes.load(Ordering::Acquire));
+        if cfg.shared_mem_bytes > allowed {
+            return refuse(format!(
+                "{} bytes of dynamic shared memory, above the {allowed} bytes allowed; more \
+                 than {} bytes needs Kernel::set_max_dynamic_shared_bytes first (at most {})",
+                cfg.shared_mem_bytes, limits.default_shared_bytes, limits.max_shared_opt_in_bytes
+            ));
+        }
+        Ok(())
     }
 }
 

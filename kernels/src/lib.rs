@@ -27,10 +27,14 @@ pub mod compact;
 pub mod compile;
 pub mod device;
 pub mod error;
+pub mod event;
 pub mod gather;
 pub mod hash;
+pub(crate) mod health;
 pub mod launch;
+pub(crate) mod launch_bounds;
 pub mod memory;
+pub mod pinned;
 pub mod probe;
 pub mod reduce;
 pub mod reference;
@@ -38,16 +42,19 @@ pub mod scan;
 pub mod selftest;
 pub mod sort;
 pub mod source;
+pub mod stream;
 pub mod throughput;
 
+pub use backend::DeviceLimits;
 pub use device::{
-    BackendKind, Device, DeviceDescription, DeviceOptions, Event, MemoryBudget, Stream,
+    BackendKind, Device, DeviceDescription, DeviceOptions, EmulatorOptions, MemoryBudget,
 };
 pub use error::{KernelError, Result};
+pub use event::Event;
 pub use launch::{Kernel, KernelArg, LaunchConfig};
-pub use memory::{
-    DeviceBitmap, DeviceBuffer, DeviceCopy, DeviceSlice, MemoryStats, PinnedBuffer, Reservation,
-};
+pub use memory::{DeviceBitmap, DeviceBuffer, DeviceCopy, DeviceSlice, MemoryStats, Reservation};
+pub use pinned::{PinnedBuffer, PinnedPool};
+pub use stream::Stream;
 
 #[cfg(test)]
 mod tests {

@@ -7,10 +7,10 @@
 //! are deterministic from run to run (but may differ from a sequential CPU sum in the last
 //! bits; compare with [`crate::reference::close_f64`]).
 
-use crate::device::Stream;
 use crate::error::{Result, ensure_arg};
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::memory::{DeviceBitmap, DeviceBuffer, DeviceCopy, DeviceSlice};
+use crate::stream::Stream;
 
 /// The reductions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

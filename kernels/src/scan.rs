@@ -4,10 +4,10 @@
 //! same routine, recursively), then scan each tile from its offset. Sums wrap like unsigned
 //! integer arithmetic. Output order is input order; no nulls.
 
-use crate::device::Stream;
 use crate::error::Result;
 use crate::launch::{KernelArg, LaunchConfig, TILE};
 use crate::memory::{DeviceBuffer, DeviceCopy, DeviceSlice};
+use crate::stream::Stream;
 
 /// Element types the scan kernels support.
 pub trait ScanElem: DeviceCopy + Default + sealed::Sealed {

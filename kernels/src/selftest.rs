@@ -7,10 +7,11 @@
 
 use std::time::Instant;
 
-use crate::device::{BackendKind, Device, DeviceOptions, Stream};
+use crate::device::{BackendKind, Device, DeviceOptions};
 use crate::error::{KernelError, Result};
 use crate::memory::DeviceBitmap;
 use crate::reference::{self, bit};
+use crate::stream::Stream;
 use crate::{compact, gather, hash, reduce, scan, sort};
 
 /// Sizes every kernel test covers: empty, single, around a warp (32), around a block (1024

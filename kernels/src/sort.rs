@@ -9,12 +9,12 @@
 //! Multi-column sorts are successive stable sorts from the least significant column to the
 //! most significant, passing each pass's row indices (gathered keys) to the next.
 
-use crate::device::Stream;
 use crate::error::{Result, ensure_arg};
 use crate::gather::{DeviceStrings, OffsetElem};
 use crate::launch::{KernelArg, LaunchConfig, TILE};
 use crate::memory::{DeviceBuffer, DeviceCopy, DeviceSlice};
 use crate::scan;
+use crate::stream::Stream;
 
 /// Radix key types.
 pub trait RadixKey: DeviceCopy + Default {

@@ -26,15 +26,14 @@ pub(crate) struct EmuEntry {
     pub(crate) name: &'static str,
     pub(crate) launch: EmuLaunchFn,
     pub(crate) params: EmuParamsFn,
+    /// Its `__launch_bounds__`, or 1024.
+    pub(crate) max_threads: u32,
 }
 
-/// `int spate_emu_launch_NAME(const unsigned* dims, void** params, char* err, unsigned long len)`
-pub(crate) type EmuLaunchFn = unsafe extern "C" fn(
-    *const u32,
-    *mut *mut std::ffi::c_void,
-    *mut std::ffi::c_char,
-    std::ffi::c_ulong,
-) -> std::ffi::c_int;
+use crate::backend::emulated::LaunchArgs as EmuLaunchArgs;
+
+/// `int spate_emu_launch_NAME(struct spate_emu_launch* launch)`
+pub(crate) type EmuLaunchFn = unsafe extern "C" fn(*mut EmuLaunchArgs) -> std::ffi::c_int;
 /// `unsigned spate_emu_params_NAME(unsigned* sizes, unsigned max)`
 pub(crate) type EmuParamsFn = unsafe extern "C" fn(*mut u32, u32) -> u32;
 

@@ -6,12 +6,13 @@
 //! emulator the numbers only describe the emulator; they are labelled with the backend.
 
 use crate::compact::{self, Mask};
-use crate::device::{Device, Stream};
+use crate::device::Device;
 use crate::error::Result;
 use crate::hash::{self, HashColumn};
 use crate::memory::DeviceBitmap;
 use crate::reference;
 use crate::sort;
+use crate::stream::Stream;
 
 /// One measured operation.
 #[derive(Debug, Clone)]

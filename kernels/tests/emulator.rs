@@ -138,9 +138,12 @@ impl Fixture {
         self.kernels.iter().find(|k| k.name() == name).unwrap()
     }
 
+    /// Launches and waits: launches are asynchronous on both backends, so a kernel's own
+    /// failure shows at the next synchronisation, as on a GPU.
     fn run(&self, name: &str, cfg: LaunchConfig, args: &[KernelArg]) -> Result<(), KernelError> {
         // SAFETY: each test passes buffers sized for its kernel.
-        unsafe { self.stream.launch(self.kernel(name), cfg, args) }
+        unsafe { self.stream.launch(self.kernel(name), cfg, args) }?;
+        self.stream.synchronize()
     }
 }
 

@@ -1,0 +1,44 @@
+//! Events: points in a stream's work, for ordering other streams and the host behind it, and
+//! for timing.
+
+use std::sync::Arc;
+
+use crate::backend::EventBackend;
+use crate::error::Result;
+use crate::health::Health;
+
+/// A point in a stream's work, for ordering and timing.
+#[derive(Debug, Clone)]
+pub struct Event {
+    imp: Arc<dyn EventBackend>,
+    health: Arc<Health>,
+}
+
+impl Event {
+    pub(crate) fn new(imp: Arc<dyn EventBackend>, health: Arc<Health>) -> Self {
+        Event { imp, health }
+    }
+
+    pub(crate) fn backend(&self) -> &dyn EventBackend {
+        self.imp.as_ref()
+    }
+
+    /// Waits for the work before the event.
+    pub fn synchronize(&self) -> Result<()> {
+        self.health.check()?;
+        self.imp.synchronize()?;
+        self.health.check()
+    }
+
+    /// True once the work before the event has finished.
+    pub fn is_complete(&self) -> bool {
+        self.imp.is_complete()
+    }
+
+    /// Milliseconds between this event and `end` (device time on `cuda`, host time on the
+    /// emulator). Waits for `end`.
+    pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
+        self.health.check()?;
+        self.imp.elapsed_ms(end.imp.as_ref())
+    }
+}

@@ -1,0 +1,338 @@
+//! Streams: ordered queues of copies, launches and events on one device, the same API on both
+//! backends.
+//!
+//! Contracts:
+//! - Every call checks its arguments (lengths, bounds, launch limits, parameter sizes) and the
+//!   device's health before anything is queued; what it queues then runs asynchronously, in
+//!   stream order, on `cuda` and on `emulated` alike.
+//! - Host reads wait: [`Stream::copy_to_host`] and [`Stream::to_vec`] return once the bytes are
+//!   on the host, and pinned buffers wait for their copy's event before the host touches them.
+//!   Nothing else orders the host or another stream behind this stream's work: use events.
+//! - An error in queued work (a faulting kernel) marks the device unhealthy and surfaces at the
+//!   next call that waits, as a sticky CUDA error does.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use crate::backend::{ElemInfo, HostPtr, StreamBackend};
+use crate::device::Device;
+use crate::error::{KernelError, Result, ensure_arg};
+use crate::event::Event;
+use crate::launch::{Kernel, KernelArg, LaunchConfig, check_args};
+use crate::memory::{DeviceBuffer, DeviceCopy, DeviceSlice, RawAllocation};
+use crate::pinned::PinnedBuffer;
+
+/// An ordered queue of work on one device.
+pub struct Stream {
+    device: Device,
+    imp: Arc<dyn StreamBackend>,
+}
+
+impl fmt::Debug for Stream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Stream")
+            .field("backend", &self.device.kind())
+            .finish()
+    }
+}
+
+fn checked_bytes<T>(len: usize) -> Result<usize> {
+    len.checked_mul(size_of::<T>())
+        .ok_or_else(|| KernelError::InvalidArgument {
+            message: format!("a buffer of {len} elements overflows the address space"),
+        })
+}
+
+impl Stream {
+    pub(crate) fn new(device: Device, imp: Arc<dyn StreamBackend>) -> Self {
+        Stream { device, imp }
+    }
+
+    /// The device the stream belongs to.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn check(&self) -> Result<()> {
+        self.device.check_health()
+    }
+
+    fn alloc_raw<T: DeviceCopy>(&self, len: usize, zeroed: bool) -> Result<RawAllocation> {
+        let bytes = checked_bytes::<T>(len)?;
+        self.check()?;
+        let pool = &self.device.inner.memory;
+        pool.charge_allocation(bytes)?;
+        let mem = if bytes == 0 {
+            None
+        } else {
+            let elem = ElemInfo {
+                name: std::any::type_name::<T>(),
+                size: size_of::<T>(),
+            };
+            match self.imp.alloc(bytes, zeroed, elem) {
+                Ok(m) => Some(m),
+                Err(e) => {
+                    pool.release_allocation(bytes);
+                    return Err(e);
+                }
+            }
+        };
+        Ok(RawAllocation {
+            bytes,
+            pool: Arc::clone(pool),
+            mem,
+            shared: AtomicBool::new(false),
+        })
+    }
+
+    /// An uninitialised buffer of `len` elements (on the emulator it reads as poison, 0xCD
+    /// bytes, until written).
+    pub fn alloc<T: DeviceCopy>(&self, len: usize) -> Result<DeviceBuffer<T>> {
+        Ok(DeviceBuffer::from_raw(
+            self.alloc_raw::<T>(len, false)?,
+            len,
+        ))
+    }
+
+    /// A buffer of `len` zeroed elements (zeroed in stream order).
+    pub fn alloc_zeroed<T: DeviceCopy>(&self, len: usize) -> Result<DeviceBuffer<T>> {
+        Ok(DeviceBuffer::from_raw(self.alloc_raw::<T>(len, true)?, len))
+    }
+
+    /// A new buffer holding a copy of `data`. The copy is ordered on this stream; `data` is
+    /// pageable memory, so the call returns once the bytes have been staged.
+    pub fn from_host<T: DeviceCopy>(&self, data: &[T]) -> Result<DeviceBuffer<T>> {
+        let mut buf = self.alloc::<T>(data.len())?;
+        self.copy_from_host(data, &mut buf, 0)?;
+        Ok(buf)
+    }
+
+    /// Copies `data` into `dst` starting at element `dst_offset`, in stream order; `data` may
+    /// be reused when this returns.
+    pub fn copy_from_host<T: DeviceCopy>(
+        &self,
+        data: &[T],
+        dst: &mut DeviceBuffer<T>,
+        dst_offset: usize,
+    ) -> Result<()> {
+        ensure_arg!(
+            dst_offset
+                .checked_add(data.len())
+                .is_some_and(|end| end <= dst.len()),
+            "copy of {} elements at offset {dst_offset} overflows a buffer of {}",
+            data.len(),
+            dst.len()
+        );
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.check()?;
+        let address = dst.address() + (dst_offset * size_of::<T>()) as u64;
+        // SAFETY: `T` is plain data, so its bytes may be read as `u8`.
+        let bytes =
+            unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), size_of_val(data)) };
+        // SAFETY: bounds checked above; `dst` is borrowed mutably and freed in stream order.
+        unsafe { self.imp.copy_from_host(bytes, address) }
+    }
+
+    /// Copies a device slice into `out`, waiting for the copy (and all earlier work on the
+    /// stream) to finish.
+    pub fn copy_to_host<T: DeviceCopy>(
+        &self,
+        src: DeviceSlice<'_, T>,
+        out: &mut [T],
+    ) -> Result<()> {
+        ensure_arg!(
+            src.len() == out.len(),
+            "copy of {} device elements into a host slice of {}",
+            src.len(),
+            out.len()
+        );
+        if out.is_empty() {
+            return Ok(());
+        }
+        self.check()?;
+        let len = size_of_val(out);
+        // SAFETY: any bytes are a valid `T`; the slice is exclusively borrowed.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), len) };
+        // SAFETY: lengths match; the slice borrows a live buffer.
+        unsafe { self.imp.copy_to_host(src.address(), bytes) }
+    }
+
+    /// Copies a device slice to a new vector (synchronising).
+    pub fn to_vec<'a, T: DeviceCopy + Default>(
+        &self,
+        src: impl Into<DeviceSlice<'a, T>>,
+    ) -> Result<Vec<T>> {
+        let src = src.into();
+        let mut out = vec![T::default(); src.len()];
+        self.copy_to_host(src, &mut out)?;
+        Ok(out)
+    }
+
+    /// Copies `src` into `dst` at element `dst_offset`, on the device, in stream order.
+    pub fn copy_device<T: DeviceCopy>(
+        &self,
+        src: DeviceSlice<'_, T>,
+        dst: &mut DeviceBuffer<T>,
+        dst_offset: usize,
+    ) -> Result<()> {
+        ensure_arg!(
+            dst_offset
+                .checked_add(src.len())
+                .is_some_and(|end| end <= dst.len()),
+            "device copy of {} elements at offset {dst_offset} overflows a buffer of {}",
+            src.len(),
+            dst.len()
+        );
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.check()?;
+        let to = dst.address() + (dst_offset * size_of::<T>()) as u64;
+        // SAFETY: bounds checked; both are live buffers of this device.
+        unsafe {
+            self.imp
+                .copy_device(src.address(), to, src.len() * size_of::<T>())
+        }
+    }
+
+    /// Asynchronously copies a pinned staging buffer into `dst` (whose byte size must be at
+    /// least the buffer's). The buffer is busy until the copy completes; touching it from the
+    /// host waits for that.
+    pub fn upload_pinned<T: DeviceCopy>(
+        &self,
+        src: &mut PinnedBuffer,
+        dst: &mut DeviceBuffer<T>,
+    ) -> Result<()> {
+        ensure_arg!(
+            src.len() <= dst.num_bytes(),
+            "pinned upload of {} bytes into a device buffer of {} bytes",
+            src.len(),
+            dst.num_bytes()
+        );
+        src.wait()?;
+        self.check()?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: bounds checked; the pinned block stays alive and untouched until the event
+        // recorded below completes (PinnedBuffer waits for it).
+        unsafe {
+            self.imp
+                .copy_from_pinned(HostPtr(src.raw_ptr()), dst.address(), src.len())?
+        };
+        src.set_pending(self.record_event()?);
+        Ok(())
+    }
+
+    /// Asynchronously copies `src` into a pinned staging buffer of exactly its byte size.
+    /// Reading the buffer waits for the copy.
+    pub fn download_pinned<T: DeviceCopy>(
+        &self,
+        src: DeviceSlice<'_, T>,
+        dst: &mut PinnedBuffer,
+    ) -> Result<()> {
+        let bytes = src.len() * size_of::<T>();
+        ensure_arg!(
+            bytes == dst.len(),
+            "pinned download of {bytes} bytes into a staging buffer of {} bytes",
+            dst.len()
+        );
+        dst.wait()?;
+        self.download_pinned_at(src, dst, 0)
+    }
+
+    /// Asynchronously copies `src` into a pinned staging buffer at byte `dst_offset`. Several
+    /// such copies may be in flight into one buffer; reading it waits for the last one (stream
+    /// order makes that cover the earlier ones).
+    pub fn download_pinned_at<T: DeviceCopy>(
+        &self,
+        src: DeviceSlice<'_, T>,
+        dst: &mut PinnedBuffer,
+        dst_offset: usize,
+    ) -> Result<()> {
+        let bytes = src.len() * size_of::<T>();
+        ensure_arg!(
+            dst_offset
+                .checked_add(bytes)
+                .is_some_and(|end| end <= dst.len()),
+            "pinned download of {bytes} bytes at {dst_offset} overflows a staging buffer of {}",
+            dst.len()
+        );
+        self.check()?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: bounds checked; the block outlives the copy (reads wait for the event).
+        let out = unsafe { dst.raw_ptr().add(dst_offset) };
+        // SAFETY: as above; the host reads only after the recorded event.
+        unsafe {
+            self.imp
+                .copy_to_pinned(src.address(), HostPtr(out), bytes)?
+        };
+        dst.set_pending(self.record_event()?);
+        Ok(())
+    }
+
+    /// Records an event after all work issued so far.
+    pub fn record_event(&self) -> Result<Event> {
+        self.check()?;
+        Ok(Event::new(
+            self.imp.record_event()?,
+            Arc::clone(&self.device.inner.health),
+        ))
+    }
+
+    /// Makes later work on this stream wait for `event`.
+    pub fn wait_event(&self, event: &Event) -> Result<()> {
+        self.check()?;
+        self.imp.wait_event(event.backend())
+    }
+
+    /// Waits until all work issued on the stream has finished.
+    pub fn synchronize(&self) -> Result<()> {
+        self.check()?;
+        self.imp.synchronize()?;
+        self.check()
+    }
+
+    /// Launches `kernel` with `args`, asynchronously.
+    ///
+    /// The launch is checked first, as a GPU checks it: parameter sizes (where the backend can
+    /// tell them), block and grid dimensions, the kernel's `__launch_bounds__`, and dynamic
+    /// shared memory. A kernel that faults while it runs makes the device unhealthy; the next
+    /// call that waits reports it.
+    ///
+    /// # Safety
+    /// The arguments must match the kernel's parameters in type and meaning: pointers must
+    /// address device memory of the sizes the kernel reads and writes, and that memory must
+    /// stay alive until the stream has run the kernel (freeing it on this stream is enough).
+    pub unsafe fn launch(
+        &self,
+        kernel: &Kernel,
+        cfg: LaunchConfig,
+        args: &[KernelArg],
+    ) -> Result<()> {
+        self.check()?;
+        if kernel.backend != self.device.kind() {
+            return Err(KernelError::Internal {
+                message: format!(
+                    "kernel `{}` of the {} backend launched on a {} stream",
+                    kernel.name(),
+                    kernel.backend,
+                    self.device.kind()
+                ),
+            });
+        }
+        check_args(kernel, args)?;
+        kernel.check_launch(&cfg, &self.device.inner.limits)?;
+        if cfg.num_blocks() == 0 {
+            return Ok(());
+        }
+        let slots: Vec<u64> = args.iter().map(KernelArg::slot).collect();
+        // SAFETY: the caller guarantees the arguments.
+        unsafe { self.imp.launch(kernel, cfg, &slots) }
+    }
+}
