@@ -48,6 +48,8 @@ fn main() {
             .warnings(false)
             .flag("-x")
             .flag("c++")
+            // No fused multiply-add: floats round after every operation, as on the CPU.
+            .flag("-ffp-contract=off")
             .flag("-fno-omit-frame-pointer");
         b
     };

@@ -47,13 +47,17 @@ impl GpuInventory {
                 .devices
                 .iter()
                 .map(|d| {
+                    let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+                    let free = d
+                        .free_memory_bytes
+                        .map(|f| format!(", {:.1} GiB free", gib(f)))
+                        .unwrap_or_default();
                     format!(
-                        "GPU {}: {} ({}), {:.1} GiB total, {:.1} GiB free",
+                        "GPU {}: {} ({}), {:.1} GiB total{free}",
                         d.ordinal,
                         d.name,
                         d.arch(),
-                        d.total_memory_bytes as f64 / (1u64 << 30) as f64,
-                        d.free_memory_bytes as f64 / (1u64 << 30) as f64,
+                        gib(d.total_memory_bytes),
                     )
                 })
                 .collect::<Vec<_>>()
@@ -474,7 +478,7 @@ mod tests {
                 name: "NVIDIA H200".into(),
                 compute_capability: (9, 0),
                 total_memory_bytes: 141 << 30,
-                free_memory_bytes: 140 << 30,
+                free_memory_bytes: Some(140 << 30),
             }],
             absent_reason: None,
         }

@@ -14,11 +14,13 @@
 //! options, the compiler version and the target, and are written atomically (temporary file,
 //! then rename), so concurrent processes never see half an entry.
 
+use std::collections::HashMap;
 use std::ffi::CString;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 
@@ -29,8 +31,15 @@ pub const NVRTC_DIR_ENV: &str = "SPATE_NVRTC_DIR";
 /// Environment variable overriding the kernel cache directory (`off` disables it).
 pub const CACHE_ENV: &str = "SPATE_KERNEL_CACHE";
 
-/// Options every NVRTC compile uses, besides the architecture.
-pub const NVRTC_OPTIONS: &[&str] = &["-std=c++17", "-default-device", "--device-int128"];
+/// Options every NVRTC compile uses, besides the architecture. `--fmad=false`: no
+/// multiply-add contraction, so float arithmetic rounds after every operation as on the CPU,
+/// and GPU results equal the CPU's bit for bit by design rather than by accident.
+pub const NVRTC_OPTIONS: &[&str] = &[
+    "-std=c++17",
+    "-default-device",
+    "--device-int128",
+    "--fmad=false",
+];
 
 /// NVRTC's version, once it has been found and loaded.
 pub fn nvrtc_version() -> Result<(i32, i32)> {
@@ -277,13 +286,35 @@ pub fn cache_load(file: &str) -> Option<Vec<u8>> {
     std::fs::read(cache_dir()?.join(file)).ok()
 }
 
+/// A name no other thread or process uses at the same time: temporary files get it before
+/// they are renamed into place.
+fn unique_suffix() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    file_stem(&format!(
+        "{}-{:?}-{}",
+        std::process::id(),
+        std::thread::current().id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
+/// One lock per program being compiled in this process: a thread that asks for a program
+/// another thread is compiling waits for it and then finds it in the cache, instead of
+/// compiling it a second time.
+fn compile_lock(key: &str) -> Arc<Mutex<()>> {
+    static IN_FLIGHT: OnceLock<Mutex<HashMap<String, Arc<Mutex<()>>>>> = OnceLock::new();
+    let map = IN_FLIGHT.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
+    Arc::clone(map.entry(key.to_string()).or_default())
+}
+
 /// Writes a cache entry atomically. Failures only cost a recompile later, so they are logged
 /// and ignored.
 pub fn cache_store(file: &str, bytes: &[u8]) {
     let Some(dir) = cache_dir() else { return };
     let write = || -> std::io::Result<()> {
         std::fs::create_dir_all(&dir)?;
-        let tmp = dir.join(format!(".{file}.{}.tmp", std::process::id()));
+        let tmp = dir.join(format!(".{file}.{}.tmp", unique_suffix()));
         std::fs::write(&tmp, bytes)?;
         std::fs::rename(&tmp, dir.join(file))
     };
@@ -307,15 +338,24 @@ pub fn nvrtc_cached(name: &str, source: &str, arch: &str) -> Result<NvrtcOutput>
         arch.as_bytes(),
     ]);
     let stem = format!("{}-{arch}-{key}", file_stem(name));
-    if let (Some(cubin), Some(ptx)) = (
-        cache_load(&format!("{stem}.cubin")),
-        cache_load(&format!("{stem}.ptx")),
-    ) {
-        return Ok(NvrtcOutput {
+    let cached = || {
+        let (cubin, ptx) = (
+            cache_load(&format!("{stem}.cubin"))?,
+            cache_load(&format!("{stem}.ptx"))?,
+        );
+        Some(NvrtcOutput {
             cubin,
             ptx: String::from_utf8_lossy(&ptx).into_owned(),
             log: String::new(),
-        });
+        })
+    };
+    if let Some(hit) = cached() {
+        return Ok(hit);
+    }
+    let lock = compile_lock(&stem);
+    let _compiling = lock.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(hit) = cached() {
+        return Ok(hit);
     }
     let out = nvrtc_compile(name, source, arch, &[])?;
     cache_store(&format!("{stem}.ptx"), out.ptx.as_bytes());
@@ -329,6 +369,8 @@ pub fn nvrtc_cached(name: &str, source: &str, arch: &str) -> Result<NvrtcOutput>
 const HOST_CODEGEN_FLAGS: &[&str] = &[
     "-std=c++17",
     "-O1",
+    // No fused multiply-add, as NVRTC is told (`--fmad=false`): floats round as on the CPU.
+    "-ffp-contract=off",
     "-fPIC",
     "-fno-omit-frame-pointer",
     "-w",
@@ -356,11 +398,7 @@ fn precompiled_header(compiler: &str, dir: &Path, version: &str) -> Option<PathB
         return Some(header);
     }
     // Written under unique names and renamed, so concurrent builders never see a partial file.
-    let unique = file_stem(&format!(
-        "{}-{:?}",
-        std::process::id(),
-        std::thread::current().id()
-    ));
+    let unique = unique_suffix();
     let tmp_header = dir.join(format!(".spate-system-{key}.{unique}.h"));
     let tmp_gch = dir.join(format!(".spate-system-{key}.{unique}.h.gch"));
     std::fs::write(&tmp_header, PRECOMPILED_HEADER).ok()?;
@@ -378,6 +416,19 @@ fn precompiled_header(compiler: &str, dir: &Path, version: &str) -> Option<PathB
     let _ = std::fs::remove_file(&tmp_header);
     let _ = std::fs::remove_file(&tmp_gch);
     placed.then_some(header)
+}
+
+/// Host compiles this process has run (cache misses), by program name.
+static HOST_COMPILES: Mutex<Option<HashMap<String, u64>>> = Mutex::new(None);
+
+/// How many times this process has run the host compiler for programs named `name`.
+pub fn host_compiles(name: &str) -> u64 {
+    HOST_COMPILES
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .and_then(|m| m.get(name).copied())
+        .unwrap_or(0)
 }
 
 /// The host C++ compiler: `$CXX`, else `c++`.
@@ -413,14 +464,18 @@ pub fn host_compile(name: &str, source: &str) -> Result<PathBuf> {
     if so.exists() {
         return Ok(so);
     }
+    let lock = compile_lock(&stem);
+    let _compiling = lock.lock().unwrap_or_else(|p| p.into_inner());
+    if so.exists() {
+        return Ok(so);
+    }
     let io_error = |what: &str, e: std::io::Error| KernelError::Compile {
         entry: name.to_string(),
         arch: "host".into(),
         log: format!("{what} in {}: {e}", dir.display()),
     };
     std::fs::create_dir_all(&dir).map_err(|e| io_error("cannot create the cache folder", e))?;
-    let unique = format!("{}-{:?}", std::process::id(), std::thread::current().id());
-    let unique = file_stem(&unique);
+    let unique = unique_suffix();
     let cpp = dir.join(format!(".{stem}.{unique}.cpp"));
     let tmp_so = dir.join(format!(".{stem}.{unique}.so"));
     std::fs::write(&cpp, source).map_err(|e| io_error("cannot write the source", e))?;
@@ -429,6 +484,12 @@ pub fn host_compile(name: &str, source: &str) -> Result<PathBuf> {
     if let Some(header) = precompiled_header(&compiler, &dir, &version) {
         command.arg("-include").arg(header);
     }
+    *HOST_COMPILES
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .entry(name.to_string())
+        .or_default() += 1;
     let output = command
         .args(["-x", "c++"])
         .arg(&cpp)
@@ -447,4 +508,48 @@ pub fn host_compile(name: &str, source: &str) -> Result<PathBuf> {
     }
     std::fs::rename(&tmp_so, &so).map_err(|e| io_error("cannot move the shared object", e))?;
     Ok(so)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_program_compiled_by_several_threads_at_once_compiles_once() {
+        // A source no other run has cached: the nanoseconds make it new.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let source =
+            format!("// {nanos}\nextern \"C\" int spate_single_flight() {{ return 1; }}\n");
+        let name = format!("single_flight_{nanos}");
+        let paths: Vec<PathBuf> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4)
+                .map(|_| s.spawn(|| host_compile(&name, &source)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("no panic").expect("compiles"))
+                .collect()
+        });
+        assert!(paths.windows(2).all(|w| w[0] == w[1]));
+        assert!(paths[0].exists());
+        assert_eq!(
+            host_compiles(&name),
+            1,
+            "the other threads waited for the first"
+        );
+        let again = host_compile(&name, &source).expect("cached");
+        assert_eq!(again, paths[0]);
+        assert_eq!(
+            host_compiles(&name),
+            1,
+            "a cached program does not compile again"
+        );
+    }
+
+    #[test]
+    fn temporary_names_are_unique_per_call() {
+        assert_ne!(unique_suffix(), unique_suffix());
+    }
 }

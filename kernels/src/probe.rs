@@ -4,6 +4,12 @@
 //! on the first driver call when `libcuda.so` is missing, so we ask it whether the library can be
 //! loaded before making any call, and additionally contain any panic that a broken driver
 //! installation (a library with missing symbols) could still cause.
+//!
+//! Discovery creates no context: names, compute capabilities and total memory come from device
+//! queries (`cuDeviceGet*`), so listing eight GPUs does not initialise eight contexts (each
+//! costs hundreds of milliseconds and some memory on its GPU). Free memory needs a context and
+//! is measured when a device is opened. A device that cannot be queried is skipped with a
+//! warning; the others are still listed.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
@@ -22,8 +28,9 @@ pub struct DeviceInfo {
     pub compute_capability: (i32, i32),
     /// Total device memory in bytes.
     pub total_memory_bytes: usize,
-    /// Free device memory in bytes when discovery ran.
-    pub free_memory_bytes: usize,
+    /// Free device memory in bytes, when known: discovery creates no context, so it is `None`
+    /// there, and [`crate::DeviceDescription::free_memory_bytes`] has it once the device opens.
+    pub free_memory_bytes: Option<usize>,
 }
 
 impl DeviceInfo {
@@ -81,28 +88,69 @@ fn discover_with_driver() -> Result<Vec<DeviceInfo>> {
             reason: "the CUDA driver is installed but reports no devices".to_string(),
         });
     }
-    let driver_err = |call: &'static str| {
-        move |e: cudarc::driver::DriverError| KernelError::Driver {
-            call,
-            message: e.to_string(),
-        }
-    };
     let mut devices = Vec::with_capacity(count as usize);
+    let mut skipped = Vec::new();
     for ordinal in 0..count as usize {
-        let ctx = CudaContext::new(ordinal).map_err(driver_err("cuCtxCreate"))?;
-        let (free_memory_bytes, total_memory_bytes) =
-            ctx.mem_get_info().map_err(driver_err("cuMemGetInfo"))?;
-        devices.push(DeviceInfo {
-            ordinal,
-            name: ctx.name().map_err(driver_err("cuDeviceGetName"))?,
-            compute_capability: ctx
-                .compute_capability()
-                .map_err(driver_err("cuDeviceGetAttribute"))?,
-            total_memory_bytes,
-            free_memory_bytes,
+        match query(ordinal) {
+            Ok(d) => devices.push(d),
+            Err(e) => {
+                log::warn!("CUDA device {ordinal} skipped: {e}");
+                skipped.push(format!("device {ordinal}: {e}"));
+            }
+        }
+    }
+    if devices.is_empty() {
+        return Err(KernelError::NoDevice {
+            reason: format!(
+                "the CUDA driver reports {count} device(s), but none could be queried: {}",
+                skipped.join("; ")
+            ),
         });
     }
     Ok(devices)
+}
+
+/// One device's name, compute capability and total memory, without a context.
+fn query(ordinal: usize) -> std::result::Result<DeviceInfo, String> {
+    let call = |name: &str, r: sys::CUresult| r.result().map_err(|e| format!("{name} failed: {e}"));
+    let mut dev: sys::CUdevice = 0;
+    // SAFETY: the driver is initialised (device_count called cuInit); writes one handle.
+    call("cuDeviceGet", unsafe {
+        sys::cuDeviceGet(&mut dev, ordinal as i32)
+    })?;
+    let mut name = [0 as std::ffi::c_char; 256];
+    // SAFETY: writes at most `len` bytes, NUL-terminated.
+    call("cuDeviceGetName", unsafe {
+        sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, dev)
+    })?;
+    let name: Vec<u8> = name
+        .iter()
+        .take_while(|c| **c != 0)
+        .map(|c| *c as u8)
+        .collect();
+    let attribute = |a: sys::CUdevice_attribute| {
+        let mut v = 0;
+        // SAFETY: writes one int.
+        call("cuDeviceGetAttribute", unsafe {
+            sys::cuDeviceGetAttribute(&mut v, a, dev)
+        })
+        .map(|()| v)
+    };
+    use sys::CUdevice_attribute::*;
+    let major = attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+    let minor = attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+    let mut total = 0usize;
+    // SAFETY: writes one size.
+    call("cuDeviceTotalMem", unsafe {
+        sys::cuDeviceTotalMem_v2(&mut total, dev)
+    })?;
+    Ok(DeviceInfo {
+        ordinal,
+        name: String::from_utf8_lossy(&name).into_owned(),
+        compute_capability: (major, minor),
+        total_memory_bytes: total,
+        free_memory_bytes: None,
+    })
 }
 
 #[cfg(test)]
@@ -118,7 +166,8 @@ mod tests {
                 assert!(!devices.is_empty());
                 for d in &devices {
                     assert!(d.arch().starts_with("sm_"));
-                    assert!(d.total_memory_bytes >= d.free_memory_bytes);
+                    assert!(d.total_memory_bytes > 0);
+                    assert!(d.free_memory_bytes.is_none(), "discovery opens no context");
                 }
             }
             Err(KernelError::NoDevice { reason }) => assert!(!reason.is_empty()),
@@ -133,7 +182,7 @@ mod tests {
             name: "test".into(),
             compute_capability: (9, 0),
             total_memory_bytes: 2,
-            free_memory_bytes: 1,
+            free_memory_bytes: None,
         };
         assert_eq!(d.arch(), "sm_90");
     }

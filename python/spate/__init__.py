@@ -86,14 +86,16 @@ class Device:
     arch: str
     #: Total device memory in bytes.
     total_memory: int
-    #: Free device memory in bytes when :func:`devices` ran.
-    free_memory: int
+    #: Free device memory in bytes, or None: listing devices opens no CUDA context, and free
+    #: memory is only known once a session opens the device.
+    free_memory: int | None
 
     def __str__(self) -> str:
         gib = float(1 << 30)
+        free = "" if self.free_memory is None else f", {self.free_memory / gib:.1f} GiB free"
         return (
             f"GPU {self.index}: {self.name} ({self.arch}), {self.total_memory / gib:.1f} GiB "
-            f"total, {self.free_memory / gib:.1f} GiB free"
+            f"total{free}"
         )
 
 

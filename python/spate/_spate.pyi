@@ -11,9 +11,9 @@ import pyarrow as pa
 
 __version__: str
 
-def devices() -> tuple[list[tuple[int, str, str, int, int]], str | None]:
-    """The GPUs as ``(ordinal, name, arch, total_bytes, free_bytes)``, and why there are none
-    when the list is empty."""
+def devices() -> tuple[list[tuple[int, str, str, int, int | None]], str | None]:
+    """The GPUs as ``(ordinal, name, arch, total_bytes, free_bytes)`` (free memory is None:
+    listing opens no CUDA context), and why there are none when the list is empty."""
 
 class Session:
     """One Spate engine: a DataFusion session on a resolved backend."""

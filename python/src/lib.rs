@@ -21,7 +21,7 @@ mod session;
 use pyo3::prelude::*;
 
 /// One GPU as `devices()` reports it: (ordinal, name, architecture, total bytes, free bytes).
-type DeviceRow = (usize, String, String, usize, usize);
+type DeviceRow = (usize, String, String, usize, Option<usize>);
 
 /// The GPUs on this machine, and why there are none when the list is empty.
 #[pyfunction]

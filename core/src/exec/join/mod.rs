@@ -21,6 +21,7 @@
 //! NULL, and no NULL-keyed build row unless the probe side was empty. Mark joins stay on the
 //! CPU.
 
+mod build;
 mod codegen;
 
 use std::fmt;
@@ -45,38 +46,20 @@ use futures::{StreamExt, TryStreamExt};
 use spate_kernels::compact::{self, Mask};
 use spate_kernels::{DeviceBuffer, DeviceSlice, KernelArg, Stream as DeviceStream};
 
+use self::build::{BuildSide, build_side};
 use self::codegen::JoinProgram;
-use super::aggregate::{Grouping, Kernels, build_table, launch};
+use super::aggregate::{Kernels, launch};
 use super::{
     DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, device_input, gpu_context,
     to_df,
 };
 use crate::column::{
-    DeviceBatch, DeviceColumn, concat_device_batches, gather_column, gather_column_or_null,
-    upload_batch,
+    DeviceBatch, concat_device_batches, gather_column, gather_column_or_null, upload_batch,
 };
 use crate::error::{Result, SpateError};
 use crate::expr::{
     DevType, PredicateKernel, Unsupported, column_args, evaluate_predicate, predicate_kernel,
 };
-
-/// The build side: the left input's rows, grouped by key and listed group by group.
-struct BuildSide {
-    batch: DeviceBatch,
-    keys: Vec<DeviceColumn>,
-    grouping: Grouping,
-    sizes: DeviceBuffer<u32>,
-    group_start: DeviceBuffer<u32>,
-    rows_by_group: DeviceBuffer<u32>,
-    /// Per group (per build row with a residual filter), set when a probe row matched it
-    /// (left, full, left semi and anti joins).
-    matched: Option<DeviceBuffer<u32>>,
-    /// Null-aware anti joins (`NOT IN`): some probe row had a NULL key (then no build row is
-    /// emitted), and some probe row arrived at all (then build rows with a NULL key are not
-    /// emitted). Shared by every probe partition of this build side, as on the CPU.
-    probe_has_null: std::sync::atomic::AtomicBool,
-    probe_non_empty: std::sync::atomic::AtomicBool,
-}
 
 /// A residual join filter: evaluated on the candidate pairs, from columns of both sides.
 #[derive(Debug)]
@@ -293,73 +276,6 @@ impl GpuHashJoinExec {
     }
 }
 
-/// Groups the build rows and lists them group by group.
-fn build_side(
-    stream: &DeviceStream,
-    kernels: &Kernels,
-    plan: &JoinPlan,
-    batch: DeviceBatch,
-    track_matches: bool,
-) -> Result<BuildSide> {
-    let n = batch.num_rows();
-    if n >= u32::MAX as usize {
-        return Err(SpateError::Unsupported {
-            message: format!("a GPU join build side of {n} rows (the limit is 2^32 - 2)"),
-        });
-    }
-    let keys: Vec<DeviceColumn> = plan
-        .build_keys
-        .iter()
-        .map(|&k| batch.columns()[k].clone())
-        .collect();
-    let grouping = build_table(stream, kernels, ("hash", "build"), &keys, n)?;
-    let groups = grouping.groups;
-    let sizes = stream.alloc_zeroed::<u32>(groups.max(1))?;
-    launch(
-        stream,
-        kernels.get("bcount")?,
-        n,
-        &[
-            (&grouping.gid).into(),
-            KernelArg::U64(n as u64),
-            (&sizes).into(),
-        ],
-    )?;
-    let group_start = spate_kernels::scan::exclusive_sum(stream, sizes.as_slice())?;
-    let fill = stream.alloc_zeroed::<u32>(groups.max(1))?;
-    let rows_by_group = stream.alloc::<u32>(n.max(1))?;
-    launch(
-        stream,
-        kernels.get("bscatter")?,
-        n,
-        &[
-            (&grouping.gid).into(),
-            KernelArg::U64(n as u64),
-            (&group_start).into(),
-            (&fill).into(),
-            (&rows_by_group).into(),
-        ],
-    )?;
-    // With a residual filter a match is decided per row pair, so per build row.
-    let flags = if plan.filter.is_some() { n } else { groups };
-    let matched = if track_matches {
-        Some(stream.alloc_zeroed::<u32>(flags.max(1))?)
-    } else {
-        None
-    };
-    Ok(BuildSide {
-        batch,
-        keys,
-        grouping,
-        sizes,
-        group_start,
-        rows_by_group,
-        matched,
-        probe_has_null: std::sync::atomic::AtomicBool::new(false),
-        probe_non_empty: std::sync::atomic::AtomicBool::new(false),
-    })
-}
-
 /// The join's output columns from the build rows `build` and probe rows `probe` (either side
 /// absent for semi and anti joins), with the embedded projection applied.
 #[allow(clippy::too_many_arguments)]
@@ -414,6 +330,16 @@ struct ProbeState {
     /// The count of running probe partitions of a shared build side.
     pending: Option<Arc<std::sync::atomic::AtomicUsize>>,
     baseline: BaselineMetrics,
+}
+
+impl Drop for ProbeState {
+    /// However the probe ends (its last batch, an error, a cancellation, a satisfied limit),
+    /// the build side's frees wait for what this stream has queued (see `build.rs`).
+    fn drop(&mut self) {
+        if let Some(build) = &self.build {
+            build.release_from(&self.stream);
+        }
+    }
 }
 
 impl ProbeState {
