@@ -154,6 +154,9 @@ impl From<spate_kernels::KernelError> for SpateError {
             e @ spate_kernels::KernelError::OutOfMemory { .. } => SpateError::ResourcesExhausted {
                 message: e.to_string(),
             },
+            e @ spate_kernels::KernelError::OutputTooLarge { .. } => SpateError::Unsupported {
+                message: format!("{OUTPUT_TOO_LARGE}: {e}; lower spate.gpu.batch_bytes"),
+            },
             // A launcher refusing its arguments, or a broken runtime invariant, is our bug.
             e @ (spate_kernels::KernelError::Internal { .. }
             | spate_kernels::KernelError::InvalidArgument { .. }) => SpateError::Internal {
@@ -163,6 +166,17 @@ impl From<spate_kernels::KernelError> for SpateError {
                 message: other.to_string(),
             },
         }
+    }
+}
+
+/// How an `Unsupported` error from a result too large for one batch begins: operators that can
+/// split their output catch it ([`SpateError::is_output_too_large`]) and cut the batch again.
+const OUTPUT_TOO_LARGE: &str = "a GPU batch too large for its string offsets";
+
+impl SpateError {
+    /// True for a device batch whose strings outgrew 32-bit offsets; smaller pieces may fit.
+    pub fn is_output_too_large(&self) -> bool {
+        matches!(self, SpateError::Unsupported { message } if message.starts_with(OUTPUT_TOO_LARGE))
     }
 }
 

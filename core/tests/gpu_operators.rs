@@ -887,14 +887,23 @@ async fn decimal_division_matches_the_cpu_and_fails_on_zero() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hash_joins_match_the_cpu() {
     const KEYS: &[&str] = &["a", "s", "dt, a", "m", "p, a", "b"];
-    for (seed, rows_in_table, batch_size, partitioned) in [
-        (41u64, 1500usize, 8192usize, false),
-        (42, 400, 7, true),
-        (43, 900, 8192, true),
-        (44, 0, 8192, false),
+    // The last column bounds the GPU's output batches (`spate.gpu.batch_bytes`, also the
+    // upload size): 1 KiB cuts each probe batch's output into many chunks of whole probe rows.
+    for (seed, rows_in_table, batch_size, partitioned, batch_bytes) in [
+        (41u64, 1500usize, 8192usize, false, None),
+        (42, 400, 7, true, None),
+        (43, 900, 8192, true, None),
+        (44, 0, 8192, false, None),
+        (45, 1200, 8192, false, Some(1024)),
+        (46, 700, 8192, true, Some(65536)),
     ] {
         let gpu = engine(Backend::Emulated, batch_size);
         let cpu = engine(Backend::Cpu, batch_size);
+        if let Some(bytes) = batch_bytes {
+            gpu.collect(&format!("SET spate.gpu.batch_bytes = {bytes}"))
+                .await
+                .unwrap();
+        }
         for e in [&gpu, &cpu] {
             e.register_batches("lt", table(rows_in_table, seed))
                 .unwrap();

@@ -63,6 +63,17 @@ pub enum KernelError {
         /// The fault that made it unhealthy.
         reason: String,
     },
+    /// A result would not fit its representation: more string bytes than its offsets can
+    /// address. The caller can split its input and try again.
+    #[error(
+        "the result holds {bytes} bytes of strings, more than {offset_bits}-bit offsets address"
+    )]
+    OutputTooLarge {
+        /// Bytes the result needs.
+        bytes: u64,
+        /// Width of its offsets.
+        offset_bits: u32,
+    },
     /// A caller passed arguments a launcher cannot accept (lengths, sizes, limits).
     #[error("invalid kernel argument: {message}")]
     InvalidArgument {

@@ -309,12 +309,9 @@ fn string_entry<O: OffsetElem>(what: &str) -> String {
 
 fn fits<O: OffsetElem>(total: u64) -> Result<()> {
     if total > O::MAX_BYTES {
-        return Err(KernelError::InvalidArgument {
-            message: format!(
-                "the result holds {total} bytes of strings, more than {}-bit offsets address; \
-                 use LargeUtf8 (i64 offsets)",
-                size_of::<O>() * 8
-            ),
+        return Err(KernelError::OutputTooLarge {
+            bytes: total,
+            offset_bits: (size_of::<O>() * 8) as u32,
         });
     }
     Ok(())

@@ -2035,10 +2035,12 @@ pub fn value_kernel(
 }
 
 /// Whether a cast involving a date, time, timestamp, duration or interval keeps the value's
-/// bits, the only temporal casts the GPU does: the same type, a timestamp to the same unit in
-/// another time zone, or a temporal type to or from the integer it is stored as (Date32 and
-/// Int32, Timestamp and Int64). Others change units (a timestamp to a date divides by the
-/// day) and stay on the CPU. Casts between non-temporal types return true.
+/// bits, the only temporal casts the GPU does: the same type, a timestamp with a time zone to
+/// the same unit in another zone or in none (the UTC value stays), or a temporal type to or
+/// from the integer it is stored as (Date32 and Int32, Timestamp and Int64). Others change
+/// the value and stay on the CPU: units (a timestamp to a date divides by the day), and a
+/// timestamp without a zone to one with a zone, which Arrow reads as local time in that zone
+/// and shifts by its offset. Casts between non-temporal types return true.
 fn bit_preserving_temporal_cast(from: &DataType, to: &DataType) -> bool {
     use DataType::*;
     let temporal = |t: &DataType| {
@@ -2050,7 +2052,9 @@ fn bit_preserving_temporal_cast(from: &DataType, to: &DataType) -> bool {
     match (from, to) {
         _ if !temporal(from) && !temporal(to) => true,
         _ if from == to => true,
-        (Timestamp(a, _), Timestamp(b, _)) => a == b,
+        (Timestamp(a, from_zone), Timestamp(b, to_zone)) => {
+            a == b && !(from_zone.is_none() && to_zone.is_some())
+        }
         (t, Int32) | (Int32, t) => matches!(t, Date32 | Time32(_)),
         (t, Int64) | (Int64, t) => {
             matches!(t, Date64 | Timestamp(_, _) | Time64(_) | Duration(_))

@@ -12,13 +12,19 @@
 //!   u64* counts, u32* matched)`: per probe row, the build group with equal keys (or `NONE`),
 //!   and how many output rows it makes (`outer`: at least one). A probe row with a NULL key
 //!   matches nothing unless `null_equal`. Marks `matched[group]` when `matched` is not null.
-//! - `pairs(const u32* pgroup, const u64* offsets, u64 n, u64 total, const u32* group_start,
-//!   const u32* rows_by_group, u32* out_probe, u32* out_build)`: the (probe row, build row)
-//!   pairs, `offsets` being the exclusive scan of `counts`. One thread per output pair finds
+//! - `pairs(const u32* pgroup, const u64* offsets, u64 n, u64 first, u64 count,
+//!   const u32* group_start, const u32* rows_by_group, u32* out_probe, u32* out_build)`: the
+//!   (probe row, build row) pairs `first..first + count` (one chunk of the output), `offsets`
+//!   being the exclusive scan of `counts`. One thread per output pair finds
 //!   its probe row by binary search over `offsets`, so a key with millions of matches spreads
 //!   over the whole grid instead of one thread (load-balanced expansion, as in ModernGPU's
 //!   "load-balancing search"). An unmatched probe row of an outer join (a count of one)
 //!   pairs with `SPATE_NULL_INDEX`.
+//! - `cuts(const u64* offsets, u64 row_lo, u64 row_hi, u64 pairs_hi, u64 pairs_lo, u64 step,
+//!   u64 cuts, u64* out)`: where chunks of about `step` pairs start, at whole probe rows:
+//!   for cut `c`, the first row whose pairs start at or after `pairs_lo + (c + 1) * step`,
+//!   and the pair it starts at.
+//! - `shift(u32* rows, u64 n, u32 by)`: adds `by` to every row index.
 //! - `pmask(const u32* pgroup, u64 n, u32 want_match, u8* mask)` and `bmask(const u32* gid,
 //!   u64 n, const u32* matched, u32 want_match, u8* mask)`: probe or build rows that did (or
 //!   did not) match, for semi and anti joins and the unmatched rows of outer joins.
@@ -55,8 +61,9 @@ extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_bscatter
 }
 SPATE_EXPORT(ENTRY_bscatter)
 
-extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_pairs(const u32* pgroup, const u64* offsets, u64 n, u64 total, const u32* group_start, const u32* rows_by_group, u32* out_probe, u32* out_build) {
-    for (u64 o = spate::global_thread_index(); o < total; o += spate::grid_stride()) {
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_pairs(const u32* pgroup, const u64* offsets, u64 n, u64 first, u64 count, const u32* group_start, const u32* rows_by_group, u32* out_probe, u32* out_build) {
+    for (u64 j = spate::global_thread_index(); j < count; j += spate::grid_stride()) {
+        const u64 o = first + j;
         // The probe row whose output range holds `o`: the last row with offsets[row] <= o
         // (rows that make no output share their successor's offset and are skipped).
         u64 lo = 0ull, hi = n;
@@ -65,11 +72,31 @@ extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_pairs(co
             if (offsets[mid] <= o) lo = mid; else hi = mid;
         }
         const u32 g = pgroup[lo];
-        out_probe[o] = (u32)lo;
-        out_build[o] = g == SPATE_JOIN_NONE ? SPATE_NULL_INDEX : rows_by_group[group_start[g] + (u32)(o - offsets[lo])];
+        out_probe[j] = (u32)lo;
+        out_build[j] = g == SPATE_JOIN_NONE ? SPATE_NULL_INDEX : rows_by_group[group_start[g] + (u32)(o - offsets[lo])];
     }
 }
 SPATE_EXPORT(ENTRY_pairs)
+
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_cuts(const u64* offsets, u64 row_lo, u64 row_hi, u64 pairs_hi, u64 pairs_lo, u64 step, u64 cuts, u64* out) {
+    for (u64 c = spate::global_thread_index(); c < cuts; c += spate::grid_stride()) {
+        // The first probe row in [row_lo, row_hi) whose pairs start at or after the target.
+        const u64 target = pairs_lo + (c + 1ull) * step;
+        u64 lo = row_lo, hi = row_hi;
+        while (lo < hi) {
+            const u64 mid = lo + (hi - lo) / 2ull;
+            if (offsets[mid] < target) lo = mid + 1ull; else hi = mid;
+        }
+        out[2ull * c] = lo;
+        out[2ull * c + 1ull] = lo < row_hi ? offsets[lo] : pairs_hi;
+    }
+}
+SPATE_EXPORT(ENTRY_cuts)
+
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_shift(u32* rows, u64 n, u32 by) {
+    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) rows[i] += by;
+}
+SPATE_EXPORT(ENTRY_shift)
 
 extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_pmask(const u32* pgroup, u64 n, u32 want_match, u8* mask) {
     for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride())
@@ -149,8 +176,8 @@ SPATE_EXPORT(ENTRY_probe)
 "#
     );
     let names: Vec<String> = [
-        "hash", "build", "flags", "assign", "bcount", "bscatter", "probe", "pairs", "pmask",
-        "bmask", "mark", "fmask",
+        "hash", "build", "flags", "assign", "bcount", "bscatter", "probe", "pairs", "cuts",
+        "shift", "pmask", "bmask", "mark", "fmask",
     ]
     .iter()
     .map(|n| n.to_string())

@@ -23,13 +23,13 @@
 
 mod build;
 mod codegen;
+mod probe;
 
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
-use arrow::record_batch::RecordBatch;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{JoinSide, JoinType, NullEquality};
 use datafusion::error::Result as DFResult;
@@ -37,29 +37,26 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
-use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet};
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricBuilder};
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, InputDistributionRequirements, PlanProperties,
     ReplaceChildrenOptions,
 };
 use futures::{StreamExt, TryStreamExt};
-use spate_kernels::compact::{self, Mask};
-use spate_kernels::{DeviceBuffer, DeviceSlice, KernelArg, Stream as DeviceStream};
+use spate_kernels::{DeviceSlice, Stream as DeviceStream};
 
 use self::build::{BuildSide, build_side};
 use self::codegen::JoinProgram;
-use super::aggregate::{Kernels, launch};
+use self::probe::ProbeState;
+use super::aggregate::Kernels;
 use super::{
     DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, device_input, gpu_context,
     to_df,
 };
-use crate::column::{
-    DeviceBatch, concat_device_batches, gather_column, gather_column_or_null, upload_batch,
-};
+use crate::column::{DeviceBatch, concat_device_batches, gather_column, gather_column_or_null};
+use crate::config::SpateOptions;
 use crate::error::{Result, SpateError};
-use crate::expr::{
-    DevType, PredicateKernel, Unsupported, column_args, evaluate_predicate, predicate_kernel,
-};
+use crate::expr::{DevType, PredicateKernel, Unsupported, predicate_kernel};
 
 /// A residual join filter: evaluated on the candidate pairs, from columns of both sides.
 #[derive(Debug)]
@@ -314,488 +311,6 @@ fn assemble(
     DeviceBatch::try_new(Arc::clone(schema), columns, rows)
 }
 
-struct ProbeState {
-    stream: Arc<DeviceStream>,
-    kernels: Arc<Kernels>,
-    plan: Arc<JoinPlan>,
-    /// Set once the build side is ready.
-    build: Option<Arc<BuildSide>>,
-    join_type: JoinType,
-    null_equal: bool,
-    null_aware: bool,
-    projection: Option<Vec<usize>>,
-    schema: SchemaRef,
-    probe_schema: SchemaRef,
-    remaining: Option<usize>,
-    /// The count of running probe partitions of a shared build side.
-    pending: Option<Arc<std::sync::atomic::AtomicUsize>>,
-    baseline: BaselineMetrics,
-}
-
-impl Drop for ProbeState {
-    /// However the probe ends (its last batch, an error, a cancellation, a satisfied limit),
-    /// the build side's frees wait for what this stream has queued (see `build.rs`).
-    fn drop(&mut self) {
-        if let Some(build) = &self.build {
-            build.release_from(&self.stream);
-        }
-    }
-}
-
-impl ProbeState {
-    fn build(&self) -> Result<&BuildSide> {
-        self.build.as_deref().ok_or_else(|| SpateError::Internal {
-            message: "a GPU join probed before its build side was ready".into(),
-        })
-    }
-
-    fn probe(&self, batch: &DeviceBatch) -> Result<Option<DeviceBatch>> {
-        let _timer = self.baseline.elapsed_compute().timer();
-        let s = &self.stream;
-        let n = batch.num_rows();
-        if n >= u32::MAX as usize {
-            return Err(SpateError::Unsupported {
-                message: format!("a GPU join probe batch of {n} rows (the limit is 2^32 - 2)"),
-            });
-        }
-        let build = self.build()?;
-        if self.null_aware {
-            use std::sync::atomic::Ordering;
-            if n > 0 {
-                build.probe_non_empty.store(true, Ordering::Relaxed);
-            }
-            if batch.columns()[self.plan.probe_keys[0]].null_count() > 0 {
-                build.probe_has_null.store(true, Ordering::Relaxed);
-            }
-            if build.probe_has_null.load(Ordering::Relaxed) {
-                // `x NOT IN (..., NULL)` is never true: nothing left to match.
-                return Ok(None);
-            }
-        }
-        let outer_probe = matches!(self.join_type, JoinType::Right | JoinType::Full);
-        let mut args = Vec::new();
-        for &k in &self.plan.probe_keys {
-            column_args(&batch.columns()[k], &mut args);
-        }
-        for k in &build.keys {
-            column_args(k, &mut args);
-        }
-        let filtered = self.plan.filter.is_some();
-        // With a residual filter, outer rows and matches are decided after the filter.
-        let outer_probe = outer_probe && !filtered;
-        let pgroup = s.alloc::<u32>(n.max(1))?;
-        let counts = s.alloc::<u64>(n.max(1))?;
-        args.extend([
-            KernelArg::U64(n as u64),
-            (&build.grouping.hashes).into(),
-            (&build.grouping.table).into(),
-            KernelArg::U64(build.grouping.table.len() as u64 - 1),
-            (&build.grouping.group_of_slot).into(),
-            (&build.sizes).into(),
-            KernelArg::U32(u32::from(self.null_equal)),
-            KernelArg::U32(u32::from(outer_probe)),
-            (&pgroup).into(),
-            (&counts).into(),
-            if filtered {
-                KernelArg::null()
-            } else {
-                build.matched.as_ref().into()
-            },
-        ]);
-        launch(s, self.kernels.get("probe")?, n, &args)?;
-        if filtered {
-            return self.probe_filtered(batch, &pgroup, &counts);
-        }
-        match self.join_type {
-            JoinType::LeftSemi | JoinType::LeftAnti => Ok(None),
-            JoinType::RightSemi | JoinType::RightAnti => {
-                let mask = s.alloc::<u8>(n.max(1))?;
-                launch(
-                    s,
-                    self.kernels.get("pmask")?,
-                    n,
-                    &[
-                        (&pgroup).into(),
-                        KernelArg::U64(n as u64),
-                        KernelArg::U32(u32::from(self.join_type == JoinType::RightSemi)),
-                        (&mask).into(),
-                    ],
-                )?;
-                let kept = compact::select_indices(s, Mask::Bytes(mask.as_slice()), None, n)?;
-                let rows = kept.len();
-                if rows == 0 {
-                    return Ok(None);
-                }
-                assemble(
-                    s,
-                    &self.schema,
-                    self.projection.as_deref(),
-                    None,
-                    Some((batch, kept.as_slice(), false)),
-                    rows,
-                )
-                .map(Some)
-            }
-            _ => {
-                let (offsets, total) =
-                    spate_kernels::scan::exclusive_sum_with_total(s, counts.slice(..n)?)?;
-                let total = total as usize;
-                if total == 0 {
-                    return Ok(None);
-                }
-                if total >= u32::MAX as usize {
-                    return Err(SpateError::Unsupported {
-                        message: format!(
-                            "a GPU join producing {total} rows from one probe batch (the limit \
-                             is 2^32 - 2); lower spate.gpu.batch_bytes"
-                        ),
-                    });
-                }
-                let out_probe = s.alloc::<u32>(total)?;
-                let out_build = s.alloc::<u32>(total)?;
-                launch(
-                    s,
-                    self.kernels.get("pairs")?,
-                    total,
-                    &[
-                        (&pgroup).into(),
-                        (&offsets).into(),
-                        KernelArg::U64(n as u64),
-                        KernelArg::U64(total as u64),
-                        (&build.group_start).into(),
-                        (&build.rows_by_group).into(),
-                        (&out_probe).into(),
-                        (&out_build).into(),
-                    ],
-                )?;
-                assemble(
-                    s,
-                    &self.schema,
-                    self.projection.as_deref(),
-                    Some((&build.batch, out_build.as_slice(), outer_probe)),
-                    Some((batch, out_probe.as_slice(), false)),
-                    total,
-                )
-                .map(Some)
-            }
-        }
-    }
-
-    /// The candidate pairs of a probe batch, kept where the residual filter is TRUE; matches
-    /// (and so outer, semi and anti rows) are decided by the kept pairs.
-    fn probe_filtered(
-        &self,
-        batch: &DeviceBatch,
-        pgroup: &DeviceBuffer<u32>,
-        counts: &DeviceBuffer<u64>,
-    ) -> Result<Option<DeviceBatch>> {
-        let s = &self.stream;
-        let build = self.build()?;
-        let n = batch.num_rows();
-        let Some(filter) = &self.plan.filter else {
-            return Ok(None);
-        };
-        let (offsets, total) =
-            spate_kernels::scan::exclusive_sum_with_total(s, counts.slice(..n)?)?;
-        let total = total as usize;
-        if total >= u32::MAX as usize {
-            return Err(SpateError::Unsupported {
-                message: format!(
-                    "a GPU join with {total} candidate pairs in one probe batch (the limit is \
-                     2^32 - 2); lower spate.gpu.batch_bytes"
-                ),
-            });
-        }
-        let out_probe = s.alloc::<u32>(total.max(1))?;
-        let out_build = s.alloc::<u32>(total.max(1))?;
-        launch(
-            s,
-            self.kernels.get("pairs")?,
-            total,
-            &[
-                pgroup.into(),
-                (&offsets).into(),
-                KernelArg::U64(n as u64),
-                KernelArg::U64(total as u64),
-                (&build.group_start).into(),
-                (&build.rows_by_group).into(),
-                (&out_probe).into(),
-                (&out_build).into(),
-            ],
-        )?;
-        let (probe_rows, build_rows) = (out_probe.slice(..total)?, out_build.slice(..total)?);
-        // The filter's input: its columns gathered from both sides by the pairs.
-        let columns = filter
-            .columns
-            .iter()
-            .map(|&(from_build, c)| {
-                if from_build {
-                    gather_column(s, &build.batch.columns()[c], build_rows)
-                } else {
-                    gather_column(s, &batch.columns()[c], probe_rows)
-                }
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let pairs = DeviceBatch::try_new(Arc::clone(&filter.schema), columns, total)?;
-        let filter_kernel = self
-            .kernels
-            .computed
-            .as_ref()
-            .ok_or_else(|| SpateError::Internal {
-                message: "a GPU join filter without its kernel".into(),
-            })?;
-        let keep = evaluate_predicate(s, filter_kernel, &filter.predicate, &pairs)?;
-        let mark = |rows: DeviceSlice<'_, u32>, flags: &DeviceBuffer<u32>| {
-            launch(
-                s,
-                self.kernels.get("mark")?,
-                total,
-                &[
-                    rows.into(),
-                    (&keep).into(),
-                    KernelArg::U64(total as u64),
-                    flags.into(),
-                ],
-            )
-        };
-        if let Some(matched) = &build.matched {
-            mark(build_rows, matched)?;
-        }
-        let probe_flags = if matches!(
-            self.join_type,
-            JoinType::Right | JoinType::Full | JoinType::RightSemi | JoinType::RightAnti
-        ) {
-            let flags = s.alloc_zeroed::<u32>(n.max(1))?;
-            mark(probe_rows, &flags)?;
-            Some(flags)
-        } else {
-            None
-        };
-        let select = |flags: &DeviceBuffer<u32>, want: bool| -> Result<DeviceBuffer<u32>> {
-            let mask = s.alloc::<u8>(n.max(1))?;
-            launch(
-                s,
-                self.kernels.get("fmask")?,
-                n,
-                &[
-                    flags.into(),
-                    KernelArg::U64(n as u64),
-                    KernelArg::U32(u32::from(want)),
-                    (&mask).into(),
-                ],
-            )?;
-            Ok(compact::select_indices(
-                s,
-                Mask::Bytes(mask.slice(..n)?),
-                None,
-                n,
-            )?)
-        };
-        match self.join_type {
-            JoinType::LeftSemi | JoinType::LeftAnti => Ok(None),
-            JoinType::RightSemi | JoinType::RightAnti => {
-                let Some(flags) = &probe_flags else {
-                    return Ok(None);
-                };
-                let kept = select(flags, self.join_type == JoinType::RightSemi)?;
-                if kept.is_empty() {
-                    return Ok(None);
-                }
-                assemble(
-                    s,
-                    &self.schema,
-                    self.projection.as_deref(),
-                    None,
-                    Some((batch, kept.as_slice(), false)),
-                    kept.len(),
-                )
-                .map(Some)
-            }
-            _ => {
-                let passing =
-                    compact::select_indices(s, Mask::Bytes(keep.slice(..total)?), None, total)?;
-                let p = spate_kernels::gather::gather(s, probe_rows, passing.as_slice())?;
-                let b = spate_kernels::gather::gather(s, build_rows, passing.as_slice())?;
-                let lonely = match &probe_flags {
-                    Some(flags) => select(flags, false)?,
-                    None => s.alloc::<u32>(0)?,
-                };
-                let rows = passing.len() + lonely.len();
-                if rows == 0 {
-                    return Ok(None);
-                }
-                if lonely.is_empty() {
-                    return assemble(
-                        s,
-                        &self.schema,
-                        self.projection.as_deref(),
-                        Some((&build.batch, b.as_slice(), false)),
-                        Some((batch, p.as_slice(), false)),
-                        rows,
-                    )
-                    .map(Some);
-                }
-                // Right and full outer: the probe rows no kept pair matched join NULLs. Kept
-                // pairs are in probe order; a stable sort on the probe row merges the two
-                // lists back into probe order, as DataFusion's output is.
-                let mut all_probe = s.alloc::<u32>(rows)?;
-                s.copy_device(p.as_slice(), &mut all_probe, 0)?;
-                s.copy_device(lonely.as_slice(), &mut all_probe, p.len())?;
-                let mut all_build = s.alloc::<u32>(rows)?;
-                s.copy_device(b.as_slice(), &mut all_build, 0)?;
-                let nothing =
-                    s.from_host(&vec![spate_kernels::launch::NULL_INDEX; lonely.len()])?;
-                s.copy_device(nothing.as_slice(), &mut all_build, b.len())?;
-                let sorted = spate_kernels::sort::sort_pairs(s, all_probe.as_slice(), None, 32)?;
-                let build_order = spate_kernels::gather::gather(
-                    s,
-                    all_build.as_slice(),
-                    sorted.values.as_slice(),
-                )?;
-                assemble(
-                    s,
-                    &self.schema,
-                    self.projection.as_deref(),
-                    Some((&build.batch, build_order.as_slice(), true)),
-                    Some((batch, sorted.keys.as_slice(), false)),
-                    rows,
-                )
-                .map(Some)
-            }
-        }
-    }
-
-    /// After the last probe batch: the build rows that matched (left semi) or did not (left
-    /// anti, and with NULLs for the probe side, left and full outer).
-    fn finish(&self) -> Result<Option<DeviceBatch>> {
-        let _timer = self.baseline.elapsed_compute().timer();
-        let s = &self.stream;
-        let build = self.build()?;
-        let Some(matched) = &build.matched else {
-            return Ok(None);
-        };
-        let n = build.batch.num_rows();
-        if n == 0 {
-            return Ok(None);
-        }
-        let (probe_has_null, probe_non_empty) = {
-            use std::sync::atomic::Ordering;
-            (
-                build.probe_has_null.load(Ordering::Relaxed),
-                build.probe_non_empty.load(Ordering::Relaxed),
-            )
-        };
-        if self.null_aware && probe_has_null {
-            return Ok(None);
-        }
-        // `NULL NOT IN (rows)` is NULL, but `NULL NOT IN (empty)` is true.
-        let key_validity = if self.null_aware && probe_non_empty {
-            build.keys[0].validity().map(|v| v.bitmap())
-        } else {
-            None
-        };
-        let mask = s.alloc::<u8>(n)?;
-        let want = KernelArg::U32(u32::from(self.join_type == JoinType::LeftSemi));
-        if self.plan.filter.is_some() {
-            // Matches were flagged per build row.
-            launch(
-                s,
-                self.kernels.get("fmask")?,
-                n,
-                &[
-                    matched.into(),
-                    KernelArg::U64(n as u64),
-                    want,
-                    (&mask).into(),
-                ],
-            )?;
-        } else {
-            launch(
-                s,
-                self.kernels.get("bmask")?,
-                n,
-                &[
-                    (&build.grouping.gid).into(),
-                    KernelArg::U64(n as u64),
-                    matched.into(),
-                    want,
-                    (&mask).into(),
-                ],
-            )?;
-        }
-        let kept = compact::select_indices(s, Mask::Bytes(mask.as_slice()), key_validity, n)?;
-        let rows = kept.len();
-        if rows == 0 {
-            return Ok(None);
-        }
-        if matches!(self.join_type, JoinType::LeftSemi | JoinType::LeftAnti) {
-            return assemble(
-                s,
-                &self.schema,
-                self.projection.as_deref(),
-                Some((&build.batch, kept.as_slice(), false)),
-                None,
-                rows,
-            )
-            .map(Some);
-        }
-        // Left and full outer: the probe side is all NULL.
-        let nothing = s.from_host(&vec![spate_kernels::launch::NULL_INDEX; rows])?;
-        let empty = upload_batch(s, &RecordBatch::new_empty(Arc::clone(&self.probe_schema)))?;
-        assemble(
-            s,
-            &self.schema,
-            self.projection.as_deref(),
-            Some((&build.batch, kept.as_slice(), false)),
-            Some((&empty, nothing.as_slice(), true)),
-            rows,
-        )
-        .map(Some)
-    }
-
-    /// The end of this partition's probe rows. With a shared build side only the last probe
-    /// partition to finish emits the build rows: every other one waits for its stream first,
-    /// so that its matches are on the device when the last one reads them.
-    fn finish_partition(&self) -> Result<Option<DeviceBatch>> {
-        use std::sync::atomic::Ordering;
-        let Some(pending) = &self.pending else {
-            return self.finish();
-        };
-        if self.build()?.matched.is_none() {
-            return Ok(None);
-        }
-        self.stream.synchronize()?;
-        if pending.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.finish()
-        } else {
-            Ok(None)
-        }
-    }
-
-    /// Applies the join's fetch (LIMIT) to an output batch.
-    fn limit(&mut self, batch: DeviceBatch) -> Result<Option<DeviceBatch>> {
-        let Some(remaining) = self.remaining.as_mut() else {
-            return Ok(Some(batch));
-        };
-        let rows = batch.num_rows().min(*remaining);
-        *remaining -= rows;
-        if rows == 0 {
-            return Ok(None);
-        }
-        if rows == batch.num_rows() {
-            return Ok(Some(batch));
-        }
-        let first: Vec<u32> = (0..rows as u32).collect();
-        let first = self.stream.from_host(&first)?;
-        let columns = batch
-            .columns()
-            .iter()
-            .map(|c| gather_column(&self.stream, c, first.as_slice()))
-            .collect::<Result<Vec<_>>>()?;
-        DeviceBatch::try_new(Arc::clone(batch.schema()), columns, rows).map(Some)
-    }
-}
-
 impl DisplayAs for GpuHashJoinExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         crate::exec::display_gpu(self.cpu.as_ref(), t, f)
@@ -925,6 +440,10 @@ impl GpuExec for GpuHashJoinExec {
                 remaining: self.fetch,
                 pending,
                 baseline: BaselineMetrics::new(&self.metrics, partition),
+                largest_output_bytes: MetricBuilder::new(&self.metrics)
+                    .gauge("largest_output_bytes", partition),
+                batch_bytes: SpateOptions::gpu_batch_bytes(context.session_config().options()),
+                chunks: None,
             },
             Some(Box::pin(build)
                 as std::pin::Pin<
@@ -943,15 +462,22 @@ impl GpuExec for GpuHashJoinExec {
                     }
                 }
                 loop {
-                    if finished || s.remaining == Some(0) {
+                    if s.remaining == Some(0) {
                         return None;
                     }
-                    let out = match probe.next().await {
-                        Some(Err(e)) => return Some((Err(e), (s, None, probe, true))),
-                        Some(Ok(batch)) => s.probe(&batch),
-                        None => {
-                            finished = true;
-                            s.finish_partition()
+                    // A probe batch's output may come in several chunks: those first.
+                    let out = if s.has_chunks() {
+                        s.next_chunk()
+                    } else if finished {
+                        return None;
+                    } else {
+                        match probe.next().await {
+                            Some(Err(e)) => return Some((Err(e), (s, None, probe, true))),
+                            Some(Ok(batch)) => s.probe(&batch),
+                            None => {
+                                finished = true;
+                                s.finish_partition()
+                            }
                         }
                     };
                     let out = out.and_then(|o| match o {
@@ -960,11 +486,14 @@ impl GpuExec for GpuHashJoinExec {
                     });
                     match out {
                         Ok(Some(batch)) => {
-                            s.baseline.record_output(batch.num_rows());
+                            s.record(&batch);
                             return Some((Ok(batch), (s, None, probe, finished)));
                         }
                         Ok(None) => continue,
-                        Err(e) => return Some((Err(to_df(e)), (s, None, probe, true))),
+                        Err(e) => {
+                            s.chunks = None;
+                            return Some((Err(to_df(e)), (s, None, probe, true)));
+                        }
                     }
                 }
             },

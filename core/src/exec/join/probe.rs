@@ -1,0 +1,678 @@
+//! The probe side of a GPU hash join: each probe batch looked up in the build side, and its
+//! output emitted in bounded chunks.
+//!
+//! A probe batch of `n` rows can match any number of build rows (a hot key times a hot key),
+//! so its output is cut into chunks of whole probe rows holding about `spate.gpu.batch_bytes`
+//! of output each, as DataFusion's join cuts its output at `batch_size` rows: the join's
+//! memory is then bounded by a chunk, not by its whole output, and a string column of a chunk
+//! stays within what 32-bit offsets address (were a chunk still too large, it is cut again).
+//! Chunks follow probe order, and each holds the outer (unmatched) probe rows of its own probe
+//! rows, so output order stays probe order, as DataFusion's.
+//!
+//! Host readbacks per probe batch: the total of the match counts (to size the output), and,
+//! only when the output needs more than one chunk, the chunk boundaries. Per chunk: the
+//! gathers' null and string-byte counts (see `column::gather`).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use datafusion::common::JoinType;
+use datafusion::physical_plan::metrics::{BaselineMetrics, Gauge};
+use spate_kernels::compact::{self, Mask};
+use spate_kernels::{DeviceBuffer, DeviceSlice, KernelArg, Stream as DeviceStream};
+
+use super::build::BuildSide;
+use super::{JoinPlan, assemble};
+use crate::column::{DeviceBatch, DeviceColumn, DeviceValues, gather_column, upload_batch};
+use crate::error::{Result, SpateError};
+use crate::exec::aggregate::{Kernels, launch};
+use crate::expr::{column_args, evaluate_predicate};
+
+pub(super) struct ProbeState {
+    pub(super) stream: Arc<DeviceStream>,
+    pub(super) kernels: Arc<Kernels>,
+    pub(super) plan: Arc<JoinPlan>,
+    /// Set once the build side is ready.
+    pub(super) build: Option<Arc<BuildSide>>,
+    pub(super) join_type: JoinType,
+    pub(super) null_equal: bool,
+    pub(super) null_aware: bool,
+    pub(super) projection: Option<Vec<usize>>,
+    pub(super) schema: SchemaRef,
+    pub(super) probe_schema: SchemaRef,
+    pub(super) remaining: Option<usize>,
+    /// The count of running probe partitions of a shared build side.
+    pub(super) pending: Option<Arc<AtomicUsize>>,
+    pub(super) baseline: BaselineMetrics,
+    /// The device bytes of the largest output batch: what bounds the join's output.
+    pub(super) largest_output_bytes: Gauge,
+    /// About how many bytes one output batch may hold (`spate.gpu.batch_bytes`).
+    pub(super) batch_bytes: usize,
+    /// The rest of the current probe batch's output.
+    pub(super) chunks: Option<Chunks>,
+}
+
+/// One probe batch's matches, emitted a chunk of whole probe rows at a time.
+pub(super) struct Chunks {
+    batch: DeviceBatch,
+    /// Per probe row: its build group, or none.
+    pgroup: DeviceBuffer<u32>,
+    /// Per probe row: the index of its first (probe row, build row) pair.
+    offsets: DeviceBuffer<u64>,
+    /// Whether a probe row without a match still yields one pair (right and full joins).
+    outer_probe: bool,
+    /// Chunk boundaries as (first probe row, first pair), ending with (rows, pairs).
+    bounds: Vec<(usize, usize)>,
+    next: usize,
+    /// With a filter, for right, full, right semi and right anti joins: per probe row, set
+    /// when one of its pairs passed.
+    probe_flags: Option<DeviceBuffer<u32>>,
+}
+
+impl Chunks {
+    fn rows(&self) -> usize {
+        self.batch.num_rows()
+    }
+}
+
+impl Drop for ProbeState {
+    /// However the probe ends (its last batch, an error, a cancellation, a satisfied limit),
+    /// the build side's frees wait for what this stream has queued (see `build.rs`).
+    fn drop(&mut self) {
+        if let Some(build) = &self.build {
+            build.release_from(&self.stream);
+        }
+    }
+}
+
+/// Bytes a row of `columns` takes on average: fixed widths, and for strings their average
+/// length plus the offset.
+fn row_bytes<'a>(columns: impl Iterator<Item = &'a DeviceColumn>) -> usize {
+    columns
+        .map(|c| match c.values() {
+            DeviceValues::Fixed { width, .. } => *width,
+            DeviceValues::Bits { .. } => 1,
+            DeviceValues::Utf8 { bytes, .. } => 4 + bytes.len() / c.len().max(1),
+            DeviceValues::LargeUtf8 { bytes, .. } => 8 + bytes.len() / c.len().max(1),
+        })
+        .sum::<usize>()
+        + 8
+}
+
+impl ProbeState {
+    pub(super) fn build(&self) -> Result<&BuildSide> {
+        self.build.as_deref().ok_or_else(|| SpateError::Internal {
+            message: "a GPU join probed before its build side was ready".into(),
+        })
+    }
+
+    /// True while the current probe batch has output left.
+    pub(super) fn has_chunks(&self) -> bool {
+        self.chunks.is_some()
+    }
+
+    /// Looks a probe batch up; returns its first output batch (the rest comes from
+    /// [`ProbeState::next_chunk`]).
+    pub(super) fn probe(&mut self, batch: &DeviceBatch) -> Result<Option<DeviceBatch>> {
+        let compute = self.baseline.elapsed_compute().clone();
+        let _timer = compute.timer();
+        let s = Arc::clone(&self.stream);
+        let s = &s;
+        let n = batch.num_rows();
+        if n >= u32::MAX as usize {
+            return Err(SpateError::Unsupported {
+                message: format!("a GPU join probe batch of {n} rows (the limit is 2^32 - 2)"),
+            });
+        }
+        let build = Arc::clone(self.build.as_ref().ok_or_else(|| SpateError::Internal {
+            message: "a GPU join probed before its build side was ready".into(),
+        })?);
+        if self.null_aware {
+            if n > 0 {
+                build.probe_non_empty.store(true, Ordering::Relaxed);
+            }
+            if batch.columns()[self.plan.probe_keys[0]].null_count() > 0 {
+                build.probe_has_null.store(true, Ordering::Relaxed);
+            }
+            if build.probe_has_null.load(Ordering::Relaxed) {
+                // `x NOT IN (..., NULL)` is never true: nothing left to match.
+                return Ok(None);
+            }
+        }
+        let mut args = Vec::new();
+        for &k in &self.plan.probe_keys {
+            column_args(&batch.columns()[k], &mut args);
+        }
+        for k in &build.keys {
+            column_args(k, &mut args);
+        }
+        let filtered = self.plan.filter.is_some();
+        // With a residual filter, outer rows and matches are decided after the filter.
+        let outer_probe = matches!(self.join_type, JoinType::Right | JoinType::Full) && !filtered;
+        let pgroup = s.alloc::<u32>(n.max(1))?;
+        let counts = s.alloc::<u64>(n.max(1))?;
+        args.extend([
+            KernelArg::U64(n as u64),
+            (&build.grouping.hashes).into(),
+            (&build.grouping.table).into(),
+            KernelArg::U64(build.grouping.table.len() as u64 - 1),
+            (&build.grouping.group_of_slot).into(),
+            (&build.sizes).into(),
+            KernelArg::U32(u32::from(self.null_equal)),
+            KernelArg::U32(u32::from(outer_probe)),
+            (&pgroup).into(),
+            (&counts).into(),
+            if filtered {
+                KernelArg::null()
+            } else {
+                build.matched.as_ref().into()
+            },
+        ]);
+        launch(s, self.kernels.get("probe")?, n, &args)?;
+        if !filtered {
+            match self.join_type {
+                JoinType::LeftSemi | JoinType::LeftAnti => return Ok(None),
+                JoinType::RightSemi | JoinType::RightAnti => {
+                    return self.probe_semi(batch, &pgroup);
+                }
+                _ => {}
+            }
+        }
+        let (offsets, total) =
+            spate_kernels::scan::exclusive_sum_with_total(s, counts.slice(..n)?)?;
+        let total = total as usize;
+        let needs_flags = filtered
+            && matches!(
+                self.join_type,
+                JoinType::Right | JoinType::Full | JoinType::RightSemi | JoinType::RightAnti
+            );
+        if total == 0 && !needs_flags {
+            return Ok(None);
+        }
+        if total >= u32::MAX as usize {
+            return Err(SpateError::Unsupported {
+                message: format!(
+                    "a GPU join with {total} pairs from one probe batch (the limit is 2^32 - 2); \
+                     lower spate.gpu.batch_bytes"
+                ),
+            });
+        }
+        // About how many pairs one chunk may hold.
+        let mut width = row_bytes(batch.columns().iter().chain(build.batch.columns().iter()));
+        if let Some(f) = &self.plan.filter {
+            width += 8 * f.columns.len();
+        }
+        let step = (self.batch_bytes / width.max(1)).max(1);
+        let mut chunks = Chunks {
+            batch: batch.clone(),
+            pgroup,
+            offsets,
+            outer_probe,
+            bounds: Vec::new(),
+            next: 0,
+            probe_flags: if needs_flags {
+                Some(s.alloc_zeroed::<u32>(n.max(1))?)
+            } else {
+                None
+            },
+        };
+        chunks.bounds = self.cut(&chunks, (0, 0), (n, total), step)?;
+        self.chunks = Some(chunks);
+        self.next_chunk_timed()
+    }
+
+    /// Chunk boundaries of `from..to` (probe rows, pairs) about `step` pairs apart, at whole
+    /// probe rows; the first is `from` and the last `to`.
+    fn cut(
+        &self,
+        chunks: &Chunks,
+        from: (usize, usize),
+        to: (usize, usize),
+        step: usize,
+    ) -> Result<Vec<(usize, usize)>> {
+        let pairs = to.1 - from.1;
+        if pairs <= step {
+            return Ok(vec![from, to]);
+        }
+        let s = &self.stream;
+        let cuts = pairs.div_ceil(step) - 1;
+        let out = s.alloc::<u64>(2 * cuts)?;
+        launch(
+            s,
+            self.kernels.get("cuts")?,
+            cuts,
+            &[
+                (&chunks.offsets).into(),
+                KernelArg::U64(from.0 as u64),
+                KernelArg::U64(to.0 as u64),
+                KernelArg::U64(to.1 as u64),
+                KernelArg::U64(from.1 as u64),
+                KernelArg::U64(step as u64),
+                KernelArg::U64(cuts as u64),
+                (&out).into(),
+            ],
+        )?;
+        let host = s.to_vec(&out)?;
+        let mut bounds = vec![from];
+        for c in host.chunks_exact(2) {
+            let cut = (c[0] as usize, c[1] as usize);
+            if cut.0 > bounds[bounds.len() - 1].0 && cut.0 < to.0 {
+                bounds.push(cut);
+            }
+        }
+        bounds.push(to);
+        Ok(bounds)
+    }
+
+    /// The next chunk of the current probe batch's output, if any is left.
+    pub(super) fn next_chunk(&mut self) -> Result<Option<DeviceBatch>> {
+        let compute = self.baseline.elapsed_compute().clone();
+        let _timer = compute.timer();
+        self.next_chunk_timed()
+    }
+
+    fn next_chunk_timed(&mut self) -> Result<Option<DeviceBatch>> {
+        loop {
+            let Some(mut chunks) = self.chunks.take() else {
+                return Ok(None);
+            };
+            if chunks.next + 1 >= chunks.bounds.len() {
+                return Ok(None);
+            }
+            let (from, to) = (chunks.bounds[chunks.next], chunks.bounds[chunks.next + 1]);
+            let out = match self.emit(&chunks, from, to) {
+                Err(e) if e.is_output_too_large() && to.0 - from.0 > 1 => {
+                    // Still too large for 32-bit string offsets: cut it in two and retry.
+                    let half = ((to.1 - from.1) / 2).max(1);
+                    let finer = self.cut(&chunks, from, to, half)?;
+                    if finer.len() <= 2 {
+                        return Err(e);
+                    }
+                    chunks.bounds.splice(chunks.next..chunks.next + 2, finer);
+                    self.chunks = Some(chunks);
+                    continue;
+                }
+                other => other?,
+            };
+            chunks.next += 1;
+            if chunks.next + 1 < chunks.bounds.len() {
+                self.chunks = Some(chunks);
+            }
+            if out.is_some() {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// The output of probe rows `from.0..to.0`, whose pairs are `from.1..to.1`.
+    fn emit(
+        &self,
+        chunks: &Chunks,
+        from: (usize, usize),
+        to: (usize, usize),
+    ) -> Result<Option<DeviceBatch>> {
+        let s = &self.stream;
+        let build = self.build()?;
+        let pairs = to.1 - from.1;
+        let out_probe = s.alloc::<u32>(pairs.max(1))?;
+        let out_build = s.alloc::<u32>(pairs.max(1))?;
+        launch(
+            s,
+            self.kernels.get("pairs")?,
+            pairs,
+            &[
+                (&chunks.pgroup).into(),
+                (&chunks.offsets).into(),
+                KernelArg::U64(chunks.rows() as u64),
+                KernelArg::U64(from.1 as u64),
+                KernelArg::U64(pairs as u64),
+                (&build.group_start).into(),
+                (&build.rows_by_group).into(),
+                (&out_probe).into(),
+                (&out_build).into(),
+            ],
+        )?;
+        let (probe_rows, build_rows) = (out_probe.slice(..pairs)?, out_build.slice(..pairs)?);
+        if self.plan.filter.is_none() {
+            return assemble(
+                s,
+                &self.schema,
+                self.projection.as_deref(),
+                Some((&build.batch, build_rows, chunks.outer_probe)),
+                Some((&chunks.batch, probe_rows, false)),
+                pairs,
+            )
+            .map(Some);
+        }
+        self.emit_filtered(chunks, from, to, probe_rows, build_rows)
+    }
+
+    /// A chunk of a join with a residual filter: the candidate pairs, filtered.
+    fn emit_filtered(
+        &self,
+        chunks: &Chunks,
+        from: (usize, usize),
+        to: (usize, usize),
+        probe_rows: DeviceSlice<'_, u32>,
+        build_rows: DeviceSlice<'_, u32>,
+    ) -> Result<Option<DeviceBatch>> {
+        let s = &self.stream;
+        let build = self.build()?;
+        let batch = &chunks.batch;
+        let pairs = to.1 - from.1;
+        let Some(filter) = &self.plan.filter else {
+            return Ok(None);
+        };
+        // The filter's input: its columns gathered from both sides by the pairs.
+        let columns = filter
+            .columns
+            .iter()
+            .map(|&(from_build, c)| {
+                if from_build {
+                    gather_column(s, &build.batch.columns()[c], build_rows)
+                } else {
+                    gather_column(s, &batch.columns()[c], probe_rows)
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let candidates = DeviceBatch::try_new(Arc::clone(&filter.schema), columns, pairs)?;
+        let filter_kernel = self
+            .kernels
+            .computed
+            .as_ref()
+            .ok_or_else(|| SpateError::Internal {
+                message: "a GPU join filter without its kernel".into(),
+            })?;
+        let keep = evaluate_predicate(s, filter_kernel, &filter.predicate, &candidates)?;
+        let mark = |rows: DeviceSlice<'_, u32>, flags: &DeviceBuffer<u32>| {
+            launch(
+                s,
+                self.kernels.get("mark")?,
+                pairs,
+                &[
+                    rows.into(),
+                    (&keep).into(),
+                    KernelArg::U64(pairs as u64),
+                    flags.into(),
+                ],
+            )
+        };
+        if let Some(matched) = &build.matched {
+            mark(build_rows, matched)?;
+        }
+        if let Some(flags) = &chunks.probe_flags {
+            mark(probe_rows, flags)?;
+        }
+        // The probe rows of this chunk whose flag is (not) set, as absolute row indices.
+        let select = |flags: &DeviceBuffer<u32>, want: bool| -> Result<DeviceBuffer<u32>> {
+            let rows = to.0 - from.0;
+            let mask = s.alloc::<u8>(rows.max(1))?;
+            launch(
+                s,
+                self.kernels.get("fmask")?,
+                rows,
+                &[
+                    flags.slice(from.0..to.0)?.into(),
+                    KernelArg::U64(rows as u64),
+                    KernelArg::U32(u32::from(want)),
+                    (&mask).into(),
+                ],
+            )?;
+            let kept = compact::select_indices(s, Mask::Bytes(mask.slice(..rows)?), None, rows)?;
+            launch(
+                s,
+                self.kernels.get("shift")?,
+                kept.len(),
+                &[
+                    (&kept).into(),
+                    KernelArg::U64(kept.len() as u64),
+                    KernelArg::U32(from.0 as u32),
+                ],
+            )?;
+            Ok(kept)
+        };
+        match self.join_type {
+            JoinType::LeftSemi | JoinType::LeftAnti => Ok(None),
+            JoinType::RightSemi | JoinType::RightAnti => {
+                let Some(flags) = &chunks.probe_flags else {
+                    return Ok(None);
+                };
+                let kept = select(flags, self.join_type == JoinType::RightSemi)?;
+                if kept.is_empty() {
+                    return Ok(None);
+                }
+                assemble(
+                    s,
+                    &self.schema,
+                    self.projection.as_deref(),
+                    None,
+                    Some((batch, kept.as_slice(), false)),
+                    kept.len(),
+                )
+                .map(Some)
+            }
+            _ => {
+                let passing =
+                    compact::select_indices(s, Mask::Bytes(keep.slice(..pairs)?), None, pairs)?;
+                let p = spate_kernels::gather::gather(s, probe_rows, passing.as_slice())?;
+                let b = spate_kernels::gather::gather(s, build_rows, passing.as_slice())?;
+                let lonely = match &chunks.probe_flags {
+                    Some(flags) => select(flags, false)?,
+                    None => s.alloc::<u32>(0)?,
+                };
+                let rows = passing.len() + lonely.len();
+                if rows == 0 {
+                    return Ok(None);
+                }
+                if lonely.is_empty() {
+                    return assemble(
+                        s,
+                        &self.schema,
+                        self.projection.as_deref(),
+                        Some((&build.batch, b.as_slice(), false)),
+                        Some((batch, p.as_slice(), false)),
+                        rows,
+                    )
+                    .map(Some);
+                }
+                // Right and full outer: the probe rows no kept pair matched join NULLs. Kept
+                // pairs are in probe order; a stable sort on the probe row merges the two
+                // lists back into probe order, as DataFusion's output is.
+                let mut all_probe = s.alloc::<u32>(rows)?;
+                s.copy_device(p.as_slice(), &mut all_probe, 0)?;
+                s.copy_device(lonely.as_slice(), &mut all_probe, p.len())?;
+                let mut all_build = s.alloc::<u32>(rows)?;
+                s.copy_device(b.as_slice(), &mut all_build, 0)?;
+                let nothing =
+                    s.from_host(&vec![spate_kernels::launch::NULL_INDEX; lonely.len()])?;
+                s.copy_device(nothing.as_slice(), &mut all_build, b.len())?;
+                let sorted = spate_kernels::sort::sort_pairs(s, all_probe.as_slice(), None, 32)?;
+                let build_order = spate_kernels::gather::gather(
+                    s,
+                    all_build.as_slice(),
+                    sorted.values.as_slice(),
+                )?;
+                assemble(
+                    s,
+                    &self.schema,
+                    self.projection.as_deref(),
+                    Some((&build.batch, build_order.as_slice(), true)),
+                    Some((batch, sorted.keys.as_slice(), false)),
+                    rows,
+                )
+                .map(Some)
+            }
+        }
+    }
+
+    /// Right semi and anti joins without a filter: the probe rows that did (not) match.
+    fn probe_semi(
+        &self,
+        batch: &DeviceBatch,
+        pgroup: &DeviceBuffer<u32>,
+    ) -> Result<Option<DeviceBatch>> {
+        let s = &self.stream;
+        let n = batch.num_rows();
+        let mask = s.alloc::<u8>(n.max(1))?;
+        launch(
+            s,
+            self.kernels.get("pmask")?,
+            n,
+            &[
+                pgroup.into(),
+                KernelArg::U64(n as u64),
+                KernelArg::U32(u32::from(self.join_type == JoinType::RightSemi)),
+                (&mask).into(),
+            ],
+        )?;
+        let kept = compact::select_indices(s, Mask::Bytes(mask.as_slice()), None, n)?;
+        let rows = kept.len();
+        if rows == 0 {
+            return Ok(None);
+        }
+        assemble(
+            s,
+            &self.schema,
+            self.projection.as_deref(),
+            None,
+            Some((batch, kept.as_slice(), false)),
+            rows,
+        )
+        .map(Some)
+    }
+
+    /// After the last probe batch: the build rows that matched (left semi) or did not (left
+    /// anti, and with NULLs for the probe side, left and full outer).
+    fn finish(&self) -> Result<Option<DeviceBatch>> {
+        let _timer = self.baseline.elapsed_compute().timer();
+        let s = &self.stream;
+        let build = self.build()?;
+        let Some(matched) = &build.matched else {
+            return Ok(None);
+        };
+        let n = build.batch.num_rows();
+        if n == 0 {
+            return Ok(None);
+        }
+        let (probe_has_null, probe_non_empty) = (
+            build.probe_has_null.load(Ordering::Relaxed),
+            build.probe_non_empty.load(Ordering::Relaxed),
+        );
+        if self.null_aware && probe_has_null {
+            return Ok(None);
+        }
+        // `NULL NOT IN (rows)` is NULL, but `NULL NOT IN (empty)` is true.
+        let key_validity = if self.null_aware && probe_non_empty {
+            build.keys[0].validity().map(|v| v.bitmap())
+        } else {
+            None
+        };
+        let mask = s.alloc::<u8>(n)?;
+        let want = KernelArg::U32(u32::from(self.join_type == JoinType::LeftSemi));
+        if self.plan.filter.is_some() {
+            // Matches were flagged per build row.
+            launch(
+                s,
+                self.kernels.get("fmask")?,
+                n,
+                &[
+                    matched.into(),
+                    KernelArg::U64(n as u64),
+                    want,
+                    (&mask).into(),
+                ],
+            )?;
+        } else {
+            launch(
+                s,
+                self.kernels.get("bmask")?,
+                n,
+                &[
+                    (&build.grouping.gid).into(),
+                    KernelArg::U64(n as u64),
+                    matched.into(),
+                    want,
+                    (&mask).into(),
+                ],
+            )?;
+        }
+        let kept = compact::select_indices(s, Mask::Bytes(mask.as_slice()), key_validity, n)?;
+        let rows = kept.len();
+        if rows == 0 {
+            return Ok(None);
+        }
+        if matches!(self.join_type, JoinType::LeftSemi | JoinType::LeftAnti) {
+            return assemble(
+                s,
+                &self.schema,
+                self.projection.as_deref(),
+                Some((&build.batch, kept.as_slice(), false)),
+                None,
+                rows,
+            )
+            .map(Some);
+        }
+        // Left and full outer: the probe side is all NULL.
+        let nothing = s.from_host(&vec![spate_kernels::launch::NULL_INDEX; rows])?;
+        let empty = upload_batch(s, &RecordBatch::new_empty(Arc::clone(&self.probe_schema)))?;
+        assemble(
+            s,
+            &self.schema,
+            self.projection.as_deref(),
+            Some((&build.batch, kept.as_slice(), false)),
+            Some((&empty, nothing.as_slice(), true)),
+            rows,
+        )
+        .map(Some)
+    }
+
+    /// The end of this partition's probe rows. With a shared build side only the last probe
+    /// partition to finish emits the build rows: every other one waits for its stream first,
+    /// so that its matches are on the device when the last one reads them.
+    pub(super) fn finish_partition(&self) -> Result<Option<DeviceBatch>> {
+        let Some(pending) = &self.pending else {
+            return self.finish();
+        };
+        if self.build()?.matched.is_none() {
+            return Ok(None);
+        }
+        self.stream.synchronize()?;
+        if pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.finish()
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Counts an output batch.
+    pub(super) fn record(&self, batch: &DeviceBatch) {
+        self.baseline.record_output(batch.num_rows());
+        self.baseline.output_batches().add(1);
+        self.largest_output_bytes.set_max(batch.device_bytes());
+    }
+
+    /// Applies the join's fetch (LIMIT) to an output batch.
+    pub(super) fn limit(&mut self, batch: DeviceBatch) -> Result<Option<DeviceBatch>> {
+        let Some(remaining) = self.remaining.as_mut() else {
+            return Ok(Some(batch));
+        };
+        let rows = batch.num_rows().min(*remaining);
+        *remaining -= rows;
+        if rows == 0 {
+            return Ok(None);
+        }
+        if rows == batch.num_rows() {
+            return Ok(Some(batch));
+        }
+        let first: Vec<u32> = (0..rows as u32).collect();
+        let first = self.stream.from_host(&first)?;
+        let columns = batch
+            .columns()
+            .iter()
+            .map(|c| gather_column(&self.stream, c, first.as_slice()))
+            .collect::<Result<Vec<_>>>()?;
+        DeviceBatch::try_new(Arc::clone(batch.schema()), columns, rows).map(Some)
+    }
+}
