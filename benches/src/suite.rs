@@ -108,6 +108,9 @@ pub struct SuiteOptions {
     pub partitions: Option<usize>,
     /// The backend of `spate-gpu` (`auto` picks `cuda` when there is a GPU).
     pub gpu_backend: Backend,
+    /// Session options (`spate.gpu.batch_bytes`, `datafusion.execution.batch_size`, …) for
+    /// every Spate engine, the CPU reference included; DuckDB has no such options.
+    pub settings: Vec<(String, String)>,
     /// Where the Parquet files are (generated there when missing).
     pub data_dir: PathBuf,
     /// The Python with DuckDB (default: `SPATE_PYTHON`, then `.venv/bin/python`).
@@ -179,10 +182,13 @@ fn failed(engine: &str, status: String) -> EngineRun {
     }
 }
 
-fn spate_engine(backend: Backend, partitions: Option<usize>) -> Result<Engine, String> {
+fn spate_engine(backend: Backend, options: &SuiteOptions) -> Result<Engine, String> {
     let mut builder = Engine::builder().backend(backend);
-    if let Some(p) = partitions {
+    if let Some(p) = options.partitions {
         builder = builder.target_partitions(p);
+    }
+    for (key, value) in &options.settings {
+        builder = builder.option(key, value);
     }
     builder.build().map_err(|e| e.to_string())
 }
@@ -206,7 +212,7 @@ pub async fn run_suite(
 
     // The reference: Spate on the CPU over the same files, one run per query.
     log("reference results: spate on the cpu backend");
-    let reference_engine = spate_engine(Backend::Cpu, options.partitions)?;
+    let reference_engine = spate_engine(Backend::Cpu, options)?;
     spate::tpch::register_parquet_dir(&reference_engine, &options.data_dir)
         .await
         .map_err(|e| e.to_string())?;
@@ -308,7 +314,7 @@ async fn run_spate(
     log: &mut dyn FnMut(&str),
 ) -> Result<(EngineInfo, Vec<EngineRun>), String> {
     let name = kind.name();
-    let engine = spate_engine(backend, options.partitions)?;
+    let engine = spate_engine(backend, options)?;
     if kind == EngineKind::SpateGpu && engine.gpu().is_none() {
         return Err(format!("no GPU backend: {}", engine.backend()));
     }
@@ -316,6 +322,14 @@ async fn run_spate(
         .await
         .map_err(|e| e.to_string())?;
     let mut description = format!("spate {}, {}", env!("CARGO_PKG_VERSION"), engine.backend());
+    if !options.settings.is_empty() {
+        let set: Vec<String> = options
+            .settings
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        description.push_str(&format!(", with {}", set.join(", ")));
+    }
     if let Some(gpu) = engine.gpu() {
         let measured = gpu.measure_bandwidth().map_err(|e| e.to_string())?;
         log(&format!(

@@ -66,6 +66,19 @@ impl GpuInventory {
     }
 }
 
+/// Runs a host wait for the device (a readback, a stream synchronisation) so that it does not
+/// hold up the other tasks of the tokio worker it runs on: on a multi-threaded runtime they
+/// move to another worker first (`block_in_place`). Elsewhere the wait just runs.
+fn wait_off_the_runtime(wait: &mut dyn FnMut()) {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(wait)
+        }
+        _ => wait(),
+    }
+}
+
 /// The backend a session resolved to, with the reason for the choice.
 #[derive(Debug, Clone)]
 pub struct BackendSelection {
@@ -197,6 +210,8 @@ pub struct GpuContext {
     /// `(name, source)` of every generated program compiled, in order.
     sources: Mutex<Vec<(String, String)>>,
     fallbacks: AtomicU64,
+    /// GPU operator partitions executed (see [`GpuContext::operator_runs`]).
+    operator_runs: AtomicU64,
     /// Generated programs compiled (or loaded from the disk cache) and the time it took.
     compiles: AtomicU64,
     compile_nanos: AtomicU64,
@@ -272,6 +287,7 @@ impl GpuContext {
     /// Opens the device of a GPU backend (`Cuda` or `Emulated`) with a memory pool of
     /// `budget`.
     pub fn open(backend: Backend, budget: spate_kernels::MemoryBudget) -> Result<Arc<Self>> {
+        spate_kernels::wait::set_blocking_hook(wait_off_the_runtime);
         let kind = match backend {
             Backend::Cuda => BackendKind::Cuda,
             Backend::Emulated => BackendKind::Emulated,
@@ -293,6 +309,7 @@ impl GpuContext {
             generated: Mutex::new(HashMap::new()),
             sources: Mutex::new(Vec::new()),
             fallbacks: AtomicU64::new(0),
+            operator_runs: AtomicU64::new(0),
             compiles: AtomicU64::new(0),
             compile_nanos: AtomicU64::new(0),
             bandwidth: Mutex::new(None),
@@ -358,6 +375,16 @@ impl GpuContext {
         let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.compiles.fetch_add(1, Ordering::Relaxed);
         self.compile_nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+
+    /// GPU operator partitions this session has executed: how a test tells that a statement
+    /// ran on the GPU at all.
+    pub fn operator_runs(&self) -> u64 {
+        self.operator_runs.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_operator_run(&self) {
+        self.operator_runs.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Generated programs compiled (or loaded from the disk cache) so far, and the time taken.

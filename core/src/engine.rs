@@ -139,16 +139,10 @@ impl EngineBuilder {
         }
         // Spans let planning errors point at the offending part of the statement.
         config.options_mut().sql_parser.collect_spans = true;
-        if gpu.is_some() {
-            // Dynamic filters are published by hash joins, TopK sorts and MIN/MAX aggregates
-            // and updated while they run; their GPU versions do not update them, so scans
-            // would only evaluate a pass-everything filter. Off with a GPU backend (a user's
-            // setting below still wins) until GPU operators publish them.
-            config
-                .options_mut()
-                .optimizer
-                .enable_dynamic_filter_pushdown = false;
-        }
+        // Dynamic filters stay on with a GPU backend: they are created after the offload rule
+        // (by `FilterPushdown(Post)`), only by the hash joins, TopK sorts and MIN/MAX
+        // aggregates that stayed on the CPU, and they do not cross GPU operators (which take
+        // no part in filter pushdown), so CPU operators keep theirs.
         for (key, value) in &self.options {
             config
                 .options_mut()
@@ -854,7 +848,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn gpu_backends_turn_dynamic_filters_off_unless_asked() {
+    async fn dynamic_filters_stay_on_for_the_cpu_operators_of_gpu_sessions() {
         let dynamic = |engine: &Engine| {
             engine
                 .context()
@@ -865,21 +859,33 @@ mod tests {
                 .enable_dynamic_filter_pushdown
         };
         let cpu = Engine::builder().backend(Backend::Cpu).build().unwrap();
-        assert!(dynamic(&cpu));
         let gpu = Engine::builder()
             .backend(Backend::Emulated)
             .build()
             .unwrap();
-        assert!(!dynamic(&gpu));
-        let asked = Engine::builder()
+        assert!(dynamic(&cpu) && dynamic(&gpu));
+        let off = Engine::builder()
             .backend(Backend::Emulated)
             .option(
                 "datafusion.optimizer.enable_dynamic_filter_pushdown",
-                "true",
+                "false",
             )
             .build()
             .unwrap();
-        assert!(dynamic(&asked));
+        assert!(!dynamic(&off));
+        // A TopK over a GPU subtree: the filter its CPU sort would publish cannot cross the
+        // GPU operators below it, and the answer is the CPU's.
+        let sql = "SELECT v FROM (SELECT value * 2 AS v FROM generate_series(1, 5000)) \
+                   WHERE v % 3 = 0 ORDER BY v DESC LIMIT 3";
+        for engine in [&cpu, &gpu] {
+            let batches = engine.collect(sql).await.unwrap();
+            let v = batches[0]
+                .column(0)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap();
+            assert_eq!(v.values(), &[9996, 9990, 9984]);
+        }
     }
 
     #[tokio::test]

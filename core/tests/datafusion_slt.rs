@@ -65,6 +65,13 @@ const FILE_TIMEOUT: Duration = Duration::from_secs(900);
 /// named after the file, are never shared by two runs at once). CI has 2 cores.
 const WORKERS: usize = 2;
 
+/// Records whose statement ran at least one GPU operator (on the emulated backend).
+static GPU_RECORDS: AtomicUsize = AtomicUsize::new(0);
+
+/// The pass counts a full run must reach, per backend (kept in the repository, so that a
+/// change that loses files shows as a failure rather than a smaller number in a log).
+const COUNTS_FILE: &str = "testdata/datafusion-slt-counts.txt";
+
 /// Lines of each offload-only failure that the report shows.
 const REPORT_LINES: usize = 20;
 
@@ -221,6 +228,11 @@ fn main() -> ExitCode {
              run `cargo fetch` to get it"
         );
         println!("datafusion slt: 0 files run (1 suite skipped: crate sources not found)");
+        // scripts/test sets this: in CI a missing suite is a failure, not a quiet skip.
+        if std::env::var("SPATE_REQUIRE_DF_SLT").is_ok_and(|v| v == "1") {
+            eprintln!("SPATE_REQUIRE_DF_SLT=1: DataFusion's .slt sources are required");
+            return ExitCode::FAILURE;
+        }
         return ExitCode::SUCCESS;
     };
 
@@ -315,11 +327,62 @@ fn main() -> ExitCode {
     if !registry_written(&source, &registry_before) {
         code = ExitCode::FAILURE;
     }
+    if filters.is_empty() && !counts_hold(&reports) {
+        code = ExitCode::FAILURE;
+    }
     println!(
         "datafusion slt: total {:.1}s with {WORKERS} workers",
         started.elapsed().as_secs_f64()
     );
     code
+}
+
+/// Compares a full run's pass counts with [`COUNTS_FILE`]: fewer files passing on a backend is
+/// a failure; more is good news, and the file should be updated to keep the gain.
+fn counts_hold(reports: &[FileReport]) -> bool {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(COUNTS_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("cannot read {COUNTS_FILE}: {e}");
+            return false;
+        }
+    };
+    let recorded = |backend: &str| -> Option<usize> {
+        text.lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+            .find_map(|l| l.strip_prefix(backend)?.trim().parse().ok())
+    };
+    let mut ok = true;
+    for (backend, passed) in [
+        ("cpu", reports.iter().filter(|r| r.cpu.passed()).count()),
+        (
+            "emulated",
+            reports.iter().filter(|r| r.emulated.passed()).count(),
+        ),
+    ] {
+        match recorded(backend) {
+            Some(want) if passed < want => {
+                eprintln!(
+                    "datafusion slt: {backend} passes {passed} files, fewer than the {want} \
+                     recorded in {COUNTS_FILE}: a regression"
+                );
+                ok = false;
+            }
+            Some(want) if passed > want => println!(
+                "datafusion slt: {backend} passes {passed} files, more than the {want} \
+                 recorded: update {COUNTS_FILE}"
+            ),
+            Some(_) => println!("datafusion slt: {backend} passes the {passed} files recorded"),
+            None => {
+                eprintln!("{COUNTS_FILE} has no count for {backend}");
+                ok = false;
+            }
+        }
+    }
+    ok
 }
 
 /// `$CARGO_HOME/registry/src/<index>/datafusion-sqllogictest-<version>`, with `test_files/`.
@@ -775,10 +838,12 @@ async fn run_file(test: &TestFile, backend: Backend, progress: &mpsc::Sender<Pro
     runner.with_validator(validator);
 
     let mut failures = Vec::new();
+    let operator_runs = || engine.gpu().map_or(0, |g| g.operator_runs());
     for (index, record) in records.into_iter().enumerate() {
         if let Record::Halt { .. } = record {
             break;
         }
+        let before = operator_runs();
         let sql = match &record {
             Record::Statement { sql, loc, .. } | Record::Query { sql, loc, .. } => {
                 let _ = progress.send(Progress::Record {
@@ -792,6 +857,9 @@ async fn run_file(test: &TestFile, backend: Backend, progress: &mpsc::Sender<Pro
         let result = std::panic::AssertUnwindSafe(runner.run_async(record))
             .catch_unwind()
             .await;
+        if operator_runs() > before {
+            GPU_RECORDS.fetch_add(1, Ordering::Relaxed);
+        }
         match result {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => failures.push(RecordFailure {
@@ -968,8 +1036,10 @@ fn print_report(reports: &[FileReport], skipped: &[TestFile]) -> ExitCode {
         total - cpu_passed
     );
     println!(
-        "datafusion slt (emulated): {emulated_passed} passed, {} failed of {total}",
-        total - emulated_passed
+        "datafusion slt (emulated): {emulated_passed} passed, {} failed of {total}; {} records \
+         ran a GPU operator",
+        total - emulated_passed,
+        GPU_RECORDS.load(Ordering::Relaxed)
     );
     println!(
         "datafusion slt: {} skipped (listed in SKIPPED), {not_applicable} declined by \

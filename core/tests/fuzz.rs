@@ -1,11 +1,17 @@
 //! A seeded differential fuzzer: random tables and queries run on the CPU engine and on the GPU
 //! operators (emulated backend); a difference in rows, or in the kind of error, is a mismatch.
 //!
-//! Each case builds 3–4 tables (one schema with every type the GPU handles; 0–50% nulls, hot
-//! keys, unique keys, wide values, empty tables; rows spread over small batches and several
-//! partitions) and CPU and GPU engines with a random batch size and partition count, then runs
+//! Each case builds 3–4 tables (one schema with every type the GPU handles, Utf8View strings
+//! and zoned timestamps among them; 0–50% nulls, hot keys, unique keys, wide values, NaN,
+//! ±0.0 and infinities, long strings, empty tables; rows spread over small batches and several
+//! partitions) and CPU and GPU engines with a random batch size, partition count and device
+//! batch size (`spate.gpu.batch_bytes` of 1 KiB, 64 KiB or the default), then runs
 //! its share of the queries on both: filters, projections, every join type, semi and anti joins
 //! through EXISTS/IN subqueries, aggregates, sorts, scalar subqueries and derived tables.
+//!
+//! A full run (at least half the default queries) uses at least 200 distinct templates,
+//! includes joins whose keys match NULLs, and fails unless 80% of its queries ran with no CPU
+//! compute operator: it must test the GPU, not the CPU against itself.
 //!
 //! Queries are templates over table roles (`$0`, `$1`), each run in several cases: bound to
 //! tables whose joins stay small, with the join type, EXISTS/NOT EXISTS and the ORDER BY drawn
@@ -19,14 +25,15 @@
 //! bug: counted and shown.
 //!
 //! Queries are built so that their outcome is fixed on the CPU itself: no LIMIT without an ORDER
-//! BY over every output column, no NaN or -0.0 in the data, no MIN/MAX over computed floats,
-//! no grouping by them, and expressions that can fail (integer division, narrowing casts,
+//! BY over every output column, no MIN/MAX over computed floats, no grouping by them (cells
+//! compare -0.0 equal to 0.0, and NaN to NaN, as a group's representative may be either), and
+//! expressions that can fail (integer division, narrowing casts,
 //! decimal arithmetic) only where DataFusion evaluates them for a fixed set of rows — never in
 //! an operand of AND/OR, whose evaluated rows depend on batch boundaries.
 //!
 //! Environment: `SPATE_FUZZ_QUERIES=N` (default 500); `SPATE_FUZZ_SEED=S` (default fixed, so
 //! CI runs repeat; `random` draws one from the clock); `SPATE_FUZZ_REUSE=R` runs each template
-//! R times (default 16; 1 for a wide manual run); `SPATE_FUZZ_ONLY=C.Q` runs only query Q of
+//! R times (default 2; 1 for a wide manual run); `SPATE_FUZZ_ONLY=C.Q` runs only query Q of
 //! case C, as a report names it; `SPATE_FUZZ_CHECK_SLT=DIR` instead runs the `.slt`
 //! reproductions saved in DIR on both backends.
 
@@ -44,8 +51,8 @@ use std::time::{Duration, Instant};
 
 use arrow::array::{
     ArrayRef, BooleanArray, Date32Array, Decimal128Array, Float32Array, Float64Array, Int8Array,
-    Int16Array, Int32Array, Int64Array, StringArray, TimestampMicrosecondArray, UInt32Array,
-    UInt64Array,
+    Int16Array, Int32Array, Int64Array, StringArray, StringViewArray, TimestampMicrosecondArray,
+    UInt32Array, UInt64Array,
 };
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use arrow::record_batch::RecordBatch;
@@ -62,12 +69,19 @@ mod common;
 use common::ordered;
 
 const DEFAULT_QUERIES: usize = 500;
+/// A run of at least half the default queries must have this share of its queries run with no
+/// CPU compute operator, use this many templates, and include a null-equal join.
+const MIN_GPU_SHARE: f64 = 0.8;
+const MIN_TEMPLATES: usize = 200;
 const DEFAULT_SEED: u64 = 0x5EED_2024;
 const QUERIES_PER_CASE: usize = 25;
 /// Each query template runs in this many cases (other tables, data and settings), by default:
 /// compiling generated kernels is most of a cold run's time, and a template's kernels serve
-/// all its runs. `SPATE_FUZZ_REUSE=1` makes every query a new one.
-const TEMPLATE_REUSE: usize = 16;
+/// all its runs; two runs per template still give 250 distinct templates per run.
+/// `SPATE_FUZZ_REUSE=1` makes every query a new one.
+const TEMPLATE_REUSE: usize = 2;
+/// Every this many templates, one is a join whose keys match NULLs (`IS NOT DISTINCT FROM`).
+const NULL_EQUAL_EVERY: usize = 25;
 /// Queries of a case run this many at a time (kernel compiles use one core each).
 const CONCURRENT_QUERIES: usize = 2;
 /// Mismatching templates minimized and printed in full (one query each); every mismatch is
@@ -106,10 +120,17 @@ enum Ty {
     F64,
     Dec(u8, i8),
     Str,
+    /// Strings as Arrow's Utf8View (what DataFusion's Parquet reader gives).
+    StrView,
     Bool,
     Date,
     Ts,
+    /// Timestamps in a time zone (`+02:00`): the same instants, read in another zone.
+    TsTz,
 }
+
+/// The zone of [`Ty::TsTz`] columns.
+const ZONE: &str = "+02:00";
 
 /// What the query generator needs to know of a type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -143,9 +164,11 @@ impl Ty {
             Ty::F64 => DataType::Float64,
             Ty::Dec(p, s) => DataType::Decimal128(p, s),
             Ty::Str => DataType::Utf8,
+            Ty::StrView => DataType::Utf8View,
             Ty::Bool => DataType::Boolean,
             Ty::Date => DataType::Date32,
             Ty::Ts => DataType::Timestamp(TimeUnit::Microsecond, None),
+            Ty::TsTz => DataType::Timestamp(TimeUnit::Microsecond, Some(ZONE.into())),
         }
     }
 
@@ -160,10 +183,13 @@ impl Ty {
             Ty::F32 => "REAL".into(),
             Ty::F64 => "DOUBLE".into(),
             Ty::Dec(p, s) => format!("DECIMAL({p},{s})"),
-            Ty::Str => "VARCHAR".into(),
+            // DataFusion maps VARCHAR to Utf8View in DDL: the .slt form of both is the same.
+            Ty::Str | Ty::StrView => "VARCHAR".into(),
             Ty::Bool => "BOOLEAN".into(),
             Ty::Date => "DATE".into(),
             Ty::Ts => "TIMESTAMP(6)".into(),
+            // The session's zone (+00:00) and nanoseconds: the same instants, printed in UTC.
+            Ty::TsTz => "TIMESTAMP WITH TIME ZONE".into(),
         }
     }
 
@@ -173,10 +199,10 @@ impl Ty {
             Ty::U32 | Ty::U64 => Kind::UInt,
             Ty::F32 | Ty::F64 => Kind::Float,
             Ty::Dec(..) => Kind::Dec,
-            Ty::Str => Kind::Str,
+            Ty::Str | Ty::StrView => Kind::Str,
             Ty::Bool => Kind::Bool,
             Ty::Date => Kind::Date,
-            Ty::Ts => Kind::Ts,
+            Ty::Ts | Ty::TsTz => Kind::Ts,
         }
     }
 }
@@ -265,9 +291,22 @@ fn array(ty: Ty, values: &[&Option<Val>]) -> ArrayRef {
                 .map(|v| v.as_ref().map(Val::s))
                 .collect::<StringArray>(),
         ),
+        Ty::StrView => Arc::new(
+            values
+                .iter()
+                .map(|v| v.as_ref().map(Val::s))
+                .collect::<StringViewArray>(),
+        ),
         Ty::Bool => collect!(BooleanArray, |v| v.b()),
         Ty::Date => collect!(Date32Array, |v| v.i() as i32),
         Ty::Ts => collect!(TimestampMicrosecondArray, |v| v.i()),
+        Ty::TsTz => Arc::new(
+            values
+                .iter()
+                .map(|v| v.as_ref().map(Val::i))
+                .collect::<TimestampMicrosecondArray>()
+                .with_timezone(ZONE),
+        ),
     }
 }
 
@@ -311,10 +350,11 @@ fn sql_value(ty: Ty, v: &Option<Val>) -> String {
         Ty::F64 => format!("{:?}", v.f()),
         // Quoted: a bare literal would be read as a float and lose digits.
         Ty::Dec(_, s) => format!("'{}'", decimal_text(v.d(), s)),
-        Ty::Str => format!("'{}'", v.s().replace('\'', "''")),
+        Ty::Str | Ty::StrView => format!("'{}'", v.s().replace('\'', "''")),
         Ty::Bool => v.b().to_string(),
         Ty::Date => format!("'{}'", date_text(v.i())),
         Ty::Ts => format!("'{}'", timestamp_text(v.i())),
+        Ty::TsTz => format!("'{}Z'", timestamp_text(v.i())),
     }
 }
 
@@ -534,8 +574,17 @@ fn string_of(v: i64) -> String {
         7 => format!("k{v}%_"),
         11 => format!("K{v}"),
         13 => format!("k{v} and a longer tail"),
+        17 => format!(
+            "k{v} {}",
+            "and a tail past any inline or short-string limit ".repeat(4)
+        ),
         _ => format!("k{v}"),
     }
+}
+
+/// NaN, -0.0, 0.0 or an infinity: what float kernels get wrong first.
+fn special_float(r: &mut Rng) -> f64 {
+    *pick(r, &[f64::NAN, -0.0, 0.0, f64::INFINITY, f64::NEG_INFINITY])
 }
 
 fn decimal_of(v: i64, precision: u8, scale: i8) -> i128 {
@@ -560,6 +609,7 @@ fn wide_value(r: &mut Rng, ty: Ty) -> Val {
         Ty::U32 => Val::U(u64::from(r.next_u64() as u32)),
         Ty::U64 if extreme => Val::U(*pick(r, &[u64::MAX, 0])),
         Ty::U64 => Val::U(r.next_u64()),
+        Ty::F32 | Ty::F64 if r.chance(0.06) => Val::F(special_float(r)),
         // Inexact fractions: float sums depend on their order, and compare with a tolerance.
         Ty::F32 => Val::F(f64::from(((r.below(2_000_001) as f64 - 1e6) / 7e3) as f32)),
         Ty::F64 => Val::F((r.below(2_000_001) as f64 - 1e6) / 7e3),
@@ -569,14 +619,20 @@ fn wide_value(r: &mut Rng, ty: Ty) -> Val {
             let v = magnitude as i128;
             Val::D(if r.chance(0.5) { -v } else { v })
         }
-        Ty::Str => {
-            let n = r.below(12) as usize;
+        Ty::Str | Ty::StrView => {
+            // Now and then a long one: past the 12 bytes Utf8View keeps inline, and past
+            // the bytes a GPU string kernel's fast paths assume.
+            let n = if r.chance(0.05) {
+                100 + r.below(300) as usize
+            } else {
+                r.below(12) as usize
+            };
             let chars = ['a', 'b', 'k', 'z', '%', '_', ' ', 'é', '1', 'K'];
             Val::S((0..n).map(|_| *pick(r, &chars)).collect())
         }
         Ty::Bool => Val::B(r.chance(0.5)),
         Ty::Date => Val::I(r.below(400_000) as i64 - 200_000),
-        Ty::Ts => Val::I(r.below(8_000_000_000_000_000) as i64 - 4_000_000_000_000_000),
+        Ty::Ts | Ty::TsTz => Val::I(r.below(8_000_000_000_000_000) as i64 - 4_000_000_000_000_000),
     }
 }
 
@@ -597,13 +653,14 @@ fn value(r: &mut Rng, ty: Ty, dist: &Dist, rank: i64) -> Val {
         Ty::I16 => Val::I(i64::from(v as i16)),
         Ty::I32 | Ty::I64 => Val::I(v),
         Ty::U32 | Ty::U64 => Val::U(v.unsigned_abs()),
+        Ty::F32 | Ty::F64 if r.chance(0.03) => Val::F(special_float(r)),
         // Quarters: exact, so sums of them do not depend on their order.
         Ty::F32 | Ty::F64 => Val::F(v as f64 / 4.0),
         Ty::Dec(p, s) => Val::D(decimal_of(v, p, s)),
-        Ty::Str => Val::S(string_of(v)),
+        Ty::Str | Ty::StrView => Val::S(string_of(v)),
         Ty::Bool => Val::B(v.rem_euclid(2) == 0),
         Ty::Date => Val::I(BASE_DATE + v),
-        Ty::Ts => Val::I(BASE_TS + v * HOUR_US + v.rem_euclid(5) * 1_000_001),
+        Ty::Ts | Ty::TsTz => Val::I(BASE_TS + v * HOUR_US + v.rem_euclid(5) * 1_000_001),
     }
 }
 
@@ -661,6 +718,8 @@ struct Setup {
     partitions: usize,
     /// Hash-partition both join sides instead of collecting the build side.
     partitioned_joins: bool,
+    /// `spate.gpu.batch_bytes`: small device batches make every GPU operator see many.
+    batch_bytes: Option<usize>,
 }
 
 impl Setup {
@@ -687,13 +746,20 @@ impl Setup {
                 "0".into(),
             ));
         }
+        if let Some(bytes) = self.batch_bytes {
+            settings.push(("spate.gpu.batch_bytes", bytes.to_string()));
+        }
         settings
     }
 
     fn describe(&self) -> String {
         format!(
-            "batch_size={} target_partitions={} partitioned_joins={}",
-            self.batch_size, self.partitions, self.partitioned_joins
+            "batch_size={} target_partitions={} partitioned_joins={} gpu_batch_bytes={}",
+            self.batch_size,
+            self.partitions,
+            self.partitioned_joins,
+            self.batch_bytes
+                .map_or_else(|| "default".to_string(), |b| b.to_string())
         )
     }
 }
@@ -724,9 +790,11 @@ fn run_columns(seed: u64) -> Vec<(&'static str, Ty)> {
         ("d2", d2),
         ("d3", d3),
         ("s", Ty::Str),
+        ("sv", Ty::StrView),
         ("b", Ty::Bool),
         ("dt", Ty::Date),
         ("ts", Ty::Ts),
+        ("tz", Ty::TsTz),
     ]
 }
 
@@ -754,6 +822,7 @@ impl Case {
             batch_size: *pick(&mut r, &[7, 64, 1024, 8192]),
             partitions: *pick(&mut r, &[1, 2, 4]),
             partitioned_joins: r.chance(0.3),
+            batch_bytes: *pick(&mut r, &[Some(1 << 10), Some(64 << 10), None]),
         };
         Case { no, tables, setup }
     }
@@ -1086,6 +1155,8 @@ struct Gen<'a> {
     columns: &'a [(&'static str, Ty)],
     /// Expressions generated so far that may fail.
     sites: usize,
+    /// The query is a join on keys that match NULLs.
+    null_equal_join: bool,
 }
 
 impl<'a> Gen<'a> {
@@ -1094,7 +1165,13 @@ impl<'a> Gen<'a> {
             r: Rng::new(seed),
             columns,
             sites: 0,
+            null_equal_join: false,
         }
+    }
+
+    fn null_equal_join(mut self, yes: bool) -> Self {
+        self.null_equal_join = yes;
+        self
     }
 
     fn chance(&mut self, p: f64) -> bool {
@@ -1705,6 +1782,7 @@ impl<'a> Gen<'a> {
         loop {
             self.sites = 0;
             let q = match self.below(100) {
+                _ if self.null_equal_join => self.q_join(),
                 0..=19 => Some(self.q_select()),
                 20..=39 => Some(self.q_aggregate()),
                 40..=62 => self.q_join(),
@@ -1779,7 +1857,7 @@ impl<'a> Gen<'a> {
 
     fn q_join(&mut self) -> Option<Query> {
         let (lt, rt) = (0, self.table());
-        let nulls_match = self.chance(0.1);
+        let nulls_match = self.null_equal_join || self.chance(0.1);
         let n = if self.chance(0.7) { 1 } else { 2 };
         let pairs = self.key_pairs(n);
         let op = if nulls_match {
@@ -2457,19 +2535,20 @@ impl Engines {
         (run(&self.cpu, sql).await, run(self.gpu(), sql).await)
     }
 
-    /// The GPU operators in the GPU engine's plan.
-    async fn gpu_operators(&self, gpu: &Engine, sql: &str) -> BTreeSet<String> {
-        let mut ops = BTreeSet::new();
-        if let Ok(batches) = gpu.collect(&format!("EXPLAIN {sql}")).await {
-            for line in ordered(&batches) {
-                for word in line.split(|c: char| !c.is_ascii_alphanumeric()) {
-                    if word.starts_with("Gpu") && word.ends_with("Exec") {
-                        ops.insert(word.to_string());
-                    }
-                }
-            }
-        }
-        ops
+    /// The GPU operators in the GPU engine's plan, and whether no compute operator of it
+    /// stays on the CPU.
+    async fn gpu_placement(&self, gpu: &Engine, sql: &str) -> (BTreeSet<String>, bool) {
+        let Ok(df) = gpu.sql(sql).await else {
+            return (BTreeSet::new(), false);
+        };
+        let Ok(plan) = df.create_physical_plan().await else {
+            return (BTreeSet::new(), false);
+        };
+        let placement = spate::plan::offload::placement(&plan);
+        (
+            placement.gpu.iter().cloned().collect(),
+            placement.fully_on_gpu(),
+        )
     }
 }
 
@@ -2838,7 +2917,7 @@ async fn investigate(
         row_diff(&cpu, &gpu)
     )
     .unwrap();
-    let ops = engines.gpu_operators(engines.gpu(), &sql).await;
+    let (ops, _) = engines.gpu_placement(engines.gpu(), &sql).await;
     write!(
         report,
         "\n  GPU operators: {}",
@@ -2923,6 +3002,11 @@ struct Stats {
     invalid: Vec<String>,
     shapes: HashMap<&'static str, usize>,
     operators: HashMap<String, usize>,
+    /// Queries that planned (the CPU ran them), and those of them with no CPU compute operator.
+    planned: usize,
+    fully_on_gpu: usize,
+    /// Queries with a join whose keys match NULLs (`IS NOT DISTINCT FROM`).
+    null_equal_joins: usize,
     cpu_time: Duration,
     gpu_time: Duration,
     slowest: Vec<(Duration, String)>,
@@ -2936,6 +3020,8 @@ struct Ran {
     cpu: Outcome,
     gpu: Outcome,
     operators: BTreeSet<String>,
+    /// No compute operator of the GPU engine's plan stayed on the CPU.
+    fully_on_gpu: bool,
     cpu_time: Duration,
     gpu_time: Duration,
 }
@@ -2948,10 +3034,10 @@ async fn run_both(engines: &Engines, no: usize, template: usize, query: Query) -
     let engine = &engines.gpus[no % engines.gpus.len()];
     let gpu = run(engine, &sql).await;
     let gpu_time = started.elapsed() - cpu_time;
-    let operators = if matches!(cpu, Outcome::Failed(_)) {
-        BTreeSet::new()
+    let (operators, fully_on_gpu) = if matches!(cpu, Outcome::Failed(_)) {
+        (BTreeSet::new(), false)
     } else {
-        engines.gpu_operators(engine, &sql).await
+        engines.gpu_placement(engine, &sql).await
     };
     Ran {
         no,
@@ -2960,6 +3046,7 @@ async fn run_both(engines: &Engines, no: usize, template: usize, query: Query) -
         cpu,
         gpu,
         operators,
+        fully_on_gpu,
         cpu_time,
         gpu_time,
     }
@@ -3041,7 +3128,9 @@ async fn gpu_matches_cpu_on_random_queries() {
             // A template whose joins are too large on every binding gives way to the next.
             let bound = (0..4).find_map(|k| {
                 let template_no = (template_no + k) % num_templates;
-                let template = Gen::new(&columns, template_seed(seed, template_no)).query();
+                let template = Gen::new(&columns, template_seed(seed, template_no))
+                    .null_equal_join(template_no % NULL_EQUAL_EVERY == 0)
+                    .query();
                 case.bind(&template, &mut r).map(|q| (template_no, q))
             });
             match bound {
@@ -3073,6 +3162,11 @@ async fn gpu_matches_cpu_on_random_queries() {
             for op in &ran.operators {
                 *stats.operators.entry(op.clone()).or_default() += 1;
             }
+            if !matches!(ran.cpu, Outcome::Failed(_)) {
+                stats.planned += 1;
+                stats.fully_on_gpu += usize::from(ran.fully_on_gpu);
+            }
+            stats.null_equal_joins += usize::from(ran.query.checks.iter().any(|c| c.nulls_match));
             let in_order = ran.query.order.is_some();
             match compare(&ran.cpu, &ran.gpu, &ran.query) {
                 Verdict::Same => {
@@ -3136,8 +3230,31 @@ async fn gpu_matches_cpu_on_random_queries() {
     for (time, query) in &stats.slowest {
         println!("  slowest on the GPU: {:.2}s {query}", time.as_secs_f64());
     }
+    let gpu_share = stats.fully_on_gpu as f64 / stats.planned.max(1) as f64;
+    println!(
+        "  fully on the GPU: {}/{} planned queries ({:.0}%); {} with a null-equal join",
+        stats.fully_on_gpu,
+        stats.planned,
+        100.0 * gpu_share,
+        stats.null_equal_joins
+    );
     for e in stats.invalid.iter().take(10) {
         println!("invalid query (a generator bug): {e}");
+    }
+    // A full run must test the GPU, not the CPU against itself, and every run null-equal joins.
+    if only.is_none() && num_queries >= DEFAULT_QUERIES / 2 {
+        assert!(
+            gpu_share >= MIN_GPU_SHARE,
+            "only {:.0}% of the queries ran with no CPU compute operator (at least {:.0}% \
+             must): the fuzzer is testing the CPU against itself",
+            100.0 * gpu_share,
+            100.0 * MIN_GPU_SHARE
+        );
+        assert!(
+            num_templates >= MIN_TEMPLATES,
+            "{num_templates} templates; a run needs at least {MIN_TEMPLATES}"
+        );
+        assert!(stats.null_equal_joins > 0, "no null-equal join ran");
     }
     if !mismatches.is_empty() {
         let mut summary = format!(

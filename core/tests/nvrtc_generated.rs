@@ -3,6 +3,11 @@
 //! sources with the host compiler; this checks NVRTC accepts them too, so the CUDA backend does
 //! not meet its first compile error on a GPU.
 //!
+//! With `SPATE_NVRTC_RECORDED=DIR` it compiles instead every distinct program the test suite
+//! generated (recorded there by `SPATE_RECORD_KERNELS=DIR`, see `spate_kernels::compile`):
+//! `scripts/test` runs it that way after the suite, so every kernel CI ran on the emulator is
+//! also NVRTC's, and prints how many there were and which spill registers.
+//!
 //! Without NVRTC the test reports itself skipped, unless `SPATE_REQUIRE_NVRTC=1` (set by
 //! `scripts/test`). `harness = false`, so a skip always shows in `cargo test`'s output.
 
@@ -64,6 +69,9 @@ fn main() {
         println!("\ntest result: ok. 0 passed; 0 failed; 1 skipped (needs NVRTC)\n");
         return;
     }
+    if let Some(dir) = std::env::var_os("SPATE_NVRTC_RECORDED") {
+        return compile_recorded(std::path::Path::new(&dir));
+    }
     let runtime = tokio::runtime::Runtime::new().unwrap_or_else(|e| panic!("{e}"));
     let engine = Engine::builder()
         .backend(Backend::Emulated)
@@ -114,6 +122,72 @@ fn main() {
         "compiled {} generated programs ({aggregates} aggregations) for {}",
         sources.len(),
         ARCHS.join(" and ")
+    );
+    println!("test nvrtc_generated ... ok\n\ntest result: ok. 1 passed; 0 failed\n");
+}
+
+/// Lines of ptxas's `-v` log that report spilling.
+fn spills(log: &str) -> usize {
+    log.lines()
+        .filter(|l| {
+            l.contains("bytes spill") && !l.contains("0 bytes spill stores, 0 bytes spill loads")
+        })
+        .count()
+}
+
+/// Compiles every recorded program for both architectures, on as many threads as there are
+/// cores, and fails on the first that NVRTC rejects.
+fn compile_recorded(dir: &std::path::Path) {
+    let programs = compile::recorded_programs(dir)
+        .unwrap_or_else(|e| panic!("SPATE_NVRTC_RECORDED={}: {e}", dir.display()));
+    assert!(
+        !programs.is_empty(),
+        "SPATE_NVRTC_RECORDED={}: no recorded programs (was SPATE_RECORD_KERNELS set?)",
+        dir.display()
+    );
+    let started = std::time::Instant::now();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let spilled = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some((name, text)) = programs.get(i) else {
+                        return;
+                    };
+                    let resolved =
+                        source::resolve(name, text, false).unwrap_or_else(|e| panic!("{e}"));
+                    for arch in ARCHS {
+                        let out = compile::nvrtc_compile(name, &resolved, arch, &["-Xptxas=-v"])
+                            .unwrap_or_else(|e| panic!("{name} for {arch}: {e}\n{text}"));
+                        assert!(out.cubin.starts_with(b"\x7fELF"), "{name} for {arch}");
+                        let n = spills(&out.log);
+                        if n > 0 {
+                            spilled
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .push(format!("{name} for {arch}: {n} kernel(s) spill"));
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let spilled = spilled.into_inner().unwrap_or_else(|p| p.into_inner());
+    println!(
+        "NVRTC compiled every program the tests generated: {} distinct programs for {} in \
+         {:.0} s; {} spill registers{}",
+        programs.len(),
+        ARCHS.join(" and "),
+        started.elapsed().as_secs_f64(),
+        spilled.len(),
+        if spilled.is_empty() {
+            String::new()
+        } else {
+            format!(":\n  {}", spilled.join("\n  "))
+        }
     );
     println!("test nvrtc_generated ... ok\n\ntest result: ok. 1 passed; 0 failed\n");
 }

@@ -65,20 +65,33 @@ async fn q1_and_q6_run_fully_on_the_gpu_and_match_the_cpu() {
     }
 }
 
+/// Device batch sizes the queries take turns with: 1 KiB and 64 KiB cut every table into many
+/// device batches, so limits, join chunks and partial aggregates meet batch edges; the
+/// default (128 MiB) gives one batch per partition.
+const BATCH_BYTES: [Option<usize>; 3] = [Some(1 << 10), Some(64 << 10), None];
+
 /// All 22 queries at SF 0.01: every operator on the GPU (`spate.gpu.fallback = 'error'`) and
-/// the CPU's result. (`spate bench tpch --verify`, run by `scripts/test` at SF 0.01 and 0.1,
-/// reports the same with floats compared to a tolerance.)
+/// the CPU's result, each query with one of [`BATCH_BYTES`]. (`spate bench tpch --verify`, run
+/// by `scripts/test` at SF 0.01 and 0.1, reports the same with floats compared to a tolerance.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_tpch_query_runs_fully_on_the_gpu() {
     let (gpu, cpu) = engines(0.01).await;
     for n in 1..=22 {
         let name = format!("q{n:02}");
         let sql = query(&name);
+        let bytes = BATCH_BYTES[n % BATCH_BYTES.len()].unwrap_or(128 << 20);
+        gpu.collect(&format!("SET spate.gpu.batch_bytes = {bytes}"))
+            .await
+            .unwrap();
         let got = gpu
             .collect(&sql)
             .await
             .unwrap_or_else(|e| panic!("{name} on the GPU: {e}"));
         let want = cpu.collect(&sql).await.unwrap();
-        assert_eq!(lines(&got), lines(&want), "{name}");
+        assert_eq!(
+            lines(&got),
+            lines(&want),
+            "{name} with spate.gpu.batch_bytes = {bytes}"
+        );
     }
 }

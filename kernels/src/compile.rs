@@ -30,6 +30,10 @@ use crate::error::{KernelError, Result};
 pub const NVRTC_DIR_ENV: &str = "SPATE_NVRTC_DIR";
 /// Environment variable overriding the kernel cache directory (`off` disables it).
 pub const CACHE_ENV: &str = "SPATE_KERNEL_CACHE";
+/// `SPATE_RECORD_KERNELS=DIR`: every generated program compiled (on either backend) is also
+/// written to DIR, once per distinct source, so that CI can compile each one with NVRTC for
+/// the GPUs it never sees (`core/tests/nvrtc_generated.rs`).
+pub const RECORD_ENV: &str = "SPATE_RECORD_KERNELS";
 
 /// Options every NVRTC compile uses, besides the architecture. `--fmad=false`: no
 /// multiply-add contraction, so float arithmetic rounds after every operation as on the CPU,
@@ -254,6 +258,54 @@ pub fn nvrtc_compile(name: &str, source: &str, arch: &str, extra: &[&str]) -> Re
             "NVRTC panicked (a symbol is missing from the loaded library)".into(),
         ))
     })
+}
+
+/// Writes a generated program to the [`RECORD_ENV`] folder, when it is set, as
+/// `<name>-<hash>.cu` with the program's name on its first line. Failures are logged: the
+/// recording is for tests, and the query goes on.
+pub fn record_generated(name: &str, source: &str) {
+    let Some(dir) = std::env::var_os(RECORD_ENV).filter(|d| !d.is_empty()) else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    let key = cache_key(&[source.as_bytes()]);
+    let path = dir.join(format!("{}-{key}.cu", file_stem(name)));
+    if path.exists() {
+        return;
+    }
+    let write = || -> std::io::Result<()> {
+        std::fs::create_dir_all(&dir)?;
+        let tmp = dir.join(format!(".{key}.{}.tmp", unique_suffix()));
+        std::fs::write(&tmp, format!("// spate program: {name}\n{source}"))?;
+        std::fs::rename(&tmp, &path)
+    };
+    if let Err(e) = write() {
+        log::warn!(
+            "{RECORD_ENV}: cannot record {name} in {}: {e}",
+            dir.display()
+        );
+    }
+}
+
+/// The programs [`record_generated`] wrote to `dir`: (name, source), in file-name order.
+pub fn recorded_programs(dir: &Path) -> std::io::Result<Vec<(String, String)>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "cu"))
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .map(|f| {
+            let text = std::fs::read_to_string(&f)?;
+            let (first, rest) = text.split_once('\n').unwrap_or(("", &text));
+            let name = first
+                .strip_prefix("// spate program: ")
+                .unwrap_or("generated")
+                .to_string();
+            Ok((name, rest.to_string()))
+        })
+        .collect()
 }
 
 /// The kernel cache directory, or `None` when disabled or unavailable.

@@ -268,7 +268,7 @@ impl Device {
     /// Waits for all work on every stream of the device.
     pub fn synchronize(&self) -> Result<()> {
         self.check_health()?;
-        self.inner.backend.synchronize()?;
+        crate::wait::blocking(|| self.inner.backend.synchronize())?;
         self.check_health()
     }
 
@@ -306,6 +306,7 @@ impl Device {
         entries: &[&str],
     ) -> Result<Vec<Kernel>> {
         self.check_health()?;
+        crate::compile::record_generated(name, source);
         self.inner.backend.load_generated(name, source, entries)
     }
 }

@@ -26,7 +26,7 @@ impl Event {
     /// Waits for the work before the event.
     pub fn synchronize(&self) -> Result<()> {
         self.health.check()?;
-        self.imp.synchronize()?;
+        crate::wait::blocking(|| self.imp.synchronize())?;
         self.health.check()
     }
 
@@ -39,6 +39,6 @@ impl Event {
     /// emulator). Waits for `end`.
     pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
         self.health.check()?;
-        self.imp.elapsed_ms(end.imp.as_ref())
+        crate::wait::blocking(|| self.imp.elapsed_ms(end.imp.as_ref()))
     }
 }

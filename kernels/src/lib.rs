@@ -44,6 +44,7 @@ pub mod sort;
 pub mod source;
 pub mod stream;
 pub mod throughput;
+pub mod wait;
 
 pub use backend::DeviceLimits;
 pub use device::{

@@ -59,7 +59,8 @@ impl PinnedPool {
         }
     }
 
-    /// Bytes held by buffers waiting in the pool for reuse.
+    /// Bytes held by buffers waiting in the pool for reuse (those whose last copy is still in
+    /// flight included).
     pub fn cached_bytes(&self) -> usize {
         self.cached_bytes.load(Ordering::Relaxed)
     }
@@ -102,6 +103,7 @@ impl PinnedPool {
             done.into_iter().map(|(b, _)| b).collect()
         };
         for b in done {
+            self.cached_bytes.fetch_sub(b.capacity, Ordering::Relaxed);
             self.give_back(b);
         }
     }
@@ -115,8 +117,9 @@ impl PinnedPool {
             .push(block);
     }
 
-    /// Frees every cached buffer.
+    /// Frees every cached buffer whose last copy has finished.
     pub fn trim(&self) {
+        self.reclaim();
         let drained: Vec<_> = self
             .free
             .lock()
@@ -210,12 +213,16 @@ impl Drop for PinnedBuffer {
             return;
         };
         match self.pending.take() {
-            Some(e) if !e.is_complete() => self
-                .pool
-                .retired
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push((block, e)),
+            Some(e) if !e.is_complete() => {
+                self.pool
+                    .cached_bytes
+                    .fetch_add(block.capacity, Ordering::Relaxed);
+                self.pool
+                    .retired
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((block, e));
+            }
             _ => self.pool.give_back(block),
         }
     }

@@ -157,7 +157,7 @@ impl Stream {
         // SAFETY: any bytes are a valid `T`; the slice is exclusively borrowed.
         let bytes = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), len) };
         // SAFETY: lengths match; the slice borrows a live buffer.
-        unsafe { self.imp.copy_to_host(src.address(), bytes) }
+        crate::wait::blocking(|| unsafe { self.imp.copy_to_host(src.address(), bytes) })
     }
 
     /// Copies a device slice to a new vector (synchronising).
@@ -294,7 +294,7 @@ impl Stream {
     /// Waits until all work issued on the stream has finished.
     pub fn synchronize(&self) -> Result<()> {
         self.check()?;
-        self.imp.synchronize()?;
+        crate::wait::blocking(|| self.imp.synchronize())?;
         self.check()
     }
 

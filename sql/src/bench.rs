@@ -7,6 +7,14 @@
 //! spate bench tpch --sf 0.01 --backend emulated --verify
 //! ```
 //!
+//! `--set KEY=VALUE` (repeatable) gives every Spate engine a session option, so a run with
+//! small device batches is one command:
+//!
+//! ```text
+//! SPATE_EMU_STRICT=7 spate bench tpch --sf 0.01 --backend emulated --verify \
+//!     --set spate.gpu.batch_bytes=65536
+//! ```
+//!
 //! Its last line is `verified: N/Q matched, G/Q fully on GPU` (with `--verify`) or
 //! `ran: Q queries, G/Q fully on GPU`; the exit code is non-zero when a query fails or, with
 //! `--verify`, when any result differs from the CPU's.
@@ -52,6 +60,10 @@ pub struct TpchArgs {
     #[arg(long = "query", short = 'q', value_name = "N",
           value_parser = clap::value_parser!(u8).range(1..=22))]
     queries: Vec<u8>,
+    /// A session option for every Spate engine, e.g. `--set spate.gpu.batch_bytes=65536`.
+    /// May be repeated.
+    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_setting)]
+    settings: Vec<(String, String)>,
     /// Partitions (parallel streams) per query; defaults to the number of cores.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
     partitions: Option<u32>,
@@ -115,6 +127,7 @@ fn benchmark(args: TpchArgs) -> Result<ExitCode, String> {
         queries: args.queries.iter().map(|q| *q as usize).collect(),
         partitions: args.partitions.map(|p| p as usize),
         gpu_backend: args.backend,
+        settings: args.settings.clone(),
         data_dir,
         python: args.python.clone(),
         workspace_root: root,
@@ -161,10 +174,23 @@ fn benchmark(args: TpchArgs) -> Result<ExitCode, String> {
     })
 }
 
-fn engine(backend: Backend, partitions: Option<u32>) -> Result<Engine, String> {
+/// `KEY=VALUE`, as `--set` takes it.
+fn parse_setting(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
+        _ => Err(format!(
+            "expected KEY=VALUE, e.g. spate.gpu.batch_bytes=65536, not '{text}'"
+        )),
+    }
+}
+
+fn engine(backend: Backend, args: &TpchArgs) -> Result<Engine, String> {
     let mut builder = Engine::builder().backend(backend);
-    if let Some(p) = partitions {
+    if let Some(p) = args.partitions {
         builder = builder.target_partitions(p as usize);
+    }
+    for (key, value) in &args.settings {
+        builder = builder.option(key, value);
     }
     builder.build().map_err(|e| e.to_string())
 }
@@ -209,8 +235,11 @@ fn print_placement(run: &QueryRun) {
 
 fn tpch(args: TpchArgs) -> Result<ExitCode, String> {
     let runtime = crate::runtime()?;
-    let engine = engine(args.backend, args.partitions)?;
+    let engine = engine(args.backend, &args)?;
     println!("{}", engine.backend());
+    for (key, value) in &args.settings {
+        println!("set {key} = {value}");
+    }
     let reference = if args.verify {
         Some(engine_for_reference(&args)?)
     } else {
@@ -296,7 +325,7 @@ fn tpch(args: TpchArgs) -> Result<ExitCode, String> {
     }
 }
 
-/// The CPU backend with the same partitioning as the engine under test.
+/// The CPU backend with the same partitioning and options as the engine under test.
 fn engine_for_reference(args: &TpchArgs) -> Result<Engine, String> {
-    engine(Backend::Cpu, args.partitions)
+    engine(Backend::Cpu, args)
 }

@@ -100,7 +100,7 @@ impl ExecutionPlan for GpuCoalescePartitionsExec {
         Self::rebuild(cpu)
     }
 
-    crate::exec::gpu_plan_methods!();
+    crate::exec::gpu_plan_methods!(cpu);
 }
 
 impl GpuExec for GpuCoalescePartitionsExec {

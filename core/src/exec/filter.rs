@@ -118,7 +118,7 @@ impl ExecutionPlan for GpuFilterExec {
         Self::rebuild(cpu)
     }
 
-    crate::exec::gpu_plan_methods!();
+    crate::exec::gpu_plan_methods!(cpu);
 
     fn cardinality_effect(&self) -> CardinalityEffect {
         CardinalityEffect::LowerEqual

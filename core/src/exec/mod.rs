@@ -43,6 +43,27 @@ macro_rules! gpu_plan_methods {
             Some(self.metrics.clone_inner())
         }
     };
+    // Operators that replace a CPU node `self.cpu` with the same children report its
+    // statistics: the GPU computes the same rows, so the planner's estimates (join order,
+    // build sides, EXPLAIN's `statistics`) stay what they are on the CPU.
+    (cpu) => {
+        $crate::exec::gpu_plan_methods!();
+
+        fn statistics_from_inputs(
+            &self,
+            input_stats: &[::std::sync::Arc<::datafusion::common::Statistics>],
+            args: &::datafusion::physical_plan::statistics::StatisticsArgs,
+        ) -> ::datafusion::error::Result<::std::sync::Arc<::datafusion::common::Statistics>> {
+            self.cpu.statistics_from_inputs(input_stats, args)
+        }
+
+        fn child_stats_requests(
+            &self,
+            partition: Option<usize>,
+        ) -> Vec<::datafusion::physical_plan::statistics::ChildStats> {
+            self.cpu.child_stats_requests(partition)
+        }
+    };
 }
 pub(crate) use gpu_plan_methods;
 
@@ -61,6 +82,7 @@ use arrow::compute::concat_batches;
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use datafusion::error::{DataFusionError, Result as DFResult};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::metrics::{
@@ -149,7 +171,9 @@ fn execute_device_counted(
     context: Arc<TaskContext>,
     stream: Arc<DeviceStream>,
 ) -> DFResult<DeviceBatchStream> {
-    let bandwidth = gpu_context(&context)?.bandwidth();
+    let gpu_ctx = gpu_context(&context)?;
+    gpu_ctx.count_operator_run();
+    let bandwidth = gpu_ctx.bandwidth();
     let batches = gpu.execute_device(partition, context, stream)?;
     let Some(metrics) = gpu.device_metrics() else {
         return Ok(batches);
@@ -388,12 +412,17 @@ pub(crate) fn device_input(
     }
     let target = SpateOptions::gpu_batch_bytes(context.session_config().options());
     let host = input.execute(partition, Arc::clone(context))?;
+    // The host batches waiting to be uploaded are host memory DataFusion's memory limit
+    // governs, as the batches a CPU operator buffers are.
+    let reservation =
+        MemoryConsumer::new(format!("GpuUpload[{partition}]")).register(context.memory_pool());
     Ok(count_read(upload_stream(
         host,
         input.schema(),
         target,
         Arc::clone(stream),
         metrics.clone(),
+        reservation,
     )))
 }
 
@@ -405,6 +434,10 @@ struct Upload {
     target_bytes: usize,
     stream: Arc<DeviceStream>,
     metrics: TransferMetrics,
+    /// The pending batches' bytes, charged to DataFusion's memory pool.
+    reservation: MemoryReservation,
+    /// A batch that did not fit the memory limit beside the pending ones: the next group's.
+    carry: Option<RecordBatch>,
     done: bool,
 }
 
@@ -422,6 +455,9 @@ impl Upload {
         };
         let _timer = self.metrics.transfer_time.timer();
         let device = upload_batch(&self.stream, &batch).map_err(to_df)?;
+        // The upload has staged the bytes; the host batches go now.
+        drop(batch);
+        self.reservation.free();
         self.metrics.h2d_bytes.add(device.device_bytes());
         Ok(device)
     }
@@ -477,6 +513,7 @@ fn upload_stream(
     target_bytes: usize,
     stream: Arc<DeviceStream>,
     metrics: TransferMetrics,
+    reservation: MemoryReservation,
 ) -> DeviceBatchStream {
     let state = Upload {
         schema,
@@ -486,18 +523,24 @@ fn upload_stream(
         target_bytes,
         stream,
         metrics,
+        reservation,
+        carry: None,
         done: false,
     };
     Box::pin(futures::stream::unfold(state, |mut s| async move {
         loop {
-            if s.done {
+            if s.done && s.carry.is_none() {
                 if s.pending.is_empty() {
                     return None;
                 }
                 let out = s.flush();
                 return Some((out, s));
             }
-            match s.host.next().await {
+            let next = match s.carry.take() {
+                Some(batch) => Some(Ok(batch)),
+                None => s.host.next().await,
+            };
+            match next {
                 Some(Ok(batch)) => {
                     if batch.num_rows() == 0 {
                         continue;
@@ -506,7 +549,22 @@ fn upload_stream(
                         Ok(b) => b,
                         Err(e) => return Some((Err(e), s)),
                     };
-                    s.pending_bytes += batch.get_array_memory_size();
+                    let size = batch.get_array_memory_size();
+                    if s.reservation.try_grow(size).is_err() {
+                        // The memory limit stops the coalescing early: what is pending goes
+                        // up now, and this batch starts the next group. A batch alone goes
+                        // up at once: it is in host memory already, and holding only it is
+                        // the least an upload can hold.
+                        if !s.pending.is_empty() {
+                            s.carry = Some(batch);
+                        } else {
+                            s.pending_bytes += size;
+                            s.pending.push(batch);
+                        }
+                        let out = s.flush();
+                        return Some((out, s));
+                    }
+                    s.pending_bytes += size;
                     s.pending.push(batch);
                     if s.pending_bytes >= s.target_bytes {
                         let out = s.flush();
@@ -516,6 +574,7 @@ fn upload_stream(
                 Some(Err(e)) => {
                     s.done = true;
                     s.pending.clear();
+                    s.reservation.free();
                     return Some((Err(e), s));
                 }
                 None => s.done = true,

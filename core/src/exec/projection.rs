@@ -134,7 +134,7 @@ impl ExecutionPlan for GpuProjectionExec {
         Self::rebuild(cpu)
     }
 
-    crate::exec::gpu_plan_methods!();
+    crate::exec::gpu_plan_methods!(cpu);
 
     fn cardinality_effect(&self) -> CardinalityEffect {
         CardinalityEffect::Equal

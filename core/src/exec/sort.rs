@@ -375,7 +375,7 @@ impl ExecutionPlan for GpuSortExec {
         Self::rebuild(cpu)
     }
 
-    crate::exec::gpu_plan_methods!();
+    crate::exec::gpu_plan_methods!(cpu);
 
     fn fetch(&self) -> Option<usize> {
         self.cpu.fetch()

@@ -841,7 +841,7 @@ impl ExecutionPlan for GpuAggregateExec {
         Self::rebuild(cpu)
     }
 
-    crate::exec::gpu_plan_methods!();
+    crate::exec::gpu_plan_methods!(cpu);
 }
 
 impl GpuExec for GpuAggregateExec {

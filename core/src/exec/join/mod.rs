@@ -354,7 +354,7 @@ impl ExecutionPlan for GpuHashJoinExec {
         Self::rebuild(cpu)
     }
 
-    crate::exec::gpu_plan_methods!();
+    crate::exec::gpu_plan_methods!(cpu);
 
     fn fetch(&self) -> Option<usize> {
         self.fetch
