@@ -1137,10 +1137,11 @@ const DIRECTIONS: &[&str] = &[
 const KEY_CLASSES: &[&[&str]] = &[
     &["i32", "i64", "i16", "i8", "u32", "u64"],
     &["i32", "i64"],
-    &["s"],
+    &["s", "sv"],
     &["d1", "d2", "d3"],
     &["dt"],
     &["ts"],
+    &["tz"],
     &["b"],
     &["f64", "f32"],
 ];
@@ -1838,9 +1839,10 @@ impl<'a> Gen<'a> {
                 45..=59 => 2,
                 60..=71 => 3,
                 72..=81 => 4,
-                82..=89 => 5,
-                90..=94 => 6,
-                _ => 7,
+                82..=87 => 5,
+                88..=89 => 6,
+                90..=94 => 7,
+                _ => 8,
             }];
             let a = self.pick(class);
             let b = if self.chance(0.7) {
@@ -2283,7 +2285,8 @@ fn error_kind(e: &SpateError) -> &'static str {
         ("Divide by zero", "divide by zero"),
         ("Cast error", "cast"),
         ("Can't cast", "cast"),
-        ("too large to store in a Decimal", "decimal precision"),
+        // "too large …" or, for negative values, "too small to store in a Decimal128".
+        ("to store in a Decimal", "decimal precision"),
         ("verflow", "overflow"),
         ("more than one row", "scalar subquery rows"),
     ] {
@@ -2535,20 +2538,23 @@ impl Engines {
         (run(&self.cpu, sql).await, run(self.gpu(), sql).await)
     }
 
-    /// The GPU operators in the GPU engine's plan, and whether no compute operator of it
-    /// stays on the CPU.
-    async fn gpu_placement(&self, gpu: &Engine, sql: &str) -> (BTreeSet<String>, bool) {
+    /// The GPU operators in the GPU engine's plan, and the compute operators it left on the
+    /// CPU (`name: reason`).
+    async fn gpu_placement(&self, gpu: &Engine, sql: &str) -> (BTreeSet<String>, Vec<String>) {
+        let unplanned = || (BTreeSet::new(), vec!["(not planned)".to_string()]);
         let Ok(df) = gpu.sql(sql).await else {
-            return (BTreeSet::new(), false);
+            return unplanned();
         };
         let Ok(plan) = df.create_physical_plan().await else {
-            return (BTreeSet::new(), false);
+            return unplanned();
         };
         let placement = spate::plan::offload::placement(&plan);
-        (
-            placement.gpu.iter().cloned().collect(),
-            placement.fully_on_gpu(),
-        )
+        let cpu = placement
+            .cpu
+            .iter()
+            .map(|(name, reason)| format!("{name}: {reason}"))
+            .collect();
+        (placement.gpu.iter().cloned().collect(), cpu)
     }
 }
 
@@ -2796,7 +2802,7 @@ async fn slt_expected(setup: &Setup, tables: &[&Table], sql: &str, in_order: boo
             let pattern = match error_kind(&e) {
                 "divide by zero" => "Divide by zero".to_string(),
                 "cast" => "[Cc]ast".to_string(),
-                "decimal precision" => "too large to store".to_string(),
+                "decimal precision" => "to store in a Decimal".to_string(),
                 "overflow" => "[Oo]verflow".to_string(),
                 _ => regex_escape(&first_line(&e.to_string())),
             };
@@ -3007,6 +3013,8 @@ struct Stats {
     fully_on_gpu: usize,
     /// Queries with a join whose keys match NULLs (`IS NOT DISTINCT FROM`).
     null_equal_joins: usize,
+    /// Why operators stayed on the CPU, with the number of queries.
+    cpu_reasons: HashMap<String, usize>,
     cpu_time: Duration,
     gpu_time: Duration,
     slowest: Vec<(Duration, String)>,
@@ -3020,8 +3028,8 @@ struct Ran {
     cpu: Outcome,
     gpu: Outcome,
     operators: BTreeSet<String>,
-    /// No compute operator of the GPU engine's plan stayed on the CPU.
-    fully_on_gpu: bool,
+    /// The compute operators of the GPU engine's plan left on the CPU, with their reasons.
+    on_cpu: Vec<String>,
     cpu_time: Duration,
     gpu_time: Duration,
 }
@@ -3034,8 +3042,8 @@ async fn run_both(engines: &Engines, no: usize, template: usize, query: Query) -
     let engine = &engines.gpus[no % engines.gpus.len()];
     let gpu = run(engine, &sql).await;
     let gpu_time = started.elapsed() - cpu_time;
-    let (operators, fully_on_gpu) = if matches!(cpu, Outcome::Failed(_)) {
-        (BTreeSet::new(), false)
+    let (operators, on_cpu) = if matches!(cpu, Outcome::Failed(_)) {
+        (BTreeSet::new(), Vec::new())
     } else {
         engines.gpu_placement(engine, &sql).await
     };
@@ -3046,7 +3054,7 @@ async fn run_both(engines: &Engines, no: usize, template: usize, query: Query) -
         cpu,
         gpu,
         operators,
-        fully_on_gpu,
+        on_cpu,
         cpu_time,
         gpu_time,
     }
@@ -3164,7 +3172,11 @@ async fn gpu_matches_cpu_on_random_queries() {
             }
             if !matches!(ran.cpu, Outcome::Failed(_)) {
                 stats.planned += 1;
-                stats.fully_on_gpu += usize::from(ran.fully_on_gpu);
+                let fully = ran.on_cpu.is_empty() && !ran.operators.is_empty();
+                stats.fully_on_gpu += usize::from(fully);
+                for reason in &ran.on_cpu {
+                    *stats.cpu_reasons.entry(reason.clone()).or_default() += 1;
+                }
             }
             stats.null_equal_joins += usize::from(ran.query.checks.iter().any(|c| c.nulls_match));
             let in_order = ran.query.order.is_some();
@@ -3238,6 +3250,11 @@ async fn gpu_matches_cpu_on_random_queries() {
         100.0 * gpu_share,
         stats.null_equal_joins
     );
+    let mut reasons: Vec<_> = stats.cpu_reasons.iter().collect();
+    reasons.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    for (reason, n) in reasons.iter().take(15) {
+        println!("  left on the CPU in {n} queries: {reason}");
+    }
     for e in stats.invalid.iter().take(10) {
         println!("invalid query (a generator bug): {e}");
     }

@@ -651,7 +651,7 @@ fn error_kind(sql: &str, e: &SpateError) -> &'static str {
         ("Divide by zero error", "zero"),
         ("Arithmetic overflow", "overflow"),
         ("Cast error", "cast"),
-        ("too large to store in a Decimal128", "precision"),
+        ("to store in a Decimal128", "precision"),
     ] {
         if m.contains(needle) {
             return kind;

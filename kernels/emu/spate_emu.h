@@ -79,6 +79,7 @@ struct dim3 {
 // The launch record the Rust runtime passes (`LaunchArgs` in backend/emulated/grid.rs; keep
 // the two in step).
 extern "C" {
+// 96 bytes on LP64; `LaunchArgs` in grid.rs asserts the same.
 struct spate_emu_launch {
     unsigned dims[7];  // grid x y z, block x y z, dynamic shared memory bytes
     void** params;
@@ -153,8 +154,10 @@ inline thread_local Fiber* tls_fiber = nullptr;
 // True only while this thread executes a fiber (kernel code or the dialect's functions), where
 // a signal handler may leave the fiber through abort_from_signal.
 inline thread_local volatile sig_atomic_t tls_in_kernel = 0;
-// An abort that arrived while the thread was in the scheduler, picked up at its next step.
-inline thread_local const char* volatile tls_pending_abort = nullptr;
+// An abort that arrived while the thread was in the scheduler, picked up at its next step
+// (the message is copied: the signal handler's buffer is not ours to keep).
+inline thread_local volatile sig_atomic_t tls_pending_abort = 0;
+inline thread_local char tls_pending_message[512];
 
 // splitmix64: the seeded random orders.
 inline unsigned long long mix(unsigned long long& state) {
@@ -342,10 +345,10 @@ inline bool run_block(Block& blk) {
             for (size_t k = n; k > 1; --k) std::swap(order[k - 1], order[mix(rng) % k]);
         }
         for (size_t k = 0; k < n && !blk.failed; ++k) {
-            if (const char* why = tls_pending_abort) {
-                tls_pending_abort = nullptr;
+            if (tls_pending_abort) {
+                tls_pending_abort = 0;
                 blk.failed = true;
-                std::snprintf(blk.error, sizeof(blk.error), "%s", why);
+                std::snprintf(blk.error, sizeof(blk.error), "%s", tls_pending_message);
                 break;
             }
             size_t i = l.seed != 0 ? order[k] : (forward ? k : n - 1 - k);
@@ -390,7 +393,10 @@ inline void abort_from_signal(const char* message) {
         to_scheduler();
         __builtin_unreachable();
     }
-    tls_pending_abort = message;
+    if (!tls_pending_abort) {
+        std::snprintf(tls_pending_message, sizeof(tls_pending_message), "%s", message);
+        tls_pending_abort = 1;
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -537,6 +543,11 @@ struct Grid {
 inline void grid_worker(void* arg) {
     Grid& g = *static_cast<Grid*>(arg);
     const Launch& l = g.launch;
+    // An abort left over from an earlier launch on this thread is not this one's.
+    tls_pending_abort = 0;
+    struct ClearOnExit {
+        ~ClearOnExit() { tls_pending_abort = 0; }
+    } clear_on_exit;
     if (!tls_stacks.reserve(g.threads)) {
         if (!g.error_taken.exchange(true))
             std::snprintf(g.first_error, sizeof(g.first_error), "%s: could not map %zu fiber stacks", l.name,
@@ -623,6 +634,9 @@ inline int run_grid(spate_emu_launch* a, void (*invoke)(void**), const char* nam
     }
     return 0;
 }
+
+static_assert(sizeof(spate_emu_launch) == 96 && offsetof(spate_emu_launch, abort_block) == 88,
+              "spate_emu_launch must match LaunchArgs in kernels/src/backend/emulated/grid.rs");
 
 }  // namespace spate_emu
 

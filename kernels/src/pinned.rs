@@ -89,6 +89,7 @@ impl PinnedPool {
             block: Some(block),
             len: bytes,
             pending: None,
+            upload_pending: false,
             pool: Arc::clone(self),
         })
     }
@@ -138,6 +139,8 @@ pub struct PinnedBuffer {
     block: Option<PinnedBlock>,
     len: usize,
     pending: Option<Event>,
+    /// The pending copy (or one before it) is an upload, which reads the bytes.
+    upload_pending: bool,
     pool: Arc<PinnedPool>,
 }
 
@@ -170,6 +173,7 @@ impl PinnedBuffer {
         if let Some(e) = self.pending.take() {
             e.synchronize()?;
         }
+        self.upload_pending = false;
         Ok(())
     }
 
@@ -200,6 +204,17 @@ impl PinnedBuffer {
 
     pub(crate) fn raw_ptr(&self) -> *mut u8 {
         self.ptr()
+    }
+
+    /// True unless an upload may still read the buffer's bytes (downloads into other ranges
+    /// of it may be in flight).
+    pub(crate) fn is_idle(&self) -> bool {
+        !self.upload_pending || self.pending.as_ref().is_none_or(Event::is_complete)
+    }
+
+    pub(crate) fn set_upload_pending(&mut self, e: Event) {
+        self.pending = Some(e);
+        self.upload_pending = true;
     }
 
     pub(crate) fn set_pending(&mut self, e: Event) {

@@ -157,7 +157,9 @@ impl Stream {
         // SAFETY: any bytes are a valid `T`; the slice is exclusively borrowed.
         let bytes = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), len) };
         // SAFETY: lengths match; the slice borrows a live buffer.
-        crate::wait::blocking(|| unsafe { self.imp.copy_to_host(src.address(), bytes) })
+        crate::wait::blocking(|| unsafe { self.imp.copy_to_host(src.address(), bytes) })?;
+        // A fault elsewhere on the device may have stopped the copy: `out` is then not data.
+        self.check()
     }
 
     /// Copies a device slice to a new vector (synchronising).
@@ -223,7 +225,7 @@ impl Stream {
             self.imp
                 .copy_from_pinned(HostPtr(src.raw_ptr()), dst.address(), src.len())?
         };
-        src.set_pending(self.record_event()?);
+        src.set_upload_pending(self.record_event()?);
         Ok(())
     }
 
@@ -267,10 +269,11 @@ impl Stream {
         }
         // SAFETY: bounds checked; the block outlives the copy (reads wait for the event).
         let out = unsafe { dst.raw_ptr().add(dst_offset) };
+        let idle = dst.is_idle();
         // SAFETY: as above; the host reads only after the recorded event.
         unsafe {
             self.imp
-                .copy_to_pinned(src.address(), HostPtr(out), bytes)?
+                .copy_to_pinned(src.address(), HostPtr(out), bytes, idle)?
         };
         dst.set_pending(self.record_event()?);
         Ok(())
@@ -331,8 +334,7 @@ impl Stream {
         if cfg.num_blocks() == 0 {
             return Ok(());
         }
-        let slots: Vec<u64> = args.iter().map(KernelArg::slot).collect();
         // SAFETY: the caller guarantees the arguments.
-        unsafe { self.imp.launch(kernel, cfg, &slots) }
+        unsafe { self.imp.launch(kernel, cfg, args) }
     }
 }

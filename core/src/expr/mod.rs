@@ -1129,7 +1129,8 @@ impl Gen<'_> {
     /// Casts that can fail, as Arrow's: integers to narrower integers and floats to integers
     /// fail with "Can't cast value" when out of range (floats truncate toward zero; NaN
     /// fails), decimals to integers truncate, decimals rescale down rounding half away from
-    /// zero, and a decimal result too large for its precision fails with "too large to store".
+    /// zero, and a decimal result out of its precision's range fails with "too large or too
+    /// small to store".
     /// A safe cast (`CastOptions::safe`) yields NULL instead.
     ///
     /// `Ok(None)`: a cast this does not handle.
@@ -1268,7 +1269,8 @@ impl Gen<'_> {
                     ),
                     ErrorFlag::PRECISION,
                     format!(
-                        "a value of `{c}` is too large to store in a Decimal128 of precision {p2} (on the GPU)"
+                        "a value of `{c}` is too large or too small to store in a Decimal128 of precision \
+                         {p2} (on the GPU)"
                     ),
                 )
             }
@@ -1289,7 +1291,7 @@ impl Gen<'_> {
                     ErrorFlag::PRECISION,
                     c,
                     format!(
-                        "a value of `{c}` is too large to store in a {} (on the GPU)",
+                        "a value of `{c}` is too large or too small to store in a {} (on the GPU)",
                         c.cast_type()
                     ),
                 )?;

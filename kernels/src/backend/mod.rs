@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use crate::device::DeviceDescription;
 use crate::error::Result;
-use crate::launch::{Kernel, LaunchConfig};
+use crate::launch::{Kernel, KernelArg, LaunchConfig};
 
 pub(crate) mod cuda;
 pub(crate) mod emulated;
@@ -111,10 +111,12 @@ pub(crate) trait StreamBackend: Send + Sync {
     /// Both ranges stay alive, and `src` unmodified, until the copy has run.
     unsafe fn copy_from_pinned(&self, src: HostPtr, dst: u64, len: usize) -> Result<()>;
     /// Copies `len` device bytes at `src` into pinned host memory at `dst`, asynchronously.
+    /// `idle`: no earlier copy still uses the pinned buffer, so its bytes are the host's to
+    /// poison until this one lands (the emulator does, so that a read too early shows).
     ///
     /// # Safety
     /// Both ranges stay alive, and `dst` unread, until the copy has run.
-    unsafe fn copy_to_pinned(&self, src: u64, dst: HostPtr, len: usize) -> Result<()>;
+    unsafe fn copy_to_pinned(&self, src: u64, dst: HostPtr, len: usize, idle: bool) -> Result<()>;
     /// Copies device bytes into pageable host memory and waits for the copy (and everything
     /// before it on the stream).
     ///
@@ -130,7 +132,7 @@ pub(crate) trait StreamBackend: Send + Sync {
     ///
     /// # Safety
     /// Pointer arguments address memory the kernel may use until it has run.
-    unsafe fn launch(&self, kernel: &Kernel, cfg: LaunchConfig, slots: &[u64]) -> Result<()>;
+    unsafe fn launch(&self, kernel: &Kernel, cfg: LaunchConfig, args: &[KernelArg]) -> Result<()>;
     /// Records an event after all work issued so far.
     fn record_event(&self) -> Result<Arc<dyn EventBackend>>;
     /// Makes later work on this stream wait for `event` (of this backend).

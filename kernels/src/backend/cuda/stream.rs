@@ -10,7 +10,7 @@ use super::kernel::CudaKernel;
 use crate::backend::{DeviceMemory, ElemInfo, EventBackend, HostPtr, StreamBackend};
 use crate::error::{KernelError, Result};
 use crate::health::Health;
-use crate::launch::{Kernel, LaunchConfig};
+use crate::launch::{Kernel, KernelArg, LaunchConfig};
 
 pub(crate) struct CudaStreamBackend {
     stream: Arc<CudaStream>,
@@ -113,7 +113,7 @@ impl StreamBackend for CudaStreamBackend {
             .map_err(|e| self.health.driver("cuMemcpyHtoDAsync", e))
     }
 
-    unsafe fn copy_to_pinned(&self, src: u64, dst: HostPtr, len: usize) -> Result<()> {
+    unsafe fn copy_to_pinned(&self, src: u64, dst: HostPtr, len: usize, _idle: bool) -> Result<()> {
         self.bind()?;
         // SAFETY: the caller keeps the block alive and unread until the copy ran.
         let out = unsafe { std::slice::from_raw_parts_mut(dst.0, len) };
@@ -136,14 +136,14 @@ impl StreamBackend for CudaStreamBackend {
             .map_err(|e| self.health.driver("cuMemcpyDtoDAsync", e))
     }
 
-    unsafe fn launch(&self, kernel: &Kernel, cfg: LaunchConfig, slots: &[u64]) -> Result<()> {
+    unsafe fn launch(&self, kernel: &Kernel, cfg: LaunchConfig, args: &[KernelArg]) -> Result<()> {
         let Some(k) = kernel.imp.as_any().downcast_ref::<CudaKernel>() else {
             return Err(KernelError::Internal {
                 message: format!("kernel `{}` is not a CUDA kernel", kernel.name()),
             });
         };
         self.bind()?;
-        let mut slots = slots.to_vec();
+        let mut slots: Vec<u64> = args.iter().map(KernelArg::slot).collect();
         let mut params: Vec<*mut std::ffi::c_void> = slots
             .iter_mut()
             .map(|s| std::ptr::from_mut(s).cast())

@@ -50,6 +50,10 @@ pub(crate) struct LaunchArgs {
     pub(crate) abort_block: Option<unsafe extern "C" fn(*const c_char)>,
 }
 
+// The C side asserts the same size and offset (`spate_emu.h`).
+const _: () =
+    assert!(size_of::<LaunchArgs>() == 96 && std::mem::offset_of!(LaunchArgs, abort_block) == 88);
+
 /// What the threads of one running launch share with the signal handlers and the watchdog.
 struct LaunchCtx {
     name: String,
@@ -66,6 +70,11 @@ thread_local! {
     static CURRENT: Cell<*const LaunchCtx> = const { Cell::new(std::ptr::null()) };
     /// Where a signal handler writes its message (signal handlers must not allocate).
     static MESSAGE: UnsafeCell<[u8; 1024]> = const { UnsafeCell::new([0; 1024]) };
+    /// Set while the fault handler runs: the watchdog's handler must not leave a fiber then
+    /// (the fault handler may hold the registry's lock), and a fault inside it is fatal.
+    static IN_FAULT: Cell<bool> = const { Cell::new(false) };
+    /// This thread's signal stack, installed the first time it runs blocks.
+    static ALT_STACK: std::cell::RefCell<Option<AltStack>> = const { std::cell::RefCell::new(None) };
 }
 
 // SAFETY: `args` is only read while the launch runs (by its own threads and signal handlers);
@@ -130,12 +139,14 @@ pub(crate) unsafe fn run(
     );
     text.terminate();
     args.runner = std::ptr::from_ref(&ctx).cast_mut().cast();
-    ctx.args = &args;
+    // One pointer to `args` for the module (which writes `abort_block`) and the handlers.
+    let args_ptr: *mut LaunchArgs = &mut args;
+    ctx.args = args_ptr;
     let ctx_ptr: *const LaunchCtx = &ctx;
     lock_active().0.push(ctx_ptr);
     start_watchdog();
     // SAFETY: the caller guarantees the parameters; `args`, `err` and `ctx` outlive the call.
-    let rc = unsafe { launch(&mut args) };
+    let rc = unsafe { launch(args_ptr) };
     lock_active().0.retain(|p| *p != ctx_ptr);
     if rc == 0 {
         return Ok(());
@@ -184,7 +195,12 @@ unsafe extern "C" fn run_workers(
 }
 
 fn worker(ctx: &LaunchCtx, work: unsafe extern "C" fn(*mut c_void), arg: SendPtr) {
-    let _altstack = AltStack::ensure();
+    ALT_STACK.with(|a| {
+        let mut a = a.borrow_mut();
+        if a.is_none() {
+            *a = AltStack::install();
+        }
+    });
     // SAFETY: pthread_self has no preconditions.
     let me = unsafe { libc::pthread_self() };
     ctx.threads
@@ -201,22 +217,19 @@ fn worker(ctx: &LaunchCtx, work: unsafe extern "C" fn(*mut c_void), arg: SendPtr
         .retain(|t| *t != me);
 }
 
-/// A signal stack for this thread while it runs blocks (the handler must not run on a fiber
-/// stack that may just have overflowed). Threads that have one keep theirs.
+/// A signal stack of our own for a thread that runs blocks: the handler must not run on a
+/// fiber stack that may just have overflowed, and the one std gives its threads (a few KiB)
+/// is too small for a handler that formats a message and leaves through the kernel's
+/// scheduler. The previous one is put back when the thread ends.
 struct AltStack {
-    mapped: Option<(*mut c_void, usize)>,
+    mapped: *mut c_void,
+    previous: libc::stack_t,
 }
 
 impl AltStack {
     const BYTES: usize = 64 << 10;
 
-    fn ensure() -> AltStack {
-        // SAFETY: reads the current signal stack.
-        let mut current: libc::stack_t = unsafe { std::mem::zeroed() };
-        unsafe { libc::sigaltstack(std::ptr::null(), &mut current) };
-        if current.ss_flags & libc::SS_DISABLE == 0 {
-            return AltStack { mapped: None };
-        }
+    fn install() -> Option<AltStack> {
         // SAFETY: a fresh private mapping for the signal stack.
         let p = unsafe {
             libc::mmap(
@@ -229,34 +242,34 @@ impl AltStack {
             )
         };
         if p == libc::MAP_FAILED {
-            return AltStack { mapped: None };
+            return None;
         }
         let stack = libc::stack_t {
             ss_sp: p,
             ss_flags: 0,
             ss_size: Self::BYTES,
         };
+        // SAFETY: zeroed is a valid stack_t to receive the previous one.
+        let mut previous: libc::stack_t = unsafe { std::mem::zeroed() };
         // SAFETY: the mapping outlives its use: it is removed in Drop, on this thread.
-        unsafe { libc::sigaltstack(&stack, std::ptr::null_mut()) };
-        AltStack {
-            mapped: Some((p, Self::BYTES)),
+        if unsafe { libc::sigaltstack(&stack, &mut previous) } != 0 {
+            // SAFETY: our mapping, never installed.
+            unsafe { libc::munmap(p, Self::BYTES) };
+            return None;
         }
+        Some(AltStack {
+            mapped: p,
+            previous,
+        })
     }
 }
 
 impl Drop for AltStack {
     fn drop(&mut self) {
-        if let Some((p, len)) = self.mapped {
-            let off = libc::stack_t {
-                ss_sp: std::ptr::null_mut(),
-                ss_flags: libc::SS_DISABLE,
-                ss_size: 0,
-            };
-            // SAFETY: disables the stack this thread installed, then unmaps it.
-            unsafe {
-                libc::sigaltstack(&off, std::ptr::null_mut());
-                libc::munmap(p, len);
-            }
+        // SAFETY: puts back the thread's previous signal stack, then unmaps ours.
+        unsafe {
+            libc::sigaltstack(&self.previous, std::ptr::null_mut());
+            libc::munmap(self.mapped, Self::BYTES);
         }
     }
 }
@@ -292,22 +305,35 @@ impl std::fmt::Write for Cursor<'_> {
 
 static mut PREVIOUS_SEGV: Option<libc::sigaction> = None;
 static mut PREVIOUS_BUS: Option<libc::sigaction> = None;
+static mut PREVIOUS_URG: Option<libc::sigaction> = None;
 
 fn install_handlers() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        // SAFETY: installs process-wide handlers once; the previous ones are kept for faults
-        // that are not the emulator's.
+        // SAFETY: installs process-wide handlers once. The previous ones are saved first, so a
+        // handler that runs at once already finds them, for signals that are not the
+        // emulator's.
         unsafe {
-            PREVIOUS_SEGV = install(libc::SIGSEGV, on_fault as *const () as usize);
-            PREVIOUS_BUS = install(libc::SIGBUS, on_fault as *const () as usize);
+            PREVIOUS_SEGV = current(libc::SIGSEGV);
+            PREVIOUS_BUS = current(libc::SIGBUS);
+            PREVIOUS_URG = current(WATCHDOG_SIGNAL);
+            install(libc::SIGSEGV, on_fault as *const () as usize);
+            install(libc::SIGBUS, on_fault as *const () as usize);
             install(WATCHDOG_SIGNAL, on_watchdog as *const () as usize);
         }
     });
 }
 
-unsafe fn install(signal: c_int, handler: usize) -> Option<libc::sigaction> {
-    // SAFETY: plain sigaction calls with zeroed, then filled, structures.
+unsafe fn current(signal: c_int) -> Option<libc::sigaction> {
+    // SAFETY: reads one action into a zeroed structure.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        (libc::sigaction(signal, std::ptr::null(), &mut old) == 0).then_some(old)
+    }
+}
+
+unsafe fn install(signal: c_int, handler: usize) {
+    // SAFETY: a plain sigaction call with a zeroed, then filled, structure.
     unsafe {
         let mut action: libc::sigaction = std::mem::zeroed();
         action.sa_sigaction = handler;
@@ -315,8 +341,7 @@ unsafe fn install(signal: c_int, handler: usize) -> Option<libc::sigaction> {
         // the signal must not stay blocked on this thread afterwards.
         action.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_NODEFER;
         libc::sigemptyset(&mut action.sa_mask);
-        let mut old: libc::sigaction = std::mem::zeroed();
-        (libc::sigaction(signal, &action, &mut old) == 0).then_some(old)
+        libc::sigaction(signal, &action, std::ptr::null_mut());
     }
 }
 
@@ -340,7 +365,9 @@ fn fault_was_write(uctx: *mut c_void) -> Option<bool> {
 
 extern "C" fn on_fault(signal: c_int, info: *mut libc::siginfo_t, uctx: *mut c_void) {
     let ctx = CURRENT.with(|c| c.get());
-    if !ctx.is_null() && !info.is_null() {
+    // A fault inside this handler: nothing sensible is left to do but the default.
+    let nested = IN_FAULT.with(|f| f.replace(true));
+    if !ctx.is_null() && !info.is_null() && !nested {
         // SAFETY: set by `worker` for the life of the launch; `info` comes from the kernel.
         let (ctx, addr) = unsafe { (&*ctx, (*info).si_addr() as u64) };
         MESSAGE.with(|m| {
@@ -348,8 +375,10 @@ extern "C" fn on_fault(signal: c_int, info: *mut libc::siginfo_t, uctx: *mut c_v
             let buf = unsafe { &mut *m.get() };
             let mut text = Cursor::new(buf);
             let _ = write!(text, "kernel `{}`: ", ctx.name);
+            // Takes and releases the registry's read lock.
             memory::describe_fault(&mut text, addr, fault_was_write(uctx));
             text.terminate();
+            IN_FAULT.with(|f| f.set(false));
             // SAFETY: `args` lives while the launch runs; `abort_block` leaves the fiber when
             // the thread is in kernel code, and returns otherwise.
             if let Some(abort) = unsafe { (*ctx.args).abort_block } {
@@ -357,6 +386,16 @@ extern "C" fn on_fault(signal: c_int, info: *mut libc::siginfo_t, uctx: *mut c_v
             }
         });
     }
+    if nested {
+        // SAFETY: resets one signal to its default action; returning then ends the process.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = libc::SIG_DFL;
+            libc::sigaction(signal, &action, std::ptr::null_mut());
+        }
+        return;
+    }
+    IN_FAULT.with(|f| f.set(false));
     // Not a kernel's fault: whatever handled it before us decides.
     // SAFETY: the saved actions are written once, before any handler can run.
     let previous = unsafe {
@@ -401,9 +440,21 @@ fn chain(
     }
 }
 
-extern "C" fn on_watchdog(_signal: c_int, _info: *mut libc::siginfo_t, _uctx: *mut c_void) {
+extern "C" fn on_watchdog(signal: c_int, info: *mut libc::siginfo_t, uctx: *mut c_void) {
     let ctx = CURRENT.with(|c| c.get());
     if ctx.is_null() {
+        // Not ours: whoever handled SIGURG before decides (by default it is ignored).
+        // SAFETY: written once, before the handler was installed.
+        let previous = unsafe { (*std::ptr::addr_of!(PREVIOUS_URG)).as_ref() };
+        if previous
+            .is_some_and(|p| p.sa_sigaction != libc::SIG_DFL && p.sa_sigaction != libc::SIG_IGN)
+        {
+            chain(signal, previous, info, uctx);
+        }
+        return;
+    }
+    if IN_FAULT.with(Cell::get) {
+        // The fault handler is leaving this fiber already (and may hold a lock).
         return;
     }
     // SAFETY: set by `worker` for the life of the launch.

@@ -134,14 +134,23 @@ pub(crate) fn alloc(bytes: usize, elem: ElemInfo, stream: u64, reuse: bool) -> R
         Some(b) => b,
         None => map(map_len)?,
     };
-    // SAFETY: `base..base + map_len` is our mapping; the data pages become accessible.
-    let rc = unsafe {
-        libc::mprotect(
-            (base + page) as *mut libc::c_void,
-            inner,
-            libc::PROT_READ | libc::PROT_WRITE,
-        )
+    let open = || {
+        // SAFETY: `base..base + map_len` is our mapping; the data pages become accessible.
+        unsafe {
+            libc::mprotect(
+                (base + page) as *mut libc::c_void,
+                inner,
+                libc::PROT_READ | libc::PROT_WRITE,
+            )
+        }
     };
+    let mut rc = open();
+    if rc != 0 {
+        // Splitting the mapping needs a mapping more (vm.max_map_count): give the quarantine
+        // back and try again.
+        evict(usize::MAX);
+        rc = open();
+    }
     if rc != 0 {
         // SAFETY: our mapping, not registered as live.
         unsafe { libc::munmap(base as *mut libc::c_void, map_len) };
@@ -318,10 +327,27 @@ pub(crate) fn describe_fault(out: &mut impl std::fmt::Write, addr: u64, write: O
 }
 
 /// Checks that `addr..addr + len` lies inside one live allocation: what a copy may touch.
-pub(crate) fn check_range(addr: u64, len: usize, what: &str) -> std::result::Result<(), String> {
+#[cfg(test)]
+fn check_range(addr: u64, len: usize, what: &str) -> std::result::Result<(), String> {
+    check_in(&registry_read(), addr, len, what)
+}
+
+/// Runs `copy` once every range is checked, with the registry locked for reading: no free can
+/// make a range inaccessible until it is done.
+pub(crate) fn while_live<R>(
+    ranges: &[(u64, usize, &str)],
+    copy: impl FnOnce() -> R,
+) -> std::result::Result<R, String> {
     let reg = registry_read();
+    for (addr, len, what) in ranges {
+        check_in(&reg, *addr, *len, what)?;
+    }
+    Ok(copy())
+}
+
+fn check_in(reg: &Registry, addr: u64, len: usize, what: &str) -> std::result::Result<(), String> {
     let fail = |detail: String| Err(format!("{what} of {len} bytes at {addr:#x}: {detail}"));
-    let Some((base, e)) = lookup(&reg, addr as usize) else {
+    let Some((base, e)) = lookup(reg, addr as usize) else {
         return fail("not in any device allocation".into());
     };
     let data = base + e.data_offset;

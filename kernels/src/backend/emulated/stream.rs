@@ -21,13 +21,13 @@ use super::memory::{self, POISON_NEW, Region};
 use super::{EmuKernel, Rng, Shared, mix};
 use crate::backend::{DeviceMemory, ElemInfo, EventBackend, HostPtr, StreamBackend};
 use crate::error::{KernelError, Result};
-use crate::launch::{Kernel, LaunchConfig};
+use crate::launch::{Kernel, KernelArg, LaunchConfig};
 
 enum Op {
     Launch {
         kernel: Kernel,
         cfg: LaunchConfig,
-        slots: Vec<u64>,
+        args: Vec<KernelArg>,
     },
     /// Pageable bytes, staged when the copy was issued.
     Write {
@@ -184,19 +184,40 @@ impl Queue {
             if strict.is_some() && rng.next() % 4 == 0 {
                 std::thread::sleep(Duration::from_micros(rng.next() % 300));
             }
-            let healthy = self.shared.health.check().is_ok() && self.lock().fault.is_none();
+            let health = self.shared.health.check();
+            let healthy = health.is_ok() && self.lock().fault.is_none();
             let fault = if healthy || op.always_runs() {
                 let seed = strict.map(|s| mix(s ^ self.id << 32 ^ launches) | 1);
                 launches += u64::from(matches!(op, Op::Launch { .. }));
-                self.execute(op, seed.unwrap_or(0))
+                // A panic here would leave every waiter of this stream waiting forever.
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    self.execute(op, seed.unwrap_or(0))
+                }))
+                .unwrap_or_else(|p| {
+                    let what = p
+                        .downcast_ref::<String>()
+                        .map(String::as_str)
+                        .or_else(|| p.downcast_ref::<&str>().copied())
+                        .unwrap_or("a panic");
+                    Some(Fault::Other {
+                        call: "the emulator",
+                        message: format!("an emulated stream operation panicked (a bug): {what}"),
+                    })
+                })
             } else {
-                None
+                // Skipped: this stream's waiters must learn why their work did not run.
+                health.err().map(|e| Fault::Other {
+                    call: "the emulated stream",
+                    message: format!("skipped after an earlier fault: {e}"),
+                })
             };
             let mut s = self.lock();
             if let Some(f) = fault {
-                self.shared
-                    .health
-                    .mark(format!("stream {}: {}", self.id, f.describe()));
+                if healthy {
+                    self.shared
+                        .health
+                        .mark(format!("stream {}: {}", self.id, f.describe()));
+                }
                 s.fault.get_or_insert(f);
             }
             s.completed += 1;
@@ -208,63 +229,55 @@ impl Queue {
     fn execute(&self, op: Op, seed: u64) -> Option<Fault> {
         let other = |call: &'static str, message: String| Some(Fault::Other { call, message });
         match op {
-            Op::Launch { kernel, cfg, slots } => self.launch(&kernel, cfg, slots, seed),
+            Op::Launch { kernel, cfg, args } => self.launch(&kernel, cfg, &args, seed),
+            // Each copy runs while the registry is locked for reading, so that no free on
+            // another stream can unmap a range between its check and the copy.
             Op::Write { dst, bytes } => {
-                match memory::check_range(dst, bytes.len(), "host-to-device copy") {
-                    // SAFETY: the destination is a live allocation of at least this size.
-                    Ok(()) => {
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(
-                                bytes.as_ptr(),
-                                dst as *mut u8,
-                                bytes.len(),
-                            )
-                        };
-                        None
-                    }
-                    Err(m) => other("cuMemcpyHtoDAsync", m),
-                }
+                let range = [(dst, bytes.len(), "host-to-device copy")];
+                // SAFETY: the destination is a live allocation of at least this size.
+                let copy = || unsafe {
+                    std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst as *mut u8, bytes.len())
+                };
+                memory::while_live(&range, copy)
+                    .err()
+                    .and_then(|m| other("cuMemcpyHtoDAsync", m))
             }
             Op::WritePinned { src, dst, len } => {
-                match memory::check_range(dst, len, "host-to-device copy") {
-                    // SAFETY: checked destination; the pinned source is kept alive by its event.
-                    Ok(()) => {
-                        unsafe { std::ptr::copy_nonoverlapping(src.0, dst as *mut u8, len) };
-                        None
-                    }
-                    Err(m) => other("cuMemcpyHtoDAsync", m),
-                }
+                let range = [(dst, len, "host-to-device copy")];
+                // SAFETY: checked destination; the pinned source is kept alive by its event.
+                let copy = || unsafe { std::ptr::copy_nonoverlapping(src.0, dst as *mut u8, len) };
+                memory::while_live(&range, copy)
+                    .err()
+                    .and_then(|m| other("cuMemcpyHtoDAsync", m))
             }
             Op::Read { src, dst, len } => {
-                match memory::check_range(src, len, "device-to-host copy") {
-                    // SAFETY: checked source; the host destination outlives the copy.
-                    Ok(()) => {
-                        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.0, len) };
-                        None
-                    }
-                    Err(m) => other("cuMemcpyDtoHAsync", m),
-                }
+                let range = [(src, len, "device-to-host copy")];
+                // SAFETY: checked source; the host destination outlives the copy.
+                let copy =
+                    || unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.0, len) };
+                memory::while_live(&range, copy)
+                    .err()
+                    .and_then(|m| other("cuMemcpyDtoHAsync", m))
             }
             Op::Copy { src, dst, len } => {
-                let checked = memory::check_range(src, len, "device copy source")
-                    .and_then(|()| memory::check_range(dst, len, "device copy destination"));
-                match checked {
-                    // SAFETY: both ranges are live allocations; `copy` allows overlap.
-                    Ok(()) => {
-                        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len) };
-                        None
-                    }
-                    Err(m) => other("cuMemcpyDtoDAsync", m),
-                }
+                let ranges = [
+                    (src, len, "device copy source"),
+                    (dst, len, "device copy destination"),
+                ];
+                // SAFETY: both ranges are live allocations; `copy` allows overlap.
+                let copy = || unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len) };
+                memory::while_live(&ranges, copy)
+                    .err()
+                    .and_then(|m| other("cuMemcpyDtoDAsync", m))
             }
-            Op::Fill { dst, len, byte } => match memory::check_range(dst, len, "memset") {
+            Op::Fill { dst, len, byte } => {
+                let range = [(dst, len, "memset")];
                 // SAFETY: a live allocation of at least this size.
-                Ok(()) => {
-                    unsafe { std::ptr::write_bytes(dst as *mut u8, byte, len) };
-                    None
-                }
-                Err(m) => other("cuMemsetD8Async", m),
-            },
+                let fill = || unsafe { std::ptr::write_bytes(dst as *mut u8, byte, len) };
+                memory::while_live(&range, fill)
+                    .err()
+                    .and_then(|m| other("cuMemsetD8Async", m))
+            }
             Op::Free(region) => memory::free(region, self.id).map(|damage| Fault::Other {
                 call: "cuMemFreeAsync",
                 message: format!("{damage}, found when the buffer was freed"),
@@ -284,7 +297,7 @@ impl Queue {
         &self,
         kernel: &Kernel,
         cfg: LaunchConfig,
-        mut slots: Vec<u64>,
+        args: &[KernelArg],
         seed: u64,
     ) -> Option<Fault> {
         let Some(k) = kernel.imp.as_any().downcast_ref::<EmuKernel>() else {
@@ -293,7 +306,7 @@ impl Queue {
                 message: format!("kernel `{}` is not an emulated kernel", kernel.name()),
             });
         };
-        let args = slots.clone();
+        let mut slots: Vec<u64> = args.iter().map(KernelArg::slot).collect();
         let mut params: Vec<*mut std::ffi::c_void> = slots
             .iter_mut()
             .map(|s| std::ptr::from_mut(s).cast())
@@ -319,7 +332,10 @@ impl Queue {
         let message = match outcome {
             Err(m) => Some(m),
             // A write just past (or before) a buffer it was given: its guard zone says so.
-            Ok(()) => args.iter().find_map(|a| memory::check_canaries(*a)),
+            Ok(()) => args.iter().find_map(|a| match a {
+                &KernelArg::Ptr(p) if p != 0 => memory::check_canaries(p),
+                _ => None,
+            }),
         };
         message.map(|message| Fault::Kernel {
             entry: kernel.name().to_string(),
@@ -450,10 +466,13 @@ impl StreamBackend for EmuStream {
         Ok(())
     }
 
-    unsafe fn copy_to_pinned(&self, src: u64, dst: HostPtr, len: usize) -> Result<()> {
+    unsafe fn copy_to_pinned(&self, src: u64, dst: HostPtr, len: usize, idle: bool) -> Result<()> {
         // Until the copy runs the host must not read the buffer; if it does, it sees poison.
-        // SAFETY: the caller's range of a live pinned block.
-        unsafe { std::ptr::write_bytes(dst.0, POISON_NEW, len) };
+        // (Not while an earlier copy, an upload from this buffer, may still read its bytes.)
+        if idle {
+            // SAFETY: the caller's range of a live pinned block no copy uses.
+            unsafe { std::ptr::write_bytes(dst.0, POISON_NEW, len) };
+        }
         self.queue().push(Op::Read { src, dst, len });
         Ok(())
     }
@@ -473,11 +492,11 @@ impl StreamBackend for EmuStream {
         Ok(())
     }
 
-    unsafe fn launch(&self, kernel: &Kernel, cfg: LaunchConfig, slots: &[u64]) -> Result<()> {
+    unsafe fn launch(&self, kernel: &Kernel, cfg: LaunchConfig, args: &[KernelArg]) -> Result<()> {
         self.queue().push(Op::Launch {
             kernel: kernel.clone(),
             cfg,
-            slots: slots.to_vec(),
+            args: args.to_vec(),
         });
         Ok(())
     }
