@@ -175,6 +175,14 @@ const PREDICATES: &[&str] = &[
     "substr(s, 10, 1) = 'A' OR substr(s, 9) = ''",
     "m / 0.25 > 2",
     "m % 1.5 = 0.5",
+    "a IS DISTINCT FROM 3",
+    "a IS NOT DISTINCT FROM NULL",
+    "s IS NOT DISTINCT FROM 'xyz'",
+    "s IS DISTINCT FROM NULL",
+    "f IS DISTINCT FROM 0.0",
+    "f IS NOT DISTINCT FROM 'NaN'::DOUBLE",
+    "dt IS NOT DISTINCT FROM DATE '1994-09-02'",
+    "m IS DISTINCT FROM 1.50 AND p IS NOT DISTINCT FROM true",
 ];
 
 /// Rows as strings, sorted (for results whose order is not fixed).

@@ -1611,6 +1611,43 @@ impl Gen<'_> {
                     ty: DevType::Bool,
                 })
             }
+            Operator::IsDistinctFrom | Operator::IsNotDistinctFrom => {
+                if !l.ty.comparable(r.ty) {
+                    return Err(Unsupported(format!(
+                        "comparison of different types in `{b}` ({:?} vs {:?})",
+                        l.ty, r.ty
+                    )));
+                }
+                // Never NULL: two NULLs are not distinct, a NULL and a value are; two values
+                // compare as `=` does.
+                let equal = match l.ty {
+                    DevType::Str => format!(
+                        "spate::str_cmp({}, {}_n, {}, {}_n) == 0",
+                        l.value, l.value, r.value, r.value
+                    ),
+                    DevType::F32 | DevType::F64 => format!(
+                        "spate::compare_key({}) == spate::compare_key({})",
+                        l.value, r.value
+                    ),
+                    _ => format!("{} == {}", l.value, r.value),
+                };
+                let not = if *op == Operator::IsDistinctFrom {
+                    "!"
+                } else {
+                    ""
+                };
+                let _ = writeln!(
+                    self.body,
+                    "        const bool {n} = false;\n        const bool {v} = {not}(({ln} && {rn}) || (!{ln} && !{rn} && ({equal})));",
+                    ln = l.null,
+                    rn = r.null,
+                );
+                Ok(Operand {
+                    value: v,
+                    null: n,
+                    ty: DevType::Bool,
+                })
+            }
             Operator::Plus | Operator::Minus | Operator::Multiply
                 if matches!(l.ty, DevType::Dec { .. }) || matches!(r.ty, DevType::Dec { .. }) =>
             {
