@@ -24,7 +24,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, RwLock};
 
 use crate::backend::ElemInfo;
@@ -54,6 +54,8 @@ enum State {
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     id: u64,
+    /// A heap allocation with canaries only (see [`heap_alloc`]), not a guarded mapping.
+    heap: bool,
     map_len: usize,
     data_offset: usize,
     bytes: usize,
@@ -66,7 +68,33 @@ impl Entry {
     fn inner_len(&self, page: usize) -> usize {
         self.map_len - 2 * page
     }
+
+    /// Where the leading canary starts: after the guard page of a mapping, at the start of a
+    /// heap allocation.
+    fn lead(&self, base: usize, page: usize) -> usize {
+        if self.heap { base } else { base + page }
+    }
 }
+
+/// Mapped (guarded) allocations live now. Each takes up to three of the process's memory
+/// mappings, of which Linux allows `vm.max_map_count` (65530 by default); past
+/// [`mapped_limit`] allocations come from the heap with canaries only, so that threads and
+/// libraries still find mappings.
+static MAPPED: AtomicUsize = AtomicUsize::new(0);
+
+fn mapped_limit() -> usize {
+    static LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        let max = std::fs::read_to_string("/proc/sys/vm/max_map_count")
+            .ok()
+            .and_then(|t| t.trim().parse::<usize>().ok())
+            .unwrap_or(65_530);
+        max.saturating_sub(QUARANTINE_ENTRIES + 8192) / 3
+    })
+}
+
+/// Canary bytes on each side of a heap allocation.
+const HEAP_CANARY: usize = 64;
 
 struct Registry {
     by_base: BTreeMap<usize, Entry>,
@@ -119,6 +147,9 @@ pub(crate) fn alloc(bytes: usize, elem: ElemInfo, stream: u64, reuse: bool) -> R
     let map_len = inner + 2 * page;
     let data_offset = page + inner - data_len;
     let _guard = ALLOCATOR.lock().unwrap_or_else(|p| p.into_inner());
+    if MAPPED.load(Ordering::Relaxed) >= mapped_limit() {
+        return heap_alloc(bytes, elem, stream);
+    }
     let mut base = None;
     if reuse {
         let mut reg = registry_write();
@@ -132,7 +163,11 @@ pub(crate) fn alloc(bytes: usize, elem: ElemInfo, stream: u64, reuse: bool) -> R
     }
     let base = match base {
         Some(b) => b,
-        None => map(map_len)?,
+        None => match map(map_len) {
+            Ok(b) => b,
+            // Out of mappings even after the quarantine went back: canaries only.
+            Err(_) => return heap_alloc(bytes, elem, stream),
+        },
     };
     let open = || {
         // SAFETY: `base..base + map_len` is our mapping; the data pages become accessible.
@@ -164,10 +199,12 @@ pub(crate) fn alloc(bytes: usize, elem: ElemInfo, stream: u64, reuse: bool) -> R
     fill(base + data_offset, bytes, POISON_NEW);
     fill(base + data_offset + bytes, data_len - bytes, CANARY);
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    MAPPED.fetch_add(1, Ordering::Relaxed);
     registry_write().by_base.insert(
         base,
         Entry {
             id,
+            heap: false,
             map_len,
             data_offset,
             bytes,
@@ -179,6 +216,50 @@ pub(crate) fn alloc(bytes: usize, elem: ElemInfo, stream: u64, reuse: bool) -> R
     Ok(Region {
         base,
         data: base + data_offset,
+        id,
+    })
+}
+
+/// An allocation from the heap, `HEAP_CANARY` canary bytes on each side: what the emulator
+/// falls back to when guarded mappings run out. Overruns are still found by the canary checks,
+/// but not at the faulting access, and freed memory is poisoned but not quarantined.
+fn heap_alloc(bytes: usize, elem: ElemInfo, stream: u64) -> Result<Region> {
+    let data_len = bytes.div_ceil(ALIGN) * ALIGN;
+    let total = HEAP_CANARY + data_len + HEAP_CANARY;
+    let layout = std::alloc::Layout::from_size_align(total, HEAP_CANARY).map_err(|_| {
+        KernelError::OutOfMemory {
+            requested_bytes: bytes,
+            free_bytes: 0,
+        }
+    })?;
+    // SAFETY: a non-zero size.
+    let base = unsafe { std::alloc::alloc(layout) } as usize;
+    if base == 0 {
+        return Err(KernelError::OutOfMemory {
+            requested_bytes: bytes,
+            free_bytes: 0,
+        });
+    }
+    fill(base, HEAP_CANARY, CANARY);
+    fill(base + HEAP_CANARY, bytes, POISON_NEW);
+    fill(base + HEAP_CANARY + bytes, total - HEAP_CANARY - bytes, CANARY);
+    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    registry_write().by_base.insert(
+        base,
+        Entry {
+            id,
+            heap: true,
+            map_len: total,
+            data_offset: HEAP_CANARY,
+            bytes,
+            elem,
+            stream,
+            state: State::Live,
+        },
+    );
+    Ok(Region {
+        base,
+        data: base + HEAP_CANARY,
         id,
     })
 }
@@ -238,6 +319,19 @@ pub(crate) fn free(region: Region, by_stream: u64) -> Option<String> {
             region.id
         ));
     };
+    if entry.heap {
+        let (total, bytes) = (entry.map_len, entry.bytes);
+        reg.by_base.remove(&region.base);
+        drop(reg);
+        // Poisoned for a read that races the free; then back to the heap.
+        fill(region.data, bytes, 0xDD);
+        if let Ok(layout) = std::alloc::Layout::from_size_align(total, HEAP_CANARY) {
+            // SAFETY: allocated with this layout in `heap_alloc`, freed once.
+            unsafe { std::alloc::dealloc(region.base as *mut u8, layout) };
+        }
+        return damage;
+    }
+    MAPPED.fetch_sub(1, Ordering::Relaxed);
     let inner = entry.inner_len(page);
     // SAFETY: our mapping; from now on every access faults.
     unsafe {
@@ -380,9 +474,9 @@ pub(crate) fn check_canaries(addr: u64) -> Option<String> {
     }
     let data = base + e.data_offset;
     let data_len = e.bytes.div_ceil(ALIGN) * ALIGN;
-    // SAFETY: both ranges are inside the live mapping's accessible pages.
-    let before =
-        unsafe { std::slice::from_raw_parts((base + page) as *const u8, e.data_offset - page) };
+    let lead = e.lead(base, page);
+    // SAFETY: both ranges are inside the live allocation's accessible bytes.
+    let before = unsafe { std::slice::from_raw_parts(lead as *const u8, data - lead) };
     let after =
         unsafe { std::slice::from_raw_parts((data + e.bytes) as *const u8, data_len - e.bytes) };
     let bad_before = before.iter().rposition(|b| *b != CANARY);
@@ -477,6 +571,16 @@ mod tests {
         let mut text = String::new();
         describe_fault(&mut text, 8, Some(true));
         assert!(text.contains("illegal address"), "{text}");
+    }
+
+    #[test]
+    fn heap_allocations_keep_their_canaries() {
+        let r = heap_alloc(10, U32, 1).unwrap();
+        assert!(check_range(r.address(), 10, "copy").is_ok());
+        // SAFETY: inside the allocation's tail canary.
+        unsafe { *(r.address() as *mut u8).add(10) = 7 };
+        assert!(check_canaries(r.address()).unwrap().contains("byte offset 10"));
+        assert!(free(r, 1).is_some());
     }
 
     #[test]
