@@ -3206,8 +3206,8 @@ async fn gpu_matches_cpu_on_random_queries() {
             let bound = (0..4).find_map(|k| {
                 let template_no = (template_no + k) % num_templates;
                 let template = Gen::new(&columns, template_seed(seed, template_no))
-                    .null_equal_join(template_no % NULL_EQUAL_EVERY == 0)
-                    .gpu_subset(template_no % FULL_DIALECT_EVERY != 0)
+                    .null_equal_join(template_no.is_multiple_of(NULL_EQUAL_EVERY))
+                    .gpu_subset(!template_no.is_multiple_of(FULL_DIALECT_EVERY))
                     .query();
                 case.bind(&template, &mut r).map(|q| (template_no, q))
             });

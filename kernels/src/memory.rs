@@ -426,7 +426,7 @@ mod tests {
     fn budget_is_enforced_and_released() {
         let pool = MemoryPool::new(1000);
         pool.charge_allocation(600).unwrap();
-        match pool.charge_allocation(600).err().expect("over budget") {
+        match pool.charge_allocation(600).expect_err("over budget") {
             KernelError::OutOfMemory {
                 requested_bytes,
                 free_bytes,

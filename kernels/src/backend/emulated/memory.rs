@@ -242,7 +242,11 @@ fn heap_alloc(bytes: usize, elem: ElemInfo, stream: u64) -> Result<Region> {
     }
     fill(base, HEAP_CANARY, CANARY);
     fill(base + HEAP_CANARY, bytes, POISON_NEW);
-    fill(base + HEAP_CANARY + bytes, total - HEAP_CANARY - bytes, CANARY);
+    fill(
+        base + HEAP_CANARY + bytes,
+        total - HEAP_CANARY - bytes,
+        CANARY,
+    );
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     registry_write().by_base.insert(
         base,
@@ -579,7 +583,11 @@ mod tests {
         assert!(check_range(r.address(), 10, "copy").is_ok());
         // SAFETY: inside the allocation's tail canary.
         unsafe { *(r.address() as *mut u8).add(10) = 7 };
-        assert!(check_canaries(r.address()).unwrap().contains("byte offset 10"));
+        assert!(
+            check_canaries(r.address())
+                .unwrap()
+                .contains("byte offset 10")
+        );
         assert!(free(r, 1).is_some());
     }
 

@@ -181,7 +181,7 @@ impl Queue {
                     s = self.work.wait(s).unwrap_or_else(|p| p.into_inner());
                 }
             };
-            if strict.is_some() && rng.next() % 4 == 0 {
+            if strict.is_some() && rng.next().is_multiple_of(4) {
                 std::thread::sleep(Duration::from_micros(rng.next() % 300));
             }
             let health = self.shared.health.check();
@@ -432,11 +432,10 @@ impl StreamBackend for EmuStream {
     fn alloc(&self, bytes: usize, zeroed: bool, elem: ElemInfo) -> Result<Box<dyn DeviceMemory>> {
         let q = self.queue();
         // In strict mode half the allocations take a mapping freed a moment ago, by any stream.
-        let reuse = q
-            .shared
-            .options
-            .strict
-            .is_some_and(|seed| mix(seed ^ bytes as u64 ^ q.id ^ rand_counter()) % 2 == 0);
+        let reuse =
+            q.shared.options.strict.is_some_and(|seed| {
+                mix(seed ^ bytes as u64 ^ q.id ^ rand_counter()).is_multiple_of(2)
+            });
         let region = memory::alloc(bytes, elem, q.id, reuse)?;
         let address = region.address();
         let mem = Box::new(EmuMemory {
