@@ -70,12 +70,34 @@ impl GpuInventory {
 /// hold up the other tasks of the tokio worker it runs on: on a multi-threaded runtime they
 /// move to another worker first (`block_in_place`). Elsewhere the wait just runs.
 fn wait_off_the_runtime(wait: &mut dyn FnMut()) {
+    use std::cell::Cell;
     use tokio::runtime::{Handle, RuntimeFlavor};
-    match Handle::try_current() {
-        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(wait)
+    thread_local! {
+        /// This thread's runtime context refused `block_in_place` once: it always will.
+        static REFUSED: Cell<bool> = const { Cell::new(false) };
+    }
+    let multi_thread =
+        Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread);
+    if !multi_thread || REFUSED.with(Cell::get) {
+        return wait();
+    }
+    // Some contexts of a multi-threaded runtime still refuse (a `LocalSet`, a current-thread
+    // `block_on` that entered a multi-threaded handle): tokio says so by panicking before it
+    // runs the closure, and tells no other way. The wait then runs here.
+    let mut ran = false;
+    let moved = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        tokio::task::block_in_place(|| {
+            ran = true;
+            wait();
+        })
+    }));
+    match moved {
+        Ok(()) => {}
+        Err(_) if !ran => {
+            REFUSED.with(|r| r.set(true));
+            wait();
         }
-        _ => wait(),
+        Err(panic) => std::panic::resume_unwind(panic),
     }
 }
 

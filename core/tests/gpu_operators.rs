@@ -182,7 +182,7 @@ const PREDICATES: &[&str] = &[
     "f IS DISTINCT FROM 0.0",
     "f IS NOT DISTINCT FROM 'NaN'::DOUBLE",
     "dt IS NOT DISTINCT FROM DATE '1994-09-02'",
-    "m IS DISTINCT FROM 1.50 AND p IS NOT DISTINCT FROM true",
+    "(m IS DISTINCT FROM 1.50) AND (p IS NOT DISTINCT FROM true)",
 ];
 
 /// Rows as strings, sorted (for results whose order is not fixed).
@@ -909,9 +909,8 @@ async fn hash_joins_match_the_cpu() {
     // The last column bounds the GPU's output batches (`spate.gpu.batch_bytes`, also the
     // upload size): 1 KiB cuts each probe batch's output into many chunks of whole probe rows.
     for (seed, rows_in_table, batch_size, partitioned, batch_bytes) in [
-        (41u64, 1500usize, 8192usize, false, None),
+        (41u64, 1000usize, 8192usize, false, None),
         (42, 400, 7, true, None),
-        (43, 900, 8192, true, None),
         (44, 0, 8192, false, None),
         (45, 500, 8192, false, Some(1024)),
         (46, 400, 8192, true, Some(65536)),

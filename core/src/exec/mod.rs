@@ -445,6 +445,9 @@ impl Upload {
     fn flush(&mut self) -> DFResult<DeviceBatch> {
         let batches = std::mem::take(&mut self.pending);
         self.pending_bytes = 0;
+        // The batches are ours now, uploaded or dropped below whatever happens: the pool's
+        // charge for them ends here.
+        self.reservation.free();
         let batch = if batches.len() == 1 {
             batches
                 .into_iter()
@@ -455,9 +458,6 @@ impl Upload {
         };
         let _timer = self.metrics.transfer_time.timer();
         let device = upload_batch(&self.stream, &batch).map_err(to_df)?;
-        // The upload has staged the bytes; the host batches go now.
-        drop(batch);
-        self.reservation.free();
         self.metrics.h2d_bytes.add(device.device_bytes());
         Ok(device)
     }

@@ -191,14 +191,6 @@ impl ProbeState {
         if total == 0 && !needs_flags {
             return Ok(None);
         }
-        if total >= u32::MAX as usize {
-            return Err(SpateError::Unsupported {
-                message: format!(
-                    "a GPU join with {total} pairs from one probe batch (the limit is 2^32 - 2); \
-                     lower spate.gpu.batch_bytes"
-                ),
-            });
-        }
         // About how many pairs one chunk may hold.
         let mut width = row_bytes(batch.columns().iter().chain(build.batch.columns().iter()));
         if let Some(f) = &self.plan.filter {
@@ -258,7 +250,9 @@ impl ProbeState {
         let mut bounds = vec![from];
         for c in host.chunks_exact(2) {
             let cut = (c[0] as usize, c[1] as usize);
-            if cut.0 > bounds[bounds.len() - 1].0 && cut.0 < to.0 {
+            // Rows after the last pair join the chunk before them: a chunk of no pairs would
+            // be an empty batch.
+            if cut.0 > bounds[bounds.len() - 1].0 && cut.0 < to.0 && cut.1 < to.1 {
                 bounds.push(cut);
             }
         }
@@ -316,6 +310,17 @@ impl ProbeState {
         let s = &self.stream;
         let build = self.build()?;
         let pairs = to.1 - from.1;
+        if pairs == 0 && self.plan.filter.is_none() {
+            return Ok(None);
+        }
+        if pairs >= u32::MAX as usize {
+            return Err(SpateError::Unsupported {
+                message: format!(
+                    "a GPU join chunk of {pairs} pairs: one probe row matches more than 2^32 - 2 \
+                     build rows"
+                ),
+            });
+        }
         let out_probe = s.alloc::<u32>(pairs.max(1))?;
         let out_build = s.alloc::<u32>(pairs.max(1))?;
         launch(
