@@ -306,8 +306,11 @@ impl Device {
         entries: &[&str],
     ) -> Result<Vec<Kernel>> {
         self.check_health()?;
+        let kernels = self.inner.backend.load_generated(name, source, entries)?;
+        // Only programs that compiled are recorded: the NVRTC pass over the recording checks
+        // that what the host compiler accepted, NVRTC accepts too.
         crate::compile::record_generated(name, source);
-        self.inner.backend.load_generated(name, source, entries)
+        Ok(kernels)
     }
 }
 

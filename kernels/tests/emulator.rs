@@ -401,6 +401,16 @@ fn compile_errors_carry_the_compiler_log() {
         }
         other => panic!("expected a compile error, got {other}"),
     }
+    // A program that did not compile is not recorded for the NVRTC pass (scripts/test sets
+    // the recording folder for the whole run).
+    if let Some(dir) = std::env::var_os(spate_kernels::compile::RECORD_ENV) {
+        let recorded = spate_kernels::compile::recorded_programs(std::path::Path::new(&dir))
+            .unwrap_or_default();
+        assert!(
+            recorded.iter().all(|(name, _)| name != "broken"),
+            "a program that failed to compile was recorded"
+        );
+    }
 }
 
 #[test]
