@@ -37,7 +37,7 @@
 
 use std::fmt::Write as _;
 
-use arrow::datatypes::{DataType, Schema};
+use arrow::datatypes::{DataType, Schema, TimeUnit};
 use datafusion::common::ScalarValue;
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::PhysicalExpr;
@@ -879,6 +879,14 @@ impl Gen<'_> {
             .expr()
             .data_type(self.schema)
             .map_err(|e| Unsupported(format!("`{c}`: {e}")))?;
+        if let (DataType::Timestamp(from_unit, from_zone), DataType::Timestamp(to_unit, to_zone)) =
+            (&from_type, c.cast_type())
+            && from_unit != to_unit
+            && !(from_zone.is_none() && to_zone.is_some())
+        {
+            let a = self.emit(c.expr().as_ref())?;
+            return self.timestamp_unit_cast(c, a, *from_unit, *to_unit);
+        }
         if !bit_preserving_temporal_cast(&from_type, c.cast_type()) {
             return Err(Unsupported(format!(
                 "cast from {from_type} to {} in `{c}` is not supported on the GPU yet",
@@ -1124,6 +1132,72 @@ impl Gen<'_> {
             );
         }
         Ok(())
+    }
+
+    /// A timestamp to another unit, as Arrow's cast: to a coarser unit the value divides,
+    /// truncating toward zero; to a finer one it multiplies, and a product outside Int64 is an
+    /// overflow error (NULL for a safe cast). The zone stays (the callers leave a naive-to-zoned
+    /// cast, which shifts the value, to the CPU).
+    fn timestamp_unit_cast(
+        &mut self,
+        c: &CastExpr,
+        a: Operand,
+        from: TimeUnit,
+        to: TimeUnit,
+    ) -> Result<Operand, Unsupported> {
+        let per_second = |u: TimeUnit| -> i64 {
+            match u {
+                TimeUnit::Second => 1,
+                TimeUnit::Millisecond => 1_000,
+                TimeUnit::Microsecond => 1_000_000,
+                TimeUnit::Nanosecond => 1_000_000_000,
+            }
+        };
+        let (f, t) = (per_second(from), per_second(to));
+        let v = self.var();
+        if f > t {
+            let _ = writeln!(
+                self.body,
+                "        const i64 {v} = (i64){} / (i64){}ll;",
+                a.value,
+                f / t
+            );
+            return Ok(Operand {
+                value: v,
+                null: a.null,
+                ty: a.ty,
+            });
+        }
+        let bad = self.var();
+        let _ = writeln!(
+            self.body,
+            "        const i128 {v}_w = (i128){} * (i128){}ll;\n        const bool {bad} = {v}_w < {} || {v}_w > {};\n        const i64 {v} = {bad} ? (i64)0 : (i64){v}_w;",
+            a.value,
+            t / f,
+            i128_literal(i128::from(i64::MIN)),
+            i128_literal(i128::from(i64::MAX)),
+        );
+        let n = self.var();
+        if c.cast_options().safe {
+            let _ = writeln!(self.body, "        const bool {n} = {} || {bad};", a.null);
+        } else {
+            let _ = writeln!(self.body, "        const bool {n} = {};", a.null);
+            self.raise(
+                &format!("!{n} && {bad}"),
+                ErrorFlag::OVERFLOW,
+                c,
+                format!(
+                    "Cannot cast a value of `{c}` to {}: converted value exceeds the \
+                     representable i64 range (on the GPU)",
+                    c.cast_type()
+                ),
+            )?;
+        }
+        Ok(Operand {
+            value: v,
+            null: n,
+            ty: a.ty,
+        })
     }
 
     /// Casts that can fail, as Arrow's: integers to narrower integers and floats to integers
