@@ -198,13 +198,35 @@ pub(crate) fn alloc(bytes: usize, elem: ElemInfo, stream: u64, reuse: bool) -> R
     fill(base + page, data_offset - page, CANARY);
     fill(base + data_offset, bytes, POISON_NEW);
     fill(base + data_offset + bytes, data_len - bytes, CANARY);
-    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     MAPPED.fetch_add(1, Ordering::Relaxed);
+    Ok(register(
+        base,
+        false,
+        map_len,
+        data_offset,
+        bytes,
+        elem,
+        stream,
+    ))
+}
+
+/// Enters a new live allocation in the registry.
+#[allow(clippy::too_many_arguments)]
+fn register(
+    base: usize,
+    heap: bool,
+    map_len: usize,
+    data_offset: usize,
+    bytes: usize,
+    elem: ElemInfo,
+    stream: u64,
+) -> Region {
+    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     registry_write().by_base.insert(
         base,
         Entry {
             id,
-            heap: false,
+            heap,
             map_len,
             data_offset,
             bytes,
@@ -213,11 +235,11 @@ pub(crate) fn alloc(bytes: usize, elem: ElemInfo, stream: u64, reuse: bool) -> R
             state: State::Live,
         },
     );
-    Ok(Region {
+    Region {
         base,
         data: base + data_offset,
         id,
-    })
+    }
 }
 
 /// An allocation from the heap, `HEAP_CANARY` canary bytes on each side: what the emulator
@@ -247,25 +269,15 @@ fn heap_alloc(bytes: usize, elem: ElemInfo, stream: u64) -> Result<Region> {
         total - HEAP_CANARY - bytes,
         CANARY,
     );
-    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-    registry_write().by_base.insert(
+    Ok(register(
         base,
-        Entry {
-            id,
-            heap: true,
-            map_len: total,
-            data_offset: HEAP_CANARY,
-            bytes,
-            elem,
-            stream,
-            state: State::Live,
-        },
-    );
-    Ok(Region {
-        base,
-        data: base + HEAP_CANARY,
-        id,
-    })
+        true,
+        total,
+        HEAP_CANARY,
+        bytes,
+        elem,
+        stream,
+    ))
 }
 
 /// A new inaccessible mapping, evicting quarantined ones when the system refuses.
