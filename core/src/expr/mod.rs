@@ -1135,8 +1135,8 @@ impl Gen<'_> {
     }
 
     /// A timestamp to another unit, as Arrow's cast: to a coarser unit the value divides,
-    /// truncating toward zero; to a finer one it multiplies, and a product outside Int64 is an
-    /// overflow error (NULL for a safe cast). The zone stays (the callers leave a naive-to-zoned
+    /// truncating toward zero; to a finer one it multiplies, and a product outside Int64 fails
+    /// (NULL for a safe cast). The zone stays (the callers leave a naive-to-zoned
     /// cast, which shifts the value, to the CPU).
     fn timestamp_unit_cast(
         &mut self,

@@ -211,7 +211,6 @@ pub(crate) fn alloc(bytes: usize, elem: ElemInfo, stream: u64, reuse: bool) -> R
 }
 
 /// Enters a new live allocation in the registry.
-#[allow(clippy::too_many_arguments)]
 fn register(
     base: usize,
     heap: bool,
