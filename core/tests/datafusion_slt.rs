@@ -17,8 +17,9 @@
 //!   crate does not ship (`../../testing/data`, `../core/tests/data`) fail in both modes. Only
 //!   a difference between the two modes is a finding.
 //! - Exit status is failure only for a regression (cpu ok, emulated FAIL) that is not excused by
-//!   [`EXCLUDED_FROM_REGRESSIONS`] or [`EXCUSED_RECORDS`], when Spate cannot build an emulated engine, or when the run
-//!   left files in the registry's copy of the crate. A missing crate source is reported as
+//!   [`EXCLUDED_FROM_REGRESSIONS`] or [`EXCUSED_RECORDS`], when a file on record fails twice
+//!   on its backend (see `recorded`), when Spate cannot build an emulated engine, or when the
+//!   run left files in the registry's copy of the crate. A missing crate source is reported as
 //!   skipped and exits successfully.
 //! - Run time depends on the kernel cache (`~/.cache/spate/kernels`): warm, about 2 minutes in
 //!   a debug build on 2 cores; cold, the emulated backend compiles thousands of generated kernels
@@ -50,6 +51,11 @@ use indicatif::ProgressBar;
 use spate::{Backend, Engine};
 use sqllogictest::{Normalizer, Record, TestErrorKind, strict_column_validator};
 
+#[path = "datafusion_slt/recorded.rs"]
+mod recorded;
+
+use recorded::Recorded;
+
 /// The crate whose `test_files/` are run; keep in step with the `=55.2.0` pin in Cargo.toml.
 const CRATE_DIR: &str = "datafusion-sqllogictest-55.2.0";
 
@@ -67,10 +73,6 @@ const WORKERS: usize = 2;
 
 /// Records whose statement ran at least one GPU operator (on the emulated backend).
 static GPU_RECORDS: AtomicUsize = AtomicUsize::new(0);
-
-/// The pass counts a full run must reach, per backend (kept in the repository, so that a
-/// change that loses files shows as a failure rather than a smaller number in a log).
-const COUNTS_FILE: &str = "testdata/datafusion-slt-counts.txt";
 
 /// Lines of each offload-only failure that the report shows.
 const REPORT_LINES: usize = 20;
@@ -323,12 +325,35 @@ fn main() -> ExitCode {
 
     // DataFusion's setup for a file may write next to its own sources (see SKIPPED); notice it.
     let registry_before = listing(&source);
-    let reports = run_all(tests);
+    let mut reports = run_all(tests);
+    // A full run is held to the files on record; a filtered one only to the regressions.
+    let recorded = if filters.is_empty() {
+        match Recorded::load() {
+            Ok(r) => Some(r),
+            Err(e) => {
+                eprintln!("{e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        None
+    };
+    let flaky = recorded.as_ref().map_or_else(Vec::new, |r| {
+        recorded::rerun_failed(&mut reports, r, |relative, backend| {
+            let test = Arc::new(TestFile {
+                path: Path::new("test_files").join(relative),
+                relative_path: relative.to_path_buf(),
+            });
+            run_with_timeout(&test, backend)
+        })
+    });
     let mut code = print_report(&reports, &skipped);
     if !registry_written(&source, &registry_before) {
         code = ExitCode::FAILURE;
     }
-    if filters.is_empty() && !counts_hold(&reports) {
+    if let Some(r) = &recorded
+        && !recorded::check(&reports, r, &flaky)
+    {
         code = ExitCode::FAILURE;
     }
     println!(
@@ -336,54 +361,6 @@ fn main() -> ExitCode {
         started.elapsed().as_secs_f64()
     );
     code
-}
-
-/// Compares a full run's pass counts with [`COUNTS_FILE`]: fewer files passing on a backend is
-/// a failure; more is good news, and the file should be updated to keep the gain.
-fn counts_hold(reports: &[FileReport]) -> bool {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join(COUNTS_FILE);
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("cannot read {COUNTS_FILE}: {e}");
-            return false;
-        }
-    };
-    let recorded = |backend: &str| -> Option<usize> {
-        text.lines()
-            .filter(|l| !l.trim_start().starts_with('#'))
-            .find_map(|l| l.strip_prefix(backend)?.trim().parse().ok())
-    };
-    let mut ok = true;
-    for (backend, passed) in [
-        ("cpu", reports.iter().filter(|r| r.cpu.passed()).count()),
-        (
-            "emulated",
-            reports.iter().filter(|r| r.emulated.passed()).count(),
-        ),
-    ] {
-        match recorded(backend) {
-            Some(want) if passed < want => {
-                eprintln!(
-                    "datafusion slt: {backend} passes {passed} files, fewer than the {want} \
-                     recorded in {COUNTS_FILE}: a regression"
-                );
-                ok = false;
-            }
-            Some(want) if passed > want => println!(
-                "datafusion slt: {backend} passes {passed} files, more than the {want} \
-                 recorded: update {COUNTS_FILE}"
-            ),
-            Some(_) => println!("datafusion slt: {backend} passes the {passed} files recorded"),
-            None => {
-                eprintln!("{COUNTS_FILE} has no count for {backend}");
-                ok = false;
-            }
-        }
-    }
-    ok
 }
 
 /// `$CARGO_HOME/registry/src/<index>/datafusion-sqllogictest-<version>`, with `test_files/`.
