@@ -13,6 +13,7 @@
 //! process keeps running, so the engine can fall back to the CPU. A kernel error on the
 //! emulator is treated the same way.
 
+use crate::counters::{Call, CounterSnapshot, Counters, count};
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -124,6 +125,8 @@ pub(crate) struct DeviceInner {
     pub(crate) memory: Arc<MemoryPool>,
     pub(crate) pinned: Arc<PinnedPool>,
     pub(crate) health: Arc<Health>,
+    /// Running totals of the runtime calls made on the device (see [`crate::counters`]).
+    pub(crate) counters: Arc<Counters>,
     pub(crate) kernels: Mutex<HashMap<String, Kernel>>,
     /// Blocks for grid-stride kernels: enough to fill the device a few times over.
     pub(crate) grid_blocks: u32,
@@ -206,6 +209,7 @@ impl Device {
                 backend,
                 memory,
                 health,
+                counters: Counters::new(),
                 kernels: Mutex::new(HashMap::new()),
                 grid_blocks,
             }),
@@ -265,9 +269,22 @@ impl Device {
         Ok(Stream::new(self.clone(), self.inner.backend.new_stream()?))
     }
 
+    /// The running totals of launches, host synchronisations, allocations and copies made on
+    /// the device since it was opened (see [`crate::counters`]).
+    pub fn counters(&self) -> CounterSnapshot {
+        self.inner.counters.snapshot()
+    }
+
+    /// Starts a new peak of device memory use at what is in use now, returning the peak
+    /// before (so that one query's peak can be read on its own).
+    pub fn reset_memory_peak(&self) -> usize {
+        self.inner.memory.reset_peak()
+    }
+
     /// Waits for all work on every stream of the device.
     pub fn synchronize(&self) -> Result<()> {
         self.check_health()?;
+        count(&self.inner.counters, Call::HostSync);
         crate::wait::blocking(|| self.inner.backend.synchronize())?;
         self.check_health()
     }

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use crate::backend::EventBackend;
+use crate::counters::{Call, Counters, count};
 use crate::error::Result;
 use crate::health::Health;
 
@@ -12,11 +13,20 @@ use crate::health::Health;
 pub struct Event {
     imp: Arc<dyn EventBackend>,
     health: Arc<Health>,
+    counters: Arc<Counters>,
 }
 
 impl Event {
-    pub(crate) fn new(imp: Arc<dyn EventBackend>, health: Arc<Health>) -> Self {
-        Event { imp, health }
+    pub(crate) fn new(
+        imp: Arc<dyn EventBackend>,
+        health: Arc<Health>,
+        counters: Arc<Counters>,
+    ) -> Self {
+        Event {
+            imp,
+            health,
+            counters,
+        }
     }
 
     pub(crate) fn backend(&self) -> &dyn EventBackend {
@@ -26,6 +36,7 @@ impl Event {
     /// Waits for the work before the event.
     pub fn synchronize(&self) -> Result<()> {
         self.health.check()?;
+        count(&self.counters, Call::HostSync);
         crate::wait::blocking(|| self.imp.synchronize())?;
         self.health.check()
     }
@@ -39,6 +50,7 @@ impl Event {
     /// emulator). Waits for `end`.
     pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
         self.health.check()?;
+        count(&self.counters, Call::HostSync);
         crate::wait::blocking(|| self.imp.elapsed_ms(end.imp.as_ref()))
     }
 }

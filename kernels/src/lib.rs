@@ -25,6 +25,7 @@
 pub mod backend;
 pub mod compact;
 pub mod compile;
+pub mod counters;
 pub mod device;
 pub mod error;
 pub mod event;
@@ -51,6 +52,7 @@ pub use device::{
     BackendKind, Device, DeviceDescription, DeviceOptions, EmulatorOptions, MemoryBudget,
 };
 pub use error::{KernelError, Result};
+pub use counters::{CounterSnapshot, Counters};
 pub use event::Event;
 pub use launch::{Kernel, KernelArg, LaunchConfig};
 pub use memory::{DeviceBitmap, DeviceBuffer, DeviceCopy, DeviceSlice, MemoryStats, Reservation};

@@ -121,6 +121,12 @@ impl MemoryPool {
         self.used.fetch_sub(bytes, Ordering::AcqRel);
     }
 
+    /// Starts a new peak at the bytes in use now; returns the peak before.
+    pub(crate) fn reset_peak(&self) -> usize {
+        self.peak
+            .swap(self.used.load(Ordering::Relaxed), Ordering::Relaxed)
+    }
+
     pub(crate) fn charge_allocation(&self, bytes: usize) -> Result<()> {
         self.charge(&self.allocated, bytes)
     }

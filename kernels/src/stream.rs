@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use crate::backend::{ElemInfo, HostPtr, StreamBackend};
+use crate::counters::{Call, count};
 use crate::device::Device;
 use crate::error::{KernelError, Result, ensure_arg};
 use crate::event::Event;
@@ -58,6 +59,10 @@ impl Stream {
         self.device.check_health()
     }
 
+    fn count(&self, call: Call) {
+        count(&self.device.inner.counters, call);
+    }
+
     fn alloc_raw<T: DeviceCopy>(&self, len: usize, zeroed: bool) -> Result<RawAllocation> {
         let bytes = checked_bytes::<T>(len)?;
         self.check()?;
@@ -71,7 +76,10 @@ impl Stream {
                 size: size_of::<T>(),
             };
             match self.imp.alloc(bytes, zeroed, elem) {
-                Ok(m) => Some(m),
+                Ok(m) => {
+                    self.count(Call::Allocation);
+                    Some(m)
+                }
                 Err(e) => {
                     pool.release_allocation(bytes);
                     return Err(e);
@@ -132,6 +140,7 @@ impl Stream {
         // SAFETY: `T` is plain data, so its bytes may be read as `u8`.
         let bytes =
             unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), size_of_val(data)) };
+        self.count(Call::HostToDevice(bytes.len()));
         // SAFETY: bounds checked above; `dst` is borrowed mutably and freed in stream order.
         unsafe { self.imp.copy_from_host(bytes, address) }
     }
@@ -156,6 +165,8 @@ impl Stream {
         let len = size_of_val(out);
         // SAFETY: any bytes are a valid `T`; the slice is exclusively borrowed.
         let bytes = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), len) };
+        self.count(Call::DeviceToHost(len));
+        self.count(Call::HostSync);
         // SAFETY: lengths match; the slice borrows a live buffer.
         crate::wait::blocking(|| unsafe { self.imp.copy_to_host(src.address(), bytes) })?;
         // A fault elsewhere on the device may have stopped the copy: `out` is then not data.
@@ -193,6 +204,7 @@ impl Stream {
         }
         self.check()?;
         let to = dst.address() + (dst_offset * size_of::<T>()) as u64;
+        self.count(Call::DeviceToDevice(src.len() * size_of::<T>()));
         // SAFETY: bounds checked; both are live buffers of this device.
         unsafe {
             self.imp
@@ -219,6 +231,7 @@ impl Stream {
         if src.is_empty() {
             return Ok(());
         }
+        self.count(Call::HostToDevice(src.len()));
         // SAFETY: bounds checked; the pinned block stays alive and untouched until the event
         // recorded below completes (PinnedBuffer waits for it).
         unsafe {
@@ -270,6 +283,7 @@ impl Stream {
         // SAFETY: bounds checked; the block outlives the copy (reads wait for the event).
         let out = unsafe { dst.raw_ptr().add(dst_offset) };
         let idle = dst.is_idle();
+        self.count(Call::DeviceToHost(bytes));
         // SAFETY: as above; the host reads only after the recorded event.
         unsafe {
             self.imp
@@ -285,6 +299,7 @@ impl Stream {
         Ok(Event::new(
             self.imp.record_event()?,
             Arc::clone(&self.device.inner.health),
+            Arc::clone(&self.device.inner.counters),
         ))
     }
 
@@ -297,6 +312,7 @@ impl Stream {
     /// Waits until all work issued on the stream has finished.
     pub fn synchronize(&self) -> Result<()> {
         self.check()?;
+        self.count(Call::HostSync);
         crate::wait::blocking(|| self.imp.synchronize())?;
         self.check()
     }
@@ -334,6 +350,7 @@ impl Stream {
         if cfg.num_blocks() == 0 {
             return Ok(());
         }
+        self.count(Call::Launch);
         // SAFETY: the caller guarantees the arguments.
         unsafe { self.imp.launch(kernel, cfg, args) }
     }

@@ -145,3 +145,61 @@ fn unknown_kernels_and_bad_budgets_are_errors() {
     });
     assert!(matches!(bad, Err(KernelError::InvalidArgument { .. })));
 }
+
+#[test]
+fn runtime_calls_are_counted_on_the_device_and_in_the_innermost_scope() {
+    use spate_kernels::{CounterSnapshot, Counters, counters};
+    let device = Device::emulated(DeviceOptions::default()).unwrap();
+    let stream = device.new_stream().unwrap();
+    let before = device.counters();
+    let scope = Counters::new();
+    let values: Vec<u64> = reference::random_u64(1000, 5);
+    let back = counters::in_scope(&scope, || {
+        // One allocation and 8000 bytes up.
+        let input = stream.from_host(&values).unwrap();
+        // A copy on the device: one more allocation.
+        let mut copy = stream.alloc::<u64>(1000).unwrap();
+        stream.copy_device(input.as_slice(), &mut copy, 0).unwrap();
+        // Zero-byte buffers allocate nothing.
+        let _empty = stream.alloc::<u64>(0).unwrap();
+        // One synchronising read of 8000 bytes.
+        stream.to_vec(copy.as_slice()).unwrap()
+    });
+    assert_eq!(back, values);
+    let mut pinned = device.pinned(8).unwrap();
+    let small = stream.alloc::<u64>(1).unwrap();
+    stream.download_pinned(small.as_slice(), &mut pinned).unwrap();
+    // Reading the pinned buffer waits for its event: a synchronisation outside the scope.
+    pinned.as_bytes().unwrap();
+    stream.synchronize().unwrap();
+
+    let inside = scope.snapshot();
+    assert_eq!(
+        inside,
+        CounterSnapshot {
+            launches: 0,
+            host_syncs: 1,
+            allocations: 2,
+            h2d_bytes: 8000,
+            d2h_bytes: 8000,
+            d2d_bytes: 8000,
+        }
+    );
+    let all = device.counters() - before;
+    assert_eq!(all.allocations, 3);
+    assert_eq!(all.d2h_bytes, 8008);
+    assert_eq!(all.host_syncs, 3, "{all:?}");
+    assert_eq!(all.bus_bytes(), 16_008);
+}
+
+#[test]
+fn a_memory_peak_can_be_restarted() {
+    let device = small_device(1 << 20);
+    let stream = device.new_stream().unwrap();
+    let big = stream.alloc::<u8>(4096).unwrap();
+    drop(big);
+    let held = stream.alloc::<u8>(100).unwrap();
+    assert_eq!(device.reset_memory_peak(), 4096);
+    assert_eq!(device.memory_stats().peak_bytes, 100);
+    drop(held);
+}
