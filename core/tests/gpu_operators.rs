@@ -400,6 +400,32 @@ async fn explain_shows_gpu_filters_and_the_cpu_keeps_the_rest() {
         "{plan}"
     );
     assert!(plan.contains("GpuAggregateExec: mode="), "{plan}");
+    // A repartition between two GPU aggregates moves their data through the host: it says so,
+    // and the plan is fully on the GPU (no CPU compute) but not fully on the device.
+    let sql = "SELECT s, count(*) FROM t GROUP BY s";
+    let plan = explain(&gpu, sql).await;
+    let repartition = plan
+        .lines()
+        .find(|l| l.contains("RepartitionExec: partitioning=Hash"))
+        .unwrap_or_else(|| panic!("no hash repartition in\n{plan}"));
+    assert!(
+        repartition.contains("[CPU: host exchange: a GPU operator's output is downloaded"),
+        "{plan}"
+    );
+    let physical = gpu
+        .sql(sql)
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    let placed = spate::plan::offload::placement(&physical);
+    assert!(placed.fully_on_gpu(), "{placed:?}");
+    assert!(!placed.fully_on_device(), "{placed:?}");
+    assert!(
+        placed.host_exchanges.iter().any(|n| n == "RepartitionExec"),
+        "{placed:?}"
+    );
     // Window functions have no GPU operator yet.
     let plan = explain(&gpu, "SELECT a, row_number() OVER (ORDER BY a) FROM t").await;
     assert!(

@@ -328,6 +328,10 @@ impl ExecutionPlan for GpuCachedScanExec {
 }
 
 impl GpuExec for GpuCachedScanExec {
+    fn plan_metrics(&self) -> &ExecutionPlanMetricsSet {
+        &self.metrics
+    }
+
     fn device_metrics(&self) -> Option<&ExecutionPlanMetricsSet> {
         // The batches are already in device memory; the scan itself moves nothing.
         None

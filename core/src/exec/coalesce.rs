@@ -104,6 +104,10 @@ impl ExecutionPlan for GpuCoalescePartitionsExec {
 }
 
 impl GpuExec for GpuCoalescePartitionsExec {
+    fn plan_metrics(&self) -> &ExecutionPlanMetricsSet {
+        &self.metrics
+    }
+
     fn device_metrics(&self) -> Option<&ExecutionPlanMetricsSet> {
         // It passes batches through: no device traffic of its own.
         None

@@ -262,6 +262,10 @@ impl GpuFilterExec {
 }
 
 impl GpuExec for GpuFilterExec {
+    fn plan_metrics(&self) -> &ExecutionPlanMetricsSet {
+        &self.metrics
+    }
+
     fn device_metrics(&self) -> Option<&ExecutionPlanMetricsSet> {
         Some(&self.metrics)
     }

@@ -70,6 +70,7 @@ pub(crate) use gpu_plan_methods;
 pub mod aggregate;
 pub mod cache;
 pub mod coalesce;
+pub mod counted;
 pub mod filter;
 pub mod join;
 pub mod projection;
@@ -134,6 +135,9 @@ pub trait GpuExec: ExecutionPlan {
     /// operator that moves no data itself (a scan of a table cached in device memory hands
     /// out batches that are already there).
     fn device_metrics(&self) -> Option<&ExecutionPlanMetricsSet>;
+
+    /// The operator's metrics set, where its runtime calls are counted (see [`counted`]).
+    fn plan_metrics(&self) -> &ExecutionPlanMetricsSet;
 }
 
 /// The GPU operator behind a plan node, if it is one.
@@ -163,20 +167,24 @@ pub fn as_gpu_exec(plan: &dyn ExecutionPlan) -> Option<&dyn GpuExec> {
 }
 
 /// `gpu`'s device batches for `partition`, with the bytes of each batch it produces counted as
-/// its device memory writes (`dev_write_bytes`). Every GPU operator's output is taken through
-/// here, by a GPU parent ([`device_input`]) or a CPU one ([`execute_for_host`]).
+/// its device memory writes (`dev_write_bytes`), and its runtime calls counted in its scope
+/// (see [`counted`]), which is returned for a download to be counted there too. Every GPU
+/// operator's output is taken through here, by a GPU parent ([`device_input`]) or a CPU one
+/// ([`execute_for_host`]).
 fn execute_device_counted(
     gpu: &dyn GpuExec,
     partition: usize,
     context: Arc<TaskContext>,
     stream: Arc<DeviceStream>,
-) -> DFResult<DeviceBatchStream> {
+) -> DFResult<(DeviceBatchStream, counted::RuntimeScope)> {
     let gpu_ctx = gpu_context(&context)?;
     gpu_ctx.count_operator_run();
     let bandwidth = gpu_ctx.bandwidth();
-    let batches = gpu.execute_device(partition, context, stream)?;
+    let scope = counted::RuntimeScope::new(gpu.plan_metrics(), partition);
+    let batches = scope.run(|| gpu.execute_device(partition, context, stream))?;
+    let batches = scope.clone().wrap(batches);
     let Some(metrics) = gpu.device_metrics() else {
-        return Ok(batches);
+        return Ok((batches, scope));
     };
     let written = MetricBuilder::new(metrics).counter(DEV_WRITE_BYTES, partition);
     if partition == 0
@@ -188,12 +196,13 @@ fn execute_device_counted(
             value: Arc::new(roofline::Roofline::new(metrics.clone(), bandwidth)),
         });
     }
-    Ok(Box::pin(batches.map(move |batch| {
+    let batches: DeviceBatchStream = Box::pin(batches.map(move |batch| {
         if let Ok(b) = &batch {
             written.add(b.device_bytes());
         }
         batch
-    })))
+    }));
+    Ok((batches, scope))
 }
 
 /// Metric names of the roofline accounting (see [`roofline`]).
@@ -349,12 +358,11 @@ pub(crate) fn gpu_context(context: &TaskContext) -> DFResult<Arc<GpuContext>> {
         })
 }
 
-/// Host↔device traffic of one operator, and the device bytes it reads, shown by
-/// `EXPLAIN ANALYZE`.
+/// The time one operator spends on host↔device transfers, and the device bytes it reads, shown
+/// by `EXPLAIN ANALYZE` (the bytes it moves over the bus are counted with its other runtime
+/// calls, see [`counted`]).
 #[derive(Debug, Clone)]
 pub(crate) struct TransferMetrics {
-    pub(crate) h2d_bytes: Count,
-    pub(crate) d2h_bytes: Count,
     pub(crate) transfer_time: Time,
     /// Bytes of the device batches the operator consumed (see [`roofline`]); `None` for an
     /// operator that only passes batches through.
@@ -372,8 +380,6 @@ impl TransferMetrics {
     /// For an operator that passes device batches through (they are not read by it).
     pub(crate) fn passing_through(metrics: &ExecutionPlanMetricsSet, partition: usize) -> Self {
         TransferMetrics {
-            h2d_bytes: MetricBuilder::new(metrics).counter("h2d_bytes", partition),
-            d2h_bytes: MetricBuilder::new(metrics).counter("d2h_bytes", partition),
             transfer_time: MetricBuilder::new(metrics).subset_time("transfer_time", partition),
             dev_read_bytes: None,
         }
@@ -406,7 +412,7 @@ pub(crate) fn device_input(
         }))
     };
     if let Some(gpu) = as_gpu_exec(input.as_ref()) {
-        let batches =
+        let (batches, _) =
             execute_device_counted(gpu, partition, Arc::clone(context), Arc::clone(stream))?;
         return Ok(count_read(batches));
     }
@@ -457,9 +463,7 @@ impl Upload {
             concat_batches(&self.schema, &batches)?
         };
         let _timer = self.metrics.transfer_time.timer();
-        let device = upload_batch(&self.stream, &batch).map_err(to_df)?;
-        self.metrics.h2d_bytes.add(device.device_bytes());
-        Ok(device)
+        upload_batch(&self.stream, &batch).map_err(to_df)
     }
 }
 
@@ -593,23 +597,30 @@ pub(crate) fn execute_for_host<P: GpuExec>(
 ) -> DFResult<SendableRecordBatchStream> {
     let gpu = gpu_context(&context)?;
     let stream = Arc::new(gpu.device().new_stream().map_err(|e| to_df(e.into()))?);
-    let batches = execute_device_counted(plan, partition, context, Arc::clone(&stream))?;
+    let (batches, scope) = execute_device_counted(plan, partition, context, Arc::clone(&stream))?;
     let transfer = TransferMetrics::new(metrics, partition);
-    Ok(download_stream(plan.schema(), batches, stream, transfer))
+    Ok(download_stream(
+        plan.schema(),
+        batches,
+        stream,
+        transfer,
+        scope,
+    ))
 }
 
-/// Downloads a GPU operator's device batches for a CPU parent.
-pub(crate) fn download_stream(
+/// Downloads a GPU operator's device batches for a CPU parent, counting the download in the
+/// operator's scope.
+fn download_stream(
     schema: SchemaRef,
     batches: DeviceBatchStream,
     stream: Arc<DeviceStream>,
     metrics: TransferMetrics,
+    scope: counted::RuntimeScope,
 ) -> SendableRecordBatchStream {
     let host = batches.map(move |batch| {
         let batch = batch?;
         let _timer = metrics.transfer_time.timer();
-        metrics.d2h_bytes.add(batch.device_bytes());
-        download_batch(&stream, &batch).map_err(to_df)
+        scope.run(|| download_batch(&stream, &batch).map_err(to_df))
     });
     Box::pin(RecordBatchStreamAdapter::new(schema, host))
 }

@@ -142,6 +142,10 @@ impl ExecutionPlan for GpuProjectionExec {
 }
 
 impl GpuExec for GpuProjectionExec {
+    fn plan_metrics(&self) -> &ExecutionPlanMetricsSet {
+        &self.metrics
+    }
+
     fn device_metrics(&self) -> Option<&ExecutionPlanMetricsSet> {
         Some(&self.metrics)
     }

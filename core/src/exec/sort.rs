@@ -383,6 +383,10 @@ impl ExecutionPlan for GpuSortExec {
 }
 
 impl GpuExec for GpuSortExec {
+    fn plan_metrics(&self) -> &ExecutionPlanMetricsSet {
+        &self.metrics
+    }
+
     fn device_metrics(&self) -> Option<&ExecutionPlanMetricsSet> {
         Some(&self.metrics)
     }

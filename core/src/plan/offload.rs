@@ -157,15 +157,18 @@ fn cpu_reason(node: &dyn ExecutionPlan) -> String {
     }
 }
 
-/// Where the operators of a physical plan run, for reports: every GPU operator, and every
+/// Where the operators of a physical plan run, for reports: every GPU operator, every
 /// operator left on the CPU that computes something (plumbing such as scans, exchanges and
-/// column selections is not counted).
+/// column selections is not counted), and every host exchange.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Placement {
     /// Names of the GPU operators, in pre-order.
     pub gpu: Vec<String>,
     /// `(name, reason)` of each compute operator left on the CPU, in pre-order.
     pub cpu: Vec<(String, String)>,
+    /// Names of the exchanges that move a GPU operator's output through the host (see
+    /// [`is_host_exchange`]), in pre-order.
+    pub host_exchanges: Vec<String>,
 }
 
 impl Placement {
@@ -173,38 +176,98 @@ impl Placement {
     pub fn fully_on_gpu(&self) -> bool {
         self.cpu.is_empty() && !self.gpu.is_empty()
     }
+
+    /// [`Placement::fully_on_gpu`], with no host exchange either: the data stays on the device
+    /// from the first upload to the result.
+    pub fn fully_on_device(&self) -> bool {
+        self.fully_on_gpu() && self.host_exchanges.is_empty()
+    }
+}
+
+/// Exchanges that merge or split partitions: over a GPU operator's output they download it and
+/// move it on the host, whoever consumes it.
+const PARTITION_EXCHANGES: &[&str] = &[
+    "RepartitionExec",
+    "CoalescePartitionsExec",
+    "SortPreservingMergeExec",
+    "UnionExec",
+    "InterleaveExec",
+];
+
+/// Plumbing that passes batches along within a partition: a host exchange only between two GPU
+/// operators (device, host, device again); under a CPU consumer the data goes to the host
+/// anyway.
+const PASS_THROUGH: &[&str] = &["CoalesceBatchesExec", "GlobalLimitExec", "LocalLimitExec"];
+
+/// True when a GPU operator's output reaches `node` through plumbing only.
+fn fed_by_gpu(node: &Arc<dyn ExecutionPlan>) -> bool {
+    node.children().into_iter().any(|child| {
+        as_gpu_exec(child.as_ref()).is_some()
+            || (PLUMBING.contains(&child.name()) && fed_by_gpu(child))
+    })
+}
+
+/// True when host plumbing `node` moves a GPU operator's output through host memory: a
+/// partition exchange fed by a GPU operator, or a pass-through node between two GPU operators
+/// (`gpu_consumer`: the nearest computing node above it, through plumbing, is a GPU operator).
+pub fn is_host_exchange(node: &Arc<dyn ExecutionPlan>, gpu_consumer: bool) -> bool {
+    let name = node.name();
+    (PARTITION_EXCHANGES.contains(&name) || (gpu_consumer && PASS_THROUGH.contains(&name)))
+        && fed_by_gpu(node)
+}
+
+/// Why a host exchange is one, for `EXPLAIN`.
+const HOST_EXCHANGE: &str = "host exchange: a GPU operator's output is downloaded and moved on                              the host";
+
+/// Calls `f` on every node in pre-order with whether it is a host exchange.
+fn walk(
+    node: &Arc<dyn ExecutionPlan>,
+    gpu_consumer: bool,
+    f: &mut impl FnMut(&Arc<dyn ExecutionPlan>, bool),
+) {
+    f(node, is_host_exchange(node, gpu_consumer));
+    let on_gpu = as_gpu_exec(node.as_ref()).is_some();
+    let below = if on_gpu {
+        true
+    } else if PLUMBING.contains(&node.name()) {
+        gpu_consumer
+    } else {
+        false
+    };
+    for child in node.children() {
+        walk(child, below, f);
+    }
 }
 
 /// Classifies every node of `plan` (see [`Placement`]).
 pub fn placement(plan: &Arc<dyn ExecutionPlan>) -> Placement {
-    fn visit(node: &Arc<dyn ExecutionPlan>, out: &mut Placement) {
+    let mut out = Placement::default();
+    walk(plan, false, &mut |node, host_exchange| {
         if as_gpu_exec(node.as_ref()).is_some() {
             out.gpu.push(node.name().to_string());
+        } else if host_exchange {
+            out.host_exchanges.push(node.name().to_string());
         } else if !PLUMBING.contains(&node.name()) && !is_column_selection(node.as_ref()) {
             out.cpu
                 .push((node.name().to_string(), cpu_reason(node.as_ref())));
         }
-        for child in node.children() {
-            visit(child, out);
-        }
-    }
-    let mut out = Placement::default();
-    visit(plan, &mut out);
+    });
     out
 }
 
-/// The indented plan text (as `EXPLAIN` prints it) with each node marked `[GPU]` or
-/// `[CPU: reason]`.
+/// The indented plan text (as `EXPLAIN` prints it) with each node marked `[GPU]`,
+/// `[CPU: host exchange: …]` or `[CPU: reason]`.
 pub fn annotate(plan: &Arc<dyn ExecutionPlan>) -> String {
     fn marks(node: &Arc<dyn ExecutionPlan>, out: &mut Vec<String>) {
-        out.push(if as_gpu_exec(node.as_ref()).is_some() {
-            "GPU".to_string()
-        } else {
-            format!("CPU: {}", cpu_reason(node.as_ref()))
+        walk(node, false, &mut |node, host_exchange| {
+            out.push(if as_gpu_exec(node.as_ref()).is_some() {
+                "GPU".to_string()
+            } else if host_exchange {
+                format!("CPU: {HOST_EXCHANGE}")
+            } else {
+                format!("CPU: {}", cpu_reason(node.as_ref()))
+            });
         });
-        for child in node.children() {
-            marks(child, out);
-        }
     }
     let text = datafusion::physical_plan::displayable(plan.as_ref())
         .indent(true)

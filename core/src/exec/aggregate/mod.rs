@@ -845,6 +845,10 @@ impl ExecutionPlan for GpuAggregateExec {
 }
 
 impl GpuExec for GpuAggregateExec {
+    fn plan_metrics(&self) -> &ExecutionPlanMetricsSet {
+        &self.metrics
+    }
+
     fn device_metrics(&self) -> Option<&ExecutionPlanMetricsSet> {
         Some(&self.metrics)
     }

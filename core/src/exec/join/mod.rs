@@ -362,6 +362,10 @@ impl ExecutionPlan for GpuHashJoinExec {
 }
 
 impl GpuExec for GpuHashJoinExec {
+    fn plan_metrics(&self) -> &ExecutionPlanMetricsSet {
+        &self.metrics
+    }
+
     fn device_metrics(&self) -> Option<&ExecutionPlanMetricsSet> {
         Some(&self.metrics)
     }
