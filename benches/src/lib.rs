@@ -15,6 +15,7 @@
 
 pub mod cells;
 pub mod compare;
+pub mod datapath;
 pub mod duckdb;
 pub mod report;
 pub mod runner;

@@ -12,6 +12,7 @@
 //! are summarised by the geometric mean of those. Describing the machine, the commit and the
 //! date never fails: what cannot be found reads `unknown`.
 
+use crate::datapath::DataPath;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -123,6 +124,9 @@ pub struct EngineRun {
     pub max_ms: f64,
     /// GPU engines: device memory traffic against the measured bandwidth.
     pub roofline: Option<Roofline>,
+    /// GPU engines: runtime calls, bus traffic, host exchanges and the modeled H200 time.
+    #[serde(default)]
+    pub data_path: Option<DataPath>,
 }
 
 /// Device memory traffic of one query's GPU operators.
@@ -519,6 +523,11 @@ impl TpchReport {
             md.push(String::new());
             md.extend(roofline);
         }
+        let data_path = self.markdown_data_path();
+        if !data_path.is_empty() {
+            md.push(String::new());
+            md.extend(data_path);
+        }
         let compile = self.markdown_compile();
         if !compile.is_empty() {
             md.push(String::new());
@@ -710,6 +719,32 @@ impl TpchReport {
              crossed the bus (uploads of CPU operators' output, downloads for CPU operators and \
              the result)."
                 .to_string(),
+            String::new(),
+        ];
+        lines.extend(markdown_table(&header, &rows, 2));
+        lines
+    }
+
+    fn markdown_data_path(&self) -> Vec<String> {
+        let mut rows = Vec::new();
+        for query in &self.queries {
+            for run in &query.engines {
+                if let Some(path) = &run.data_path {
+                    let mut row = vec![format!("q{}", query.query), run.engine.clone()];
+                    row.extend(path.cells());
+                    rows.push(row);
+                }
+            }
+        }
+        if rows.is_empty() {
+            return Vec::new();
+        }
+        let mut header = vec!["Query".to_string(), "GPU engine".to_string()];
+        header.extend(crate::datapath::HEADER.map(String::from));
+        let mut lines = vec![
+            "## Data path (modeled H200 time)".to_string(),
+            String::new(),
+            crate::datapath::ABOUT.to_string(),
             String::new(),
         ];
         lines.extend(markdown_table(&header, &rows, 2));
@@ -1062,6 +1097,7 @@ mod tests {
             min_ms,
             max_ms,
             roofline: None,
+            data_path: None,
         }
     }
 
@@ -1076,6 +1112,14 @@ mod tests {
                 achieved_over_floor: median_ms / floor_ms,
                 h2d_bytes: 0,
                 d2h_bytes: read_bytes / 100,
+            }),
+            data_path: Some(DataPath {
+                launches: 40,
+                host_syncs: 6,
+                d2h_bytes: 512,
+                result_bytes: 256,
+                modeled_h200_ms: 0.5,
+                ..DataPath::default()
             }),
             ..run("spate-gpu", median_ms, min_ms, max_ms)
         }
@@ -1271,6 +1315,9 @@ mod tests {
             "| q1 | spate-gpu | 1.50 | 0.150 | 0 | 0.0150 | 0.0150 | 2.00 | 133× |",
             "| q9 | spate-gpu | 1.00 | 0.100 | 0 | 0.0100 | 0.0100 | failed: out of memory \\| on device retry | — |",
             "| Query | GPU engine | read MB | written MB | to GPU MB | from GPU MB | floor ms | median ms | achieved / floor |\n| --- | --- | ---: |",
+            "## Data path (modeled H200 time)",
+            "| Query | GPU engine | launches | host syncs | allocs | to GPU MB | from GPU MB | result MB | device MB | peak MB | host exchanges | modeled H200 ms |",
+            "| q1 | spate-gpu | 40 | 6 | 0 | 0.000 | 0.001 | 0.000 | 0.000 | 0.000 | 0 | 0.500 |",
             "## Kernel compile time, ms",
             "| Query | spate-gpu first run |",
             "| q3 | 150 |",
@@ -1294,6 +1341,7 @@ mod tests {
         for query in &mut report.queries {
             for run in &mut query.engines {
                 run.roofline = None;
+                run.data_path = None;
                 run.compile_ms_first = 0.0;
             }
         }
@@ -1304,6 +1352,7 @@ mod tests {
         assert!(md.contains("on the `cuda` backend"), "{md}");
         assert!(!md.contains("emulator"), "{md}");
         assert!(!md.contains("## Roofline"), "{md}");
+        assert!(!md.contains("## Data path"), "{md}");
         assert!(!md.contains("## Kernel compile"), "{md}");
     }
 

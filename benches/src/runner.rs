@@ -4,12 +4,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arrow::array::RecordBatch;
+use arrow::array::{Array, ArrayData, RecordBatch};
 use datafusion::physical_plan::metrics::MetricValue;
 use datafusion::physical_plan::{ExecutionPlan, collect};
 use spate::device::CompileStats;
 use spate::plan::offload::{Placement, placement};
 use spate::{Engine, SpateError};
+use spate_kernels::CounterSnapshot;
 
 use crate::compare::compare_results;
 
@@ -28,12 +29,32 @@ pub struct QueryRun {
     pub compile: CompileStats,
     /// The executed plan, with its metrics.
     pub plan: Arc<dyn ExecutionPlan>,
+    /// The device's runtime calls during the execution, counted by the kernel runtime (zero on
+    /// `cpu`). Another query running on the engine at the same time would be counted too.
+    pub runtime: CounterSnapshot,
+    /// The most device memory in use during the execution (zero on `cpu`).
+    pub peak_device_bytes: u64,
 }
 
 impl QueryRun {
     /// Rows in the result.
     pub fn rows(&self) -> usize {
         self.batches.iter().map(RecordBatch::num_rows).sum()
+    }
+
+    /// The Arrow size of the result: the bytes of its buffers (values, offsets, validity),
+    /// not the capacity allocated for them.
+    pub fn result_bytes(&self) -> u64 {
+        fn data_bytes(data: &ArrayData) -> u64 {
+            let buffers: usize = data.buffers().iter().map(|b| b.len()).sum();
+            let nulls = data.nulls().map_or(0, |n| n.buffer().len());
+            (buffers + nulls) as u64 + data.child_data().iter().map(data_bytes).sum::<u64>()
+        }
+        self.batches
+            .iter()
+            .flat_map(|b| b.columns())
+            .map(|c| data_bytes(&c.to_data()))
+            .sum()
     }
 
     /// Execution time without kernel compilation.
@@ -86,9 +107,18 @@ pub async fn run_query(engine: &Engine, sql: &str) -> Result<QueryRun, SpateErro
     let plan_time = started.elapsed();
     let placement = placement(&plan);
     let compiled_before = engine.gpu().map(|g| g.compile_stats()).unwrap_or_default();
+    let device = engine.gpu().map(|g| g.device().clone());
+    let counted_before = device.as_ref().map(|d| {
+        d.reset_memory_peak();
+        d.counters()
+    });
     let started = Instant::now();
     let batches = collect(Arc::clone(&plan), engine.context().task_ctx()).await?;
     let execute_time = started.elapsed();
+    let (runtime, peak_device_bytes) = match (&device, counted_before) {
+        (Some(d), Some(before)) => (d.counters() - before, d.memory_stats().peak_bytes as u64),
+        _ => (CounterSnapshot::default(), 0),
+    };
     let compile = engine
         .gpu()
         .map(|g| g.compile_stats().since(&compiled_before))
@@ -100,6 +130,8 @@ pub async fn run_query(engine: &Engine, sql: &str) -> Result<QueryRun, SpateErro
         batches,
         compile,
         plan,
+        runtime,
+        peak_device_bytes,
     })
 }
 
@@ -209,7 +241,39 @@ mod tests {
             run.placement
         );
 
+        // The device's runtime calls were counted, and the per-operator counts add up to them:
+        // every call of this query is made while some GPU operator is polled.
+        let r = again.runtime;
+        assert!(
+            r.launches > 0 && r.host_syncs > 0 && r.allocations > 0,
+            "{r:?}"
+        );
+        assert!(r.h2d_bytes > 0, "the tables are uploaded: {r:?}");
+        assert!(r.d2h_bytes > 0, "the result comes down: {r:?}");
+        // 5 rows of two Int64 columns, without nulls: 80 bytes of values.
+        assert_eq!(again.result_bytes(), 80);
+        assert!(again.peak_device_bytes > 0);
+        let mut per_operator = [0u64; 3];
+        fn sum(plan: &dyn ExecutionPlan, out: &mut [u64; 3]) {
+            if let Some(m) = plan.metrics() {
+                for (i, name) in ["launches", "host_syncs", "dev_allocs"].iter().enumerate() {
+                    if let Some(MetricValue::Count { count, .. }) = m.sum_by_name(name) {
+                        out[i] += count.value() as u64;
+                    }
+                }
+            }
+            for child in plan.children() {
+                sum(child.as_ref(), out);
+            }
+        }
+        sum(again.plan.as_ref(), &mut per_operator);
+        assert_eq!(per_operator, [r.launches, r.host_syncs, r.allocations]);
+        let path = crate::datapath::DataPath::of(&again);
+        assert_eq!(path.launches, r.launches);
+        assert!(path.modeled_h200_ms > 0.0, "{path:?}");
+
         let on_cpu = run_query(&cpu, sql).await.unwrap();
+        assert_eq!(on_cpu.runtime, CounterSnapshot::default());
         assert!(on_cpu.placement.gpu.is_empty());
         assert!(
             on_cpu

@@ -23,6 +23,7 @@ use arrow::array::RecordBatch;
 use spate::{Backend, Engine};
 
 use crate::compare::compare_results;
+use crate::datapath::DataPath;
 use crate::report::{
     Bandwidth, EngineInfo, EngineRun, Machine, QueryResult, Roofline, TpchReport, git_commit,
     today_utc,
@@ -172,6 +173,7 @@ fn timed(engine: &str, status: String, rows: usize, execute_ms: Vec<f64>) -> Eng
         max_ms: execute_ms.iter().copied().fold(0.0, f64::max),
         execute_ms,
         roofline: None,
+        data_path: None,
     }
 }
 
@@ -432,6 +434,9 @@ async fn run_spate(
                 h2d_bytes: traffic.h2d_bytes,
                 d2h_bytes: traffic.d2h_bytes,
             });
+        }
+        if engine.gpu().is_some() {
+            run.data_path = Some(DataPath::of(&last));
         }
         log(&format!(
             "{name} q{number:02}: {} ({} rows), median {:.2} ms (min {:.2}, max {:.2}), plan {:.2} ms, compile {:.1} ms first / {:.1} ms timed",

@@ -35,6 +35,7 @@ pub mod engine;
 pub mod error;
 pub mod exec;
 pub mod expr;
+pub mod model;
 pub mod plan;
 pub mod source;
 pub mod tpch;

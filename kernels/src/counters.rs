@@ -193,7 +193,14 @@ mod tests {
         let i = inner.take();
         assert_eq!((i.launches, i.host_syncs), (1, 1));
         assert_eq!(inner.snapshot(), CounterSnapshot::default());
-        assert_eq!(t - o - i, CounterSnapshot { launches: 1, d2h_bytes: 8, ..i - i });
+        assert_eq!(
+            t - o - i,
+            CounterSnapshot {
+                launches: 1,
+                d2h_bytes: 8,
+                ..i - i
+            }
+        );
     }
 
     #[test]

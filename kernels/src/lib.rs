@@ -48,11 +48,11 @@ pub mod throughput;
 pub mod wait;
 
 pub use backend::DeviceLimits;
+pub use counters::{CounterSnapshot, Counters};
 pub use device::{
     BackendKind, Device, DeviceDescription, DeviceOptions, EmulatorOptions, MemoryBudget,
 };
 pub use error::{KernelError, Result};
-pub use counters::{CounterSnapshot, Counters};
 pub use event::Event;
 pub use launch::{Kernel, KernelArg, LaunchConfig};
 pub use memory::{DeviceBitmap, DeviceBuffer, DeviceCopy, DeviceSlice, MemoryStats, Reservation};

@@ -168,7 +168,9 @@ fn runtime_calls_are_counted_on_the_device_and_in_the_innermost_scope() {
     assert_eq!(back, values);
     let mut pinned = device.pinned(8).unwrap();
     let small = stream.alloc::<u64>(1).unwrap();
-    stream.download_pinned(small.as_slice(), &mut pinned).unwrap();
+    stream
+        .download_pinned(small.as_slice(), &mut pinned)
+        .unwrap();
     // Reading the pinned buffer waits for its event: a synchronisation outside the scope.
     pinned.as_bytes().unwrap();
     stream.synchronize().unwrap();

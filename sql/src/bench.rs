@@ -36,6 +36,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
 use spate::{Backend, Engine};
+use spate_bench::datapath::DataPath;
 use spate_bench::runner::{Outcome, QueryRun, run_query, verify_query};
 use spate_bench::suite::{EngineKind, Mode, SuiteOptions, run_suite};
 
@@ -231,6 +232,28 @@ fn print_placement(run: &QueryRun) {
     for (name, reason) in &run.placement.cpu {
         println!("      CPU: {name}: {reason}");
     }
+    if !run.placement.gpu.is_empty() {
+        if !run.placement.host_exchanges.is_empty() {
+            println!(
+                "      host exchanges: {}",
+                counted(&run.placement.host_exchanges)
+            );
+        }
+        let p = DataPath::of(run);
+        println!(
+            "      data path: {} launches, {} host syncs, {} allocs, {} B to GPU, {} B from GPU \
+             (result {} B), {} B in device memory, peak {} B; modeled H200 {:.3} ms",
+            p.launches,
+            p.host_syncs,
+            p.dev_allocs,
+            p.h2d_bytes,
+            p.d2h_bytes,
+            p.result_bytes,
+            p.device_bytes,
+            p.peak_device_bytes,
+            p.modeled_h200_ms
+        );
+    }
 }
 
 fn tpch(args: TpchArgs) -> Result<ExitCode, String> {
@@ -263,6 +286,7 @@ fn tpch(args: TpchArgs) -> Result<ExitCode, String> {
         .collect();
     let total = queries.len();
     let (mut matched, mut on_gpu, mut failed) = (0usize, 0usize, 0usize);
+    let mut on_device = 0usize;
     for (number, sql) in queries {
         let label = format!("q{number:02}");
         match &reference {
@@ -287,6 +311,7 @@ fn tpch(args: TpchArgs) -> Result<ExitCode, String> {
                 matched += usize::from(verified.outcome.matched());
                 if let Some(run) = &verified.run {
                     on_gpu += usize::from(run.placement.fully_on_gpu());
+                    on_device += usize::from(run.placement.fully_on_device());
                     print_placement(run);
                 }
             }
@@ -299,6 +324,7 @@ fn tpch(args: TpchArgs) -> Result<ExitCode, String> {
                         ms(run.execute_time)
                     );
                     on_gpu += usize::from(run.placement.fully_on_gpu());
+                    on_device += usize::from(run.placement.fully_on_device());
                     print_placement(&run);
                 }
                 Err(e) => {
@@ -307,6 +333,9 @@ fn tpch(args: TpchArgs) -> Result<ExitCode, String> {
                 }
             },
         }
+    }
+    if engine.gpu().is_some() {
+        println!("data path: {on_device}/{total} fully on GPU with no host exchange");
     }
     if reference.is_some() {
         println!("verified: {matched}/{total} matched, {on_gpu}/{total} fully on GPU");

@@ -1,0 +1,100 @@
+//! A GPU query's data path in the result files: what it launched, synchronised, allocated and
+//! moved over the bus, its peak device memory, its host exchanges, and the modeled H200 time
+//! those add up to ([`spate::model`]).
+
+use serde::{Deserialize, Serialize};
+use spate::model::ModelInputs;
+
+use crate::runner::QueryRun;
+
+/// One run's data path (the last timed run's; the counts are the same run to run).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DataPath {
+    /// Kernel launches.
+    pub launches: u64,
+    /// Host synchronisations (readbacks, synchronizes, event waits).
+    pub host_syncs: u64,
+    /// Device buffers allocated.
+    pub dev_allocs: u64,
+    /// Bytes copied host to device, every copy counted (batch uploads and small ones).
+    pub h2d_bytes: u64,
+    /// Bytes copied device to host, every copy counted (the result and small readbacks).
+    pub d2h_bytes: u64,
+    /// Bytes the GPU operators read and wrote in device memory (the roofline's).
+    pub device_bytes: u64,
+    /// The most device memory in use during the run (the engine's resident tables included).
+    pub peak_device_bytes: u64,
+    /// Exchanges that moved a GPU operator's output through the host.
+    pub host_exchanges: u64,
+    /// The Arrow size of the result, bytes.
+    pub result_bytes: u64,
+    /// The modeled H200 time, milliseconds ([`spate::model`]): a model, not a measurement.
+    pub modeled_h200_ms: f64,
+}
+
+impl DataPath {
+    /// The data path of `run`, which ran on a GPU backend.
+    pub fn of(run: &QueryRun) -> DataPath {
+        let traffic = run.device_traffic();
+        let device_bytes = traffic.read_bytes + traffic.write_bytes;
+        let r = run.runtime;
+        let modeled = ModelInputs {
+            device_bytes,
+            bus_bytes: r.bus_bytes(),
+            host_syncs: r.host_syncs,
+            launches: r.launches,
+        }
+        .modeled_h200();
+        DataPath {
+            launches: r.launches,
+            host_syncs: r.host_syncs,
+            dev_allocs: r.allocations,
+            h2d_bytes: r.h2d_bytes,
+            d2h_bytes: r.d2h_bytes,
+            device_bytes,
+            peak_device_bytes: run.peak_device_bytes,
+            host_exchanges: run.placement.host_exchanges.len() as u64,
+            result_bytes: run.result_bytes(),
+            modeled_h200_ms: modeled.as_secs_f64() * 1e3,
+        }
+    }
+
+    /// The markdown table's cells after the query and engine columns (see [`HEADER`]).
+    pub fn cells(&self) -> Vec<String> {
+        let mb = |b: u64| format!("{:.3}", b as f64 / 1e6);
+        vec![
+            self.launches.to_string(),
+            self.host_syncs.to_string(),
+            self.dev_allocs.to_string(),
+            mb(self.h2d_bytes),
+            mb(self.d2h_bytes),
+            mb(self.result_bytes),
+            mb(self.device_bytes),
+            mb(self.peak_device_bytes),
+            self.host_exchanges.to_string(),
+            format!("{:.3}", self.modeled_h200_ms),
+        ]
+    }
+}
+
+/// Column names of [`DataPath::cells`].
+pub const HEADER: [&str; 10] = [
+    "launches",
+    "host syncs",
+    "allocs",
+    "to GPU MB",
+    "from GPU MB",
+    "result MB",
+    "device MB",
+    "peak MB",
+    "host exchanges",
+    "modeled H200 ms",
+];
+
+/// The section's explanation, above its table.
+pub const ABOUT: &str = "Runtime calls and data movement of each GPU run (MB = 10^6 bytes), \
+    counted by the kernel runtime on every call. To/from GPU counts every copy over the bus, the \
+    small readbacks of sizes and totals included; device MB is what the GPU operators read and \
+    wrote; host exchanges are exchanges that moved a GPU operator's output through host memory. \
+    The modeled H200 time is `device bytes / 3.0 TB/s + bus bytes / 50 GB/s + host syncs × 10 µs \
+    + launches × 2 µs` (constants and sources in `spate::model`): a model, not a measurement.";
