@@ -89,7 +89,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::metrics::{
     Count, ExecutionPlanMetricsSet, MetricBuilder, MetricValue, Time,
 };
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::stream::{RecordBatchReceiverStream, RecordBatchStreamAdapter};
 use futures::{Stream, StreamExt};
 use spate_kernels::Stream as DeviceStream;
 
@@ -417,7 +417,7 @@ pub(crate) fn device_input(
         return Ok(count_read(batches));
     }
     let target = SpateOptions::gpu_batch_bytes(context.session_config().options());
-    let host = input.execute(partition, Arc::clone(context))?;
+    let host = decoded_ahead(input, partition, context);
     // The host batches waiting to be uploaded are host memory DataFusion's memory limit
     // governs, as the batches a CPU operator buffers are.
     let reservation =
@@ -430,6 +430,48 @@ pub(crate) fn device_input(
         metrics.clone(),
         reservation,
     )))
+}
+
+/// How many host batches a CPU input may produce ahead of the upload that consumes them.
+const HOST_BATCHES_AHEAD: usize = 2;
+
+/// `input`'s `partition`, run in a task of its own that keeps up to [`HOST_BATCHES_AHEAD`]
+/// batches ready, so that the CPU work below the first upload (decoding a scan, say) goes on
+/// while the batch before it is uploaded and computed on, and so that the partitions a
+/// [`GpuCoalescePartitionsExec`] merges are decoded in parallel rather than by the one task
+/// that polls them all. The task starts at the first poll, inside the runtime.
+fn decoded_ahead(
+    input: &Arc<dyn ExecutionPlan>,
+    partition: usize,
+    context: &Arc<TaskContext>,
+) -> SendableRecordBatchStream {
+    let schema = input.schema();
+    let (input, context) = (Arc::clone(input), Arc::clone(context));
+    let started = futures::stream::once(async move {
+        let mut builder = RecordBatchReceiverStream::builder(input.schema(), HOST_BATCHES_AHEAD);
+        let tx = builder.tx();
+        // Aborted when the stream is dropped; a failed send means the consumer is gone.
+        builder.spawn(async move {
+            let mut batches = match input.execute(partition, context) {
+                Ok(b) => b,
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return Ok(());
+                }
+            };
+            drop(input);
+            while let Some(batch) = batches.next().await {
+                let failed = batch.is_err();
+                if tx.send(batch).await.is_err() || failed {
+                    break;
+                }
+            }
+            Ok(())
+        });
+        builder.build()
+    })
+    .flatten();
+    Box::pin(RecordBatchStreamAdapter::new(schema, started))
 }
 
 struct Upload {
