@@ -12,7 +12,6 @@
 //! are summarised by the geometric mean of those. Describing the machine, the commit and the
 //! date never fails: what cannot be found reads `unknown`.
 
-use crate::datapath::DataPath;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -20,6 +19,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use plotters::prelude::*;
 use serde::{Deserialize, Serialize};
+
+use crate::datapath::DataPath;
 
 /// One `spate bench tpch` run.
 #[derive(Debug, Clone, Serialize, Deserialize)]

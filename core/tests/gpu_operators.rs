@@ -409,7 +409,9 @@ async fn explain_shows_gpu_filters_and_the_cpu_keeps_the_rest() {
         .find(|l| l.contains("RepartitionExec: partitioning=Hash"))
         .unwrap_or_else(|| panic!("no hash repartition in\n{plan}"));
     assert!(
-        repartition.contains("[CPU: host exchange: a GPU operator's output is downloaded"),
+        repartition.contains(
+            "[CPU: host exchange: a GPU operator's output is downloaded and moved on the host]"
+        ),
         "{plan}"
     );
     let physical = gpu

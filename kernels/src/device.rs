@@ -13,12 +13,12 @@
 //! process keeps running, so the engine can fall back to the CPU. A kernel error on the
 //! emulator is treated the same way.
 
-use crate::counters::{Call, CounterSnapshot, Counters, count};
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
 use crate::backend::{DeviceBackend, DeviceLimits, cuda as cuda_backend, emulated};
+use crate::counters::{Call, CounterSnapshot, Counters, count};
 use crate::error::{KernelError, Result};
 use crate::health::Health;
 use crate::launch::Kernel;

@@ -15,6 +15,9 @@
 //!     --set spate.gpu.batch_bytes=65536
 //! ```
 //!
+//! On a GPU backend each query also prints its data path (launches, host syncs, allocations,
+//! bytes over the bus and in device memory, its host exchanges and the modeled H200 time), and
+//! the report's second last line counts the queries fully on the GPU with no host exchange.
 //! Its last line is `verified: N/Q matched, G/Q fully on GPU` (with `--verify`) or
 //! `ran: Q queries, G/Q fully on GPU`; the exit code is non-zero when a query fails or, with
 //! `--verify`, when any result differs from the CPU's.

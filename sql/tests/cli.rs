@@ -373,6 +373,19 @@ fn the_tpch_report_names_where_operators_ran_and_verifies_results() {
     // Q11's scalar subquery feeds a GPU filter: every compute operator is on the GPU.
     assert!(out.contains("q11  matched"), "{out}");
     assert!(out.contains("CPU: none"), "{out}");
+    // Every GPU query's data path is counted, and the queries with no host exchange.
+    let paths: Vec<&str> = out
+        .lines()
+        .filter(|l| l.trim_start().starts_with("data path: ") && l.contains(" launches, "))
+        .collect();
+    assert_eq!(paths.len(), 2, "{out}");
+    assert!(paths.iter().all(|l| l.contains("modeled H200")), "{out}");
+    let summary = out.lines().rev().nth(1).unwrap();
+    assert!(
+        summary.starts_with("data path: ")
+            && summary.ends_with("/2 fully on GPU with no host exchange"),
+        "{out}"
+    );
     assert_eq!(
         out.lines().last().unwrap(),
         "verified: 2/2 matched, 2/2 fully on GPU",
@@ -393,6 +406,7 @@ fn the_tpch_report_names_where_operators_ran_and_verifies_results() {
     assert!(o.status.success(), "{out}\n{}", stderr(&o));
     assert!(out.contains("q01  4 rows"), "{out}");
     assert!(out.contains("CPU: AggregateExec"), "{out}");
+    assert!(!out.contains("data path"), "no GPU, no data path: {out}");
     assert_eq!(
         out.lines().last().unwrap(),
         "ran: 1 queries, 0 failed, 0/1 fully on GPU"

@@ -217,7 +217,8 @@ pub fn is_host_exchange(node: &Arc<dyn ExecutionPlan>, gpu_consumer: bool) -> bo
 }
 
 /// Why a host exchange is one, for `EXPLAIN`.
-const HOST_EXCHANGE: &str = "host exchange: a GPU operator's output is downloaded and moved on                              the host";
+const HOST_EXCHANGE: &str =
+    "host exchange: a GPU operator's output is downloaded and moved on the host";
 
 /// Calls `f` on every node in pre-order with whether it is a host exchange.
 fn walk(
