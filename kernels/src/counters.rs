@@ -100,7 +100,15 @@ impl Counters {
 
     /// The counts so far.
     pub fn snapshot(&self) -> CounterSnapshot {
-        let read = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        self.read(|c| c.load(Ordering::Relaxed))
+    }
+
+    /// The counts so far, leaving zeros behind (for moving them into another tally).
+    pub fn take(&self) -> CounterSnapshot {
+        self.read(|c| c.swap(0, Ordering::Relaxed))
+    }
+
+    fn read(&self, read: impl Fn(&AtomicU64) -> u64) -> CounterSnapshot {
         CounterSnapshot {
             launches: read(&self.launches),
             host_syncs: read(&self.host_syncs),
@@ -108,19 +116,6 @@ impl Counters {
             h2d_bytes: read(&self.h2d_bytes),
             d2h_bytes: read(&self.d2h_bytes),
             d2d_bytes: read(&self.d2d_bytes),
-        }
-    }
-
-    /// The counts so far, leaving zeros behind (for moving them into another tally).
-    pub fn take(&self) -> CounterSnapshot {
-        let take = |c: &AtomicU64| c.swap(0, Ordering::Relaxed);
-        CounterSnapshot {
-            launches: take(&self.launches),
-            host_syncs: take(&self.host_syncs),
-            allocations: take(&self.allocations),
-            h2d_bytes: take(&self.h2d_bytes),
-            d2h_bytes: take(&self.d2h_bytes),
-            d2d_bytes: take(&self.d2d_bytes),
         }
     }
 
