@@ -141,8 +141,8 @@ pub struct Roofline {
     pub floor_ms: f64,
     /// Median execution time divided by `floor_ms`.
     pub achieved_over_floor: f64,
-    /// Bytes the plan moved over the bus, host to device: uploads of CPU operators' output
-    /// (in hot mode every one of them is a round trip inside the query).
+    /// Bytes the plan's GPU operators copied host to device, every copy counted (in hot mode
+    /// these are round trips inside the query).
     #[serde(default)]
     pub h2d_bytes: u64,
     /// Bytes the plan moved over the bus, device to host.
@@ -717,8 +717,8 @@ impl TpchReport {
             "Device memory traffic of the GPU operators (MB = 10^6 bytes). The floor is the time \
              that traffic takes at the measured bandwidth; achieved / floor is the median over the \
              floor, so 1× would be a query bound only by memory bandwidth. To/from GPU is what \
-             crossed the bus (uploads of CPU operators' output, downloads for CPU operators and \
-             the result)."
+             crossed the bus, every copy counted (uploads of CPU operators' output, downloads \
+             for CPU operators and the result, small readbacks of sizes and totals)."
                 .to_string(),
             String::new(),
         ];

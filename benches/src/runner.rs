@@ -78,9 +78,11 @@ pub struct DeviceTraffic {
     pub read_bytes: u64,
     /// Bytes of device batches produced.
     pub write_bytes: u64,
-    /// Bytes uploaded from the host (CPU operators' output read by GPU operators).
+    /// Bytes the GPU operators copied host to device: uploads of CPU operators' output and
+    /// small copies alike (their `h2d_bytes` metrics, see `spate::exec::counted`).
     pub h2d_bytes: u64,
-    /// Bytes downloaded to the host (GPU operators' output read by CPU operators).
+    /// Bytes the GPU operators copied device to host: downloads for CPU operators and the
+    /// result, and the small readbacks of sizes and totals (`d2h_bytes`).
     pub d2h_bytes: u64,
 }
 
