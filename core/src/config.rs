@@ -155,6 +155,9 @@ config_namespace! {
         pub fallback: FallbackPolicy, default = FallbackPolicy::Cpu
         /// Host batches are coalesced to about this many bytes before they are uploaded.
         pub batch_bytes: usize, default = 128 * 1024 * 1024
+        /// Run every GPU region as one partition per device, its exchanges removed (true), or
+        /// keep the partitions DataFusion planned for the CPU (false).
+        pub one_partition: bool, default = true
     }
 }
 

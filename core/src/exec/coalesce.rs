@@ -37,6 +37,9 @@ use crate::expr::Unsupported;
 pub struct GpuCoalescePartitionsExec {
     /// The CPU node this replaces: its properties and rebuilds are reused.
     cpu: Arc<CoalescePartitionsExec>,
+    /// Placed to merge a GPU region's input into one partition
+    /// (`plan::regions`), whatever its input: over a CPU input it uploads every partition.
+    merging: bool,
     metrics: ExecutionPlanMetricsSet,
 }
 
@@ -56,11 +59,31 @@ impl GpuCoalescePartitionsExec {
         }
         Ok(GpuCoalescePartitionsExec {
             cpu: coalesce,
+            merging: false,
             metrics: ExecutionPlanMetricsSet::new(),
         })
     }
 
-    fn rebuild(cpu: Arc<dyn ExecutionPlan>) -> DFResult<Arc<dyn ExecutionPlan>> {
+    /// The merge of a GPU region's input partitions into one (see `plan::regions`): over a GPU
+    /// input it hands device batches through, over a CPU input it uploads each partition, each
+    /// decoded in a task of its own, into the one device stream.
+    pub fn merging(coalesce: Arc<CoalescePartitionsExec>) -> Self {
+        GpuCoalescePartitionsExec {
+            cpu: coalesce,
+            merging: true,
+            metrics: ExecutionPlanMetricsSet::new(),
+        }
+    }
+
+    fn rebuild(&self, cpu: Arc<dyn ExecutionPlan>) -> DFResult<Arc<dyn ExecutionPlan>> {
+        if self.merging {
+            return Ok(match cpu.downcast_ref::<CoalescePartitionsExec>() {
+                Some(c) if c.fetch().is_none() => {
+                    Arc::new(GpuCoalescePartitionsExec::merging(Arc::new(c.clone())))
+                }
+                _ => cpu,
+            });
+        }
         rebuild_gpu::<CoalescePartitionsExec, _>(cpu, GpuCoalescePartitionsExec::try_new)
     }
 }
@@ -97,7 +120,7 @@ impl ExecutionPlan for GpuCoalescePartitionsExec {
         options: ReplaceChildrenOptions,
     ) -> DFResult<Arc<dyn ExecutionPlan>> {
         let cpu = Arc::clone(&self.cpu).replace_children(children, options)?;
-        Self::rebuild(cpu)
+        self.rebuild(cpu)
     }
 
     crate::exec::gpu_plan_methods!(cpu);

@@ -8,6 +8,7 @@
 //! scheduling and requirement checks see the GPU nodes). See `docs/ARCHITECTURE.md`.
 
 pub mod offload;
+pub mod regions;
 
 use std::sync::Arc;
 

@@ -26,7 +26,9 @@ use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
-use datafusion::physical_plan::{ExecutionPlan, replace_children_if_necessary};
+use datafusion::physical_plan::{
+    ExecutionPlan, ExecutionPlanProperties, replace_children_if_necessary,
+};
 
 use crate::config::{FallbackPolicy, SpateOptions};
 use crate::device::GpuContext;
@@ -36,7 +38,7 @@ use crate::exec::{
 };
 
 /// Operators that move or read data but compute nothing a GPU would do for them.
-const PLUMBING: &[&str] = &[
+pub(crate) const PLUMBING: &[&str] = &[
     "DataSourceExec",
     "RepartitionExec",
     "CoalescePartitionsExec",
@@ -210,10 +212,21 @@ fn fed_by_gpu(node: &Arc<dyn ExecutionPlan>) -> bool {
 /// True when host plumbing `node` moves a GPU operator's output through host memory: a
 /// partition exchange fed by a GPU operator, or a pass-through node between two GPU operators
 /// (`gpu_consumer`: the nearest computing node above it, through plumbing, is a GPU operator).
+/// A partition exchange from one partition to one passes batches through.
 pub fn is_host_exchange(node: &Arc<dyn ExecutionPlan>, gpu_consumer: bool) -> bool {
     let name = node.name();
-    (PARTITION_EXCHANGES.contains(&name) || (gpu_consumer && PASS_THROUGH.contains(&name)))
-        && fed_by_gpu(node)
+    let moves_partitions = node.output_partitioning().partition_count() > 1
+        || node.children().len() > 1
+        || node
+            .children()
+            .iter()
+            .any(|c| c.output_partitioning().partition_count() > 1);
+    let exchange = if PARTITION_EXCHANGES.contains(&name) && moves_partitions {
+        true
+    } else {
+        gpu_consumer && (PASS_THROUGH.contains(&name) || PARTITION_EXCHANGES.contains(&name))
+    };
+    exchange && fed_by_gpu(node)
 }
 
 /// Why a host exchange is one, for `EXPLAIN`.
@@ -327,11 +340,9 @@ impl PhysicalOptimizerRule for GpuOffloadRule {
         plan: Arc<dyn ExecutionPlan>,
         config: &ConfigOptions,
     ) -> DFResult<Arc<dyn ExecutionPlan>> {
-        let policy = config
-            .extensions
-            .get::<SpateOptions>()
-            .map(|o| o.gpu.fallback)
-            .unwrap_or_default();
+        let options = config.extensions.get::<SpateOptions>();
+        let policy = options.map(|o| o.gpu.fallback).unwrap_or_default();
+        let one_partition = options.is_none_or(|o| o.gpu.one_partition);
         plan.transform_up(|node| {
             // Merging partitions of a GPU input stays on the device (no round trip over the
             // bus); over a CPU input it is host plumbing like any other exchange.
@@ -381,6 +392,13 @@ impl PhysicalOptimizerRule for GpuOffloadRule {
             Ok(Transformed::no(node))
         })
         .and_then(|t| self.place_projections(t.data, false, policy))
+        .and_then(|plan| {
+            if one_partition {
+                super::regions::one_partition_per_device(plan)
+            } else {
+                Ok(plan)
+            }
+        })
     }
 
     fn name(&self) -> &str {
