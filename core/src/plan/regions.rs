@@ -16,13 +16,18 @@
 //!   partitioned join over one partition each side is correct as it is (one partition
 //!   satisfies any hash distribution), and a sorted merge over one sorted partition passes it
 //!   through.
+//! - A final aggregation over the partial one below it (now in the same partition) becomes one
+//!   single-stage aggregation over the partial's input, when the GPU runs it and its schema is
+//!   the final's.
 //! - Where a CPU operator above a GPU region relied on its partitions (a partitioned CPU join
 //!   whose other side keeps its hash partitions, say), the region's output is repartitioned
 //!   back on the host, as it was planned: that edge downloads anyway.
 
 use std::sync::Arc;
 
+use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::error::Result as DFResult;
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{
@@ -30,11 +35,64 @@ use datafusion::physical_plan::{
 };
 
 use super::offload::PLUMBING;
-use crate::exec::{GpuCoalescePartitionsExec, as_gpu_exec};
+use crate::exec::{GpuAggregateExec, GpuCoalescePartitionsExec, as_gpu_exec};
 
 /// `plan` with every GPU region in one partition (see the module docs).
 pub fn one_partition_per_device(plan: Arc<dyn ExecutionPlan>) -> DFResult<Arc<dyn ExecutionPlan>> {
-    rewrite(plan, false)
+    let plan = rewrite(plan, false)?;
+    plan.transform_up(|node| Ok(match single_stage(&node)? {
+        Some(fused) => Transformed::yes(fused),
+        None => Transformed::no(node),
+    }))
+    .map(|t| t.data)
+}
+
+/// A GPU final aggregation over a GPU partial one in the same partition, as one single-stage
+/// GPU aggregation over the partial's input; `None` where that does not apply.
+fn single_stage(node: &Arc<dyn ExecutionPlan>) -> DFResult<Option<Arc<dyn ExecutionPlan>>> {
+    let Some(last) = node.downcast_ref::<GpuAggregateExec>() else {
+        return Ok(None);
+    };
+    let last = last.cpu();
+    if !matches!(last.mode(), AggregateMode::Final | AggregateMode::FinalPartitioned) {
+        return Ok(None);
+    }
+    let mut below = last.input();
+    // A merge of one partition hands batches through.
+    while let Some(c) = below.downcast_ref::<GpuCoalescePartitionsExec>() {
+        if c.children()[0].output_partitioning().partition_count() > 1 {
+            return Ok(None);
+        }
+        below = c.children()[0];
+    }
+    let Some(first) = below.downcast_ref::<GpuAggregateExec>() else {
+        return Ok(None);
+    };
+    let first = first.cpu();
+    let input = first.input();
+    if first.mode() != &AggregateMode::Partial
+        || input.output_partitioning().partition_count() > 1
+        || first.group_expr().has_grouping_set()
+    {
+        return Ok(None);
+    }
+    let Ok(single) = AggregateExec::try_new(
+        AggregateMode::Single,
+        first.group_expr().clone(),
+        first.aggr_expr().to_vec(),
+        first.filter_expr().to_vec(),
+        Arc::clone(input),
+        input.schema(),
+    ) else {
+        return Ok(None);
+    };
+    if single.schema() != last.schema() {
+        return Ok(None);
+    }
+    let single = single.with_limit_options(last.limit_options());
+    Ok(GpuAggregateExec::try_new(Arc::new(single))
+        .ok()
+        .map(|gpu| Arc::new(gpu) as Arc<dyn ExecutionPlan>))
 }
 
 /// Exchanges that only serve CPU parallelism, dropped under a GPU consumer.

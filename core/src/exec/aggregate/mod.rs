@@ -475,6 +475,11 @@ impl GpuAggregateExec {
     fn rebuild(cpu: Arc<dyn ExecutionPlan>) -> DFResult<Arc<dyn ExecutionPlan>> {
         rebuild_gpu::<AggregateExec, _>(cpu, GpuAggregateExec::try_new)
     }
+
+    /// The CPU aggregation this one computes.
+    pub fn cpu(&self) -> &Arc<AggregateExec> {
+        &self.cpu
+    }
 }
 
 /// The compiled kernels of one generated program, by the names in its `codegen` docs.
