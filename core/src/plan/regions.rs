@@ -31,7 +31,8 @@ use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{
-    ExecutionPlan, ExecutionPlanProperties, Partitioning, replace_children_if_necessary,
+    Distribution, ExecutionPlan, ExecutionPlanProperties, Partitioning,
+    replace_children_if_necessary,
 };
 
 use super::offload::PLUMBING;
@@ -40,10 +41,12 @@ use crate::exec::{GpuAggregateExec, GpuCoalescePartitionsExec, as_gpu_exec};
 /// `plan` with every GPU region in one partition (see the module docs).
 pub fn one_partition_per_device(plan: Arc<dyn ExecutionPlan>) -> DFResult<Arc<dyn ExecutionPlan>> {
     let plan = rewrite(plan, false)?;
-    plan.transform_up(|node| Ok(match single_stage(&node)? {
-        Some(fused) => Transformed::yes(fused),
-        None => Transformed::no(node),
-    }))
+    plan.transform_up(|node| {
+        Ok(match single_stage(&node)? {
+            Some(fused) => Transformed::yes(fused),
+            None => Transformed::no(node),
+        })
+    })
     .map(|t| t.data)
 }
 
@@ -54,7 +57,10 @@ fn single_stage(node: &Arc<dyn ExecutionPlan>) -> DFResult<Option<Arc<dyn Execut
         return Ok(None);
     };
     let last = last.cpu();
-    if !matches!(last.mode(), AggregateMode::Final | AggregateMode::FinalPartitioned) {
+    if !matches!(
+        last.mode(),
+        AggregateMode::Final | AggregateMode::FinalPartitioned
+    ) {
         return Ok(None);
     }
     let mut below = last.input();
@@ -110,13 +116,31 @@ fn rewrite(node: Arc<dyn ExecutionPlan>, gpu_consumer: bool) -> DFResult<Arc<dyn
     let on_gpu = as_gpu_exec(node.as_ref()).is_some();
     let below = on_gpu || (gpu_consumer && PLUMBING.contains(&node.name()));
     let before: Vec<Arc<dyn ExecutionPlan>> = node.children().into_iter().cloned().collect();
+    // A CPU consumer that pairs the partitions of its inputs (a partitioned join) gets them as
+    // planned; any other takes one partition as it takes several.
+    let co_partitioned = !on_gpu
+        && before.len() > 1
+        && node
+            .input_distribution_requirements()
+            .into_per_child()
+            .iter()
+            .any(|d| {
+                #[expect(
+                    deprecated,
+                    reason = "HashPartitioned is what DataFusion 55 still plans"
+                )]
+                let keyed = matches!(
+                    d,
+                    Distribution::HashPartitioned(_) | Distribution::KeyPartitioned(_)
+                );
+                keyed
+            });
     let mut children = Vec::with_capacity(before.len());
     for child in &before {
         let rewritten = rewrite(Arc::clone(child), below)?;
         children.push(if on_gpu {
             merged(rewritten)?
-        } else if !below {
-            // A CPU consumer: give it the partitions it was planned with.
+        } else if co_partitioned {
             as_planned(rewritten, child.output_partitioning())?
         } else {
             rewritten
