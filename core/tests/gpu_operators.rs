@@ -400,9 +400,33 @@ async fn explain_shows_gpu_filters_and_the_cpu_keeps_the_rest() {
         "{plan}"
     );
     assert!(plan.contains("GpuAggregateExec: mode="), "{plan}");
-    // A repartition between two GPU aggregates moves their data through the host: it says so,
-    // and the plan is fully on the GPU (no CPU compute) but not fully on the device.
+    // One GPU partition per device: the aggregation is one single-stage GPU operator, with no
+    // exchange around it.
     let sql = "SELECT s, count(*) FROM t GROUP BY s";
+    let plan = explain(&gpu, sql).await;
+    assert!(
+        plan.contains("GpuAggregateExec: mode=Single") && !plan.contains("RepartitionExec"),
+        "{plan}"
+    );
+    let physical = gpu
+        .sql(sql)
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    let placed = spate::plan::offload::placement(&physical);
+    assert!(placed.fully_on_device(), "{placed:?}");
+    // With DataFusion's CPU partitions kept, a repartition between two GPU aggregates moves
+    // their data through the host: it says so, and the plan is fully on the GPU (no CPU
+    // compute) but not fully on the device.
+    let gpu = Engine::builder()
+        .backend(Backend::Emulated)
+        .target_partitions(2)
+        .option("spate.gpu.one_partition", "false")
+        .build()
+        .unwrap();
+    gpu.register_batches("t", table(100, 5)).unwrap();
     let plan = explain(&gpu, sql).await;
     let repartition = plan
         .lines()
