@@ -39,7 +39,7 @@ pub fn exclusive_sum<T: ScanElem>(
     input: DeviceSlice<'_, T>,
 ) -> Result<DeviceBuffer<T>> {
     let out = stream.alloc::<T>(input.len())?;
-    scan_raw::<T>(stream, input.address(), input.len(), out.address(), false)?;
+    scan_raw::<T>(stream, input.address(), input.len(), out.address(), false, None)?;
     Ok(out)
 }
 
@@ -49,7 +49,7 @@ pub fn inclusive_sum<T: ScanElem>(
     input: DeviceSlice<'_, T>,
 ) -> Result<DeviceBuffer<T>> {
     let out = stream.alloc::<T>(input.len())?;
-    scan_raw::<T>(stream, input.address(), input.len(), out.address(), true)?;
+    scan_raw::<T>(stream, input.address(), input.len(), out.address(), true, None)?;
     Ok(out)
 }
 
@@ -58,34 +58,42 @@ pub fn exclusive_sum_in_place<T: ScanElem>(
     stream: &Stream,
     data: &mut DeviceBuffer<T>,
 ) -> Result<()> {
-    scan_raw::<T>(stream, data.address(), data.len(), data.address(), false)
+    scan_raw::<T>(stream, data.address(), data.len(), data.address(), false, None)
 }
 
-/// Exclusive prefix sum of `input`, plus the total (read back to the host, so this waits for
-/// the stream). Compaction and string gathers use the total to size their output.
-pub fn exclusive_sum_with_total<T: ScanElem + std::ops::Add<Output = T>>(
+/// Exclusive prefix sum of `input`, plus the total: the scan writes it to the device, and one
+/// readback brings it to the host (so this waits for the stream). Compaction and string
+/// gathers use the total to size their output.
+pub fn exclusive_sum_with_total<T: ScanElem>(
     stream: &Stream,
     input: DeviceSlice<'_, T>,
 ) -> Result<(DeviceBuffer<T>, T)> {
-    let out = exclusive_sum(stream, input)?;
-    let total = if input.is_empty() {
-        T::default()
-    } else {
-        let n = input.len();
-        let last_in = stream.to_vec(input.slice(n - 1..)?)?;
-        let last_out = stream.to_vec(out.slice(n - 1..)?)?;
-        last_in[0] + last_out[0]
-    };
+    let out = stream.alloc::<T>(input.len())?;
+    if input.is_empty() {
+        return Ok((out, T::default()));
+    }
+    let total = stream.alloc::<T>(1)?;
+    scan_raw::<T>(
+        stream,
+        input.address(),
+        input.len(),
+        out.address(),
+        false,
+        Some(&total),
+    )?;
+    let total = stream.to_vec(&total)?[0];
     Ok((out, total))
 }
 
-/// Scans `n` values at `input` into `output` (which may equal `input`).
+/// Scans `n` values at `input` into `output` (which may equal `input`), and writes the sum of
+/// all of them to `total` when given.
 pub(crate) fn scan_raw<T: ScanElem>(
     stream: &Stream,
     input: u64,
     n: usize,
     output: u64,
     inclusive: bool,
+    total: Option<&DeviceBuffer<T>>,
 ) -> Result<()> {
     if n == 0 {
         return Ok(());
@@ -108,12 +116,13 @@ pub(crate) fn scan_raw<T: ScanElem>(
                 ],
             )?;
         }
-        scan_raw::<T>(stream, sums.address(), tiles, sums.address(), false)?;
+        scan_raw::<T>(stream, sums.address(), tiles, sums.address(), false, None)?;
         Some(sums)
     } else {
         None
     };
-    // SAFETY: `input` and `output` hold `n` values; `offsets` one per tile (or null for one tile).
+    // SAFETY: `input` and `output` hold `n` values; `offsets` one per tile (or null for one tile);
+    // `total` one value (or null).
     unsafe {
         stream.launch(
             &scan_tiles,
@@ -124,6 +133,7 @@ pub(crate) fn scan_raw<T: ScanElem>(
                 offsets.as_ref().into(),
                 KernelArg::Ptr(output),
                 KernelArg::U32(u32::from(inclusive)),
+                total.into(),
             ],
         )?;
     }
@@ -182,9 +192,22 @@ mod tests {
             stream.to_vec(&buf).unwrap(),
             reference::prefix_sum_u32(&host, false)
         );
-        let input = stream.from_host(&host).unwrap();
-        let (_, total) = exclusive_sum_with_total(&stream, input.as_slice()).unwrap();
-        assert_eq!(total, host.iter().sum::<u32>());
+        for &n in SIZES {
+            let host = reference::random_u64(n, 4);
+            let input = stream.from_host(&host).unwrap();
+            let scope = std::sync::Arc::new(crate::Counters::default());
+            let (out, total) = crate::counters::in_scope(&scope, || {
+                exclusive_sum_with_total(&stream, input.as_slice()).unwrap()
+            });
+            assert_eq!(total, host.iter().fold(0u64, |a, &b| a.wrapping_add(b)), "n={n}");
+            // The total comes back in one readback.
+            assert_eq!(scope.snapshot().host_syncs, u64::from(n > 0), "n={n}");
+            assert_eq!(
+                stream.to_vec(&out).unwrap(),
+                reference::prefix_sum_u64(&host, false),
+                "n={n}"
+            );
+        }
     }
 
     #[test]

@@ -34,8 +34,9 @@ pub fn concat_device_batches(
 
 fn concat_column(stream: &Stream, parts: &[&DeviceColumn], rows: usize) -> Result<DeviceColumn> {
     let first = parts[0];
-    let null_count: usize = parts.iter().map(|p| p.null_count()).sum();
-    let validity = if null_count > 0 {
+    // Known when every part's is; a part without a bitmap has no nulls.
+    let null_count: Option<usize> = parts.iter().map(|p| p.null_count()).sum();
+    let validity = if parts.iter().any(|p| p.validity().is_some()) {
         let mut bits = stream.alloc_zeroed::<u8>(bitmap_bytes(rows))?;
         let mut at = 0;
         for p in parts {
@@ -97,13 +98,11 @@ fn concat_column(stream: &Stream, parts: &[&DeviceColumn], rows: usize) -> Resul
             DeviceValues::LargeUtf8 { offsets, bytes }
         }
     };
-    Ok(DeviceColumn::new(
-        first.data_type().clone(),
-        rows,
-        null_count,
-        validity,
-        values,
-    ))
+    let data_type = first.data_type().clone();
+    Ok(match null_count {
+        Some(nulls) => DeviceColumn::new(data_type, rows, nulls, validity, values),
+        None => DeviceColumn::with_uncounted_nulls(data_type, rows, validity, values),
+    })
 }
 
 fn mixed() -> SpateError {

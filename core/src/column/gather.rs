@@ -4,7 +4,7 @@
 //! the values; the output's bitmaps start at bit 0.
 
 use spate_kernels::gather::{self as kg, DeviceStrings};
-use spate_kernels::{DeviceBitmap, DeviceSlice, Stream, reduce};
+use spate_kernels::{DeviceBitmap, DeviceSlice, Stream};
 
 use super::{DeviceBytes, DeviceColumn, DeviceValidity, DeviceValues};
 use crate::error::{Result, SpateError};
@@ -36,17 +36,17 @@ fn gather_rows(
 ) -> Result<DeviceColumn> {
     let n = indices.len();
     let validity = column.validity().map(|v| v.bitmap());
-    // A bitmap when the column has one, or when an index may be NULL_INDEX ("no row").
-    let (validity, null_count) = if n > 0 && (validity.is_some() || may_be_null) {
+    // A bitmap when the column has one, or when an index may be NULL_INDEX ("no row"). Its
+    // nulls are not counted: that would cost a readback per column (`count_nulls` does it
+    // where a consumer needs the number).
+    let validity = if n > 0 && (validity.is_some() || may_be_null) {
         let bits = kg::gather_bitmap(stream, validity, indices)?;
-        let valid = reduce::count_valid(stream, DeviceBitmap::new(&bits), n)? as usize;
-        let validity = DeviceValidity {
+        Some(DeviceValidity {
             bytes: DeviceBytes::new(bits),
             offset: 0,
-        };
-        (Some(validity), n - valid)
+        })
     } else {
-        (None, 0)
+        None
     };
     let values = match column.values() {
         DeviceValues::Fixed { bytes, width } => {
@@ -97,10 +97,9 @@ fn gather_rows(
             }
         }
     };
-    Ok(DeviceColumn::new(
+    Ok(DeviceColumn::with_uncounted_nulls(
         column.data_type().clone(),
         n,
-        null_count,
         validity,
         values,
     ))

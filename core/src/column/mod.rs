@@ -139,7 +139,8 @@ pub enum DeviceValues {
 pub struct DeviceColumn {
     data_type: DataType,
     len: usize,
-    null_count: usize,
+    /// `None`: the validity bitmap's count was not read back (see [`DeviceColumn::null_count`]).
+    null_count: Option<usize>,
     validity: Option<DeviceValidity>,
     values: DeviceValues,
 }
@@ -150,6 +151,20 @@ impl DeviceColumn {
         data_type: DataType,
         len: usize,
         null_count: usize,
+        validity: Option<DeviceValidity>,
+        values: DeviceValues,
+    ) -> Self {
+        let mut column = DeviceColumn::with_uncounted_nulls(data_type, len, validity, values);
+        column.null_count = Some(null_count);
+        column
+    }
+
+    /// A column from its parts whose null rows have not been counted: the bitmap's count stays
+    /// on the device until something needs it ([`DeviceColumn::count_nulls`]), which saves a
+    /// readback per column for every gather. `validity` is `None` when no row is null.
+    pub fn with_uncounted_nulls(
+        data_type: DataType,
+        len: usize,
         validity: Option<DeviceValidity>,
         values: DeviceValues,
     ) -> Self {
@@ -167,7 +182,7 @@ impl DeviceColumn {
         DeviceColumn {
             data_type,
             len,
-            null_count,
+            null_count: validity.is_none().then_some(0),
             validity,
             values,
         }
@@ -188,9 +203,23 @@ impl DeviceColumn {
         self.len == 0
     }
 
-    /// Null rows.
-    pub fn null_count(&self) -> usize {
+    /// Null rows, when the host knows them: uploads and kernels that count their output's
+    /// nulls do; a gather does not (see [`DeviceColumn::with_uncounted_nulls`]). A column with
+    /// no validity bitmap has none.
+    pub fn null_count(&self) -> Option<usize> {
         self.null_count
+    }
+
+    /// Null rows, counted on the device (one readback) when the host does not know them.
+    pub fn count_nulls(&self, stream: &spate_kernels::Stream) -> Result<usize> {
+        match (self.null_count, &self.validity) {
+            (Some(n), _) => Ok(n),
+            (None, None) => Ok(0),
+            (None, Some(v)) => {
+                let valid = spate_kernels::reduce::count_valid(stream, v.bitmap(), self.len)?;
+                Ok(self.len - valid as usize)
+            }
+        }
     }
 
     /// The validity bitmap, when some row is null.

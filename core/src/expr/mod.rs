@@ -2331,9 +2331,14 @@ pub(crate) fn evaluate_values_at(
             }
         }
     }
-    let valid_counts = stream.alloc_zeroed::<u64>(values.outputs.len().max(1))?;
-    args.push((&valid_counts).into());
-    let err = ErrorFlag::new(stream, &values.checks, &mut args)?;
+    // Everything the host reads after the launches comes back in one readback: each output's
+    // count of valid rows, then the error word (a u32 in the last u64).
+    let outputs = values.outputs.len();
+    let readback = stream.alloc_zeroed::<u64>(outputs + 1)?;
+    args.push((&readback).into());
+    if !values.checks.is_empty() {
+        args.push(KernelArg::Ptr(readback.slice(outputs..)?.address()));
+    }
     if n > 0 {
         let cfg = LaunchConfig::blocks(stream.device().grid_stride_blocks(n));
         // SAFETY: the arguments follow `ValueKernel`'s documented layout; inputs hold the
@@ -2342,16 +2347,26 @@ pub(crate) fn evaluate_values_at(
         // string lengths) and a validity word per 32 of them.
         unsafe { stream.launch(kernel, cfg, &args)? };
         if !byte_args.is_empty() {
-            let mut strings = byte_args.iter();
+            // Every string output's lengths become offsets, and their totals come back in one
+            // readback.
+            let mut totals = stream.alloc::<u64>(byte_args.len())?;
+            let mut k = 0;
             for b in &mut buffers {
-                let Buffers::Strings(offsets, bytes, _) = b else {
+                if let Buffers::Strings(offsets, _, _) = b {
+                    spate_kernels::scan::exclusive_sum_in_place(stream, offsets)?;
+                    stream.copy_device(offsets.slice(n..)?, &mut totals, k)?;
+                    k += 1;
+                }
+            }
+            let totals = stream.to_vec(&totals)?;
+            let mut strings = byte_args.iter().zip(totals);
+            for b in &mut buffers {
+                let Buffers::Strings(_, bytes, _) = b else {
                     continue;
                 };
-                let at = *strings.next().unwrap_or(&0);
-                spate_kernels::scan::exclusive_sum_in_place(stream, offsets)?;
-                let total = stream.to_vec(offsets.slice(n..)?)?[0] as usize;
+                let (&at, total) = strings.next().unwrap_or((&0, 0));
                 // Exactly `total` bytes: Arrow validates the whole buffer as UTF-8.
-                let out = stream.alloc::<u8>(total)?;
+                let out = stream.alloc::<u8>(total as usize)?;
                 args[at] = (&out).into();
                 *bytes = Some(out);
             }
@@ -2361,13 +2376,14 @@ pub(crate) fn evaluate_values_at(
             unsafe { stream.launch(kernel, cfg, &args)? };
         }
     }
-    err.check(stream, &values.checks)?;
-    // One small read for every output's null count.
-    let valid_counts = if n == 0 {
-        vec![0; values.outputs.len()]
+    let mut valid_counts = if n == 0 {
+        vec![0; outputs + 1]
     } else {
-        stream.to_vec(&valid_counts)?
+        stream.to_vec(&readback)?
     };
+    // Little-endian: the u32 error word is the low half of the last u64.
+    let error_word = valid_counts.pop().unwrap_or(0) as u32;
+    ErrorFlag::raise(error_word, &values.checks)?;
     let mut columns = Vec::with_capacity(buffers.len());
     for ((b, data_type), valid) in buffers.into_iter().zip(&values.outputs).zip(valid_counts) {
         let valid = valid as usize;
@@ -2484,11 +2500,16 @@ impl ErrorFlag {
         stream: &spate_kernels::Stream,
         checks: &[(u32, String)],
     ) -> crate::error::Result<()> {
-        use arrow::error::ArrowError;
         let Some(flag) = self.0 else {
             return Ok(());
         };
         let bits = stream.to_vec(&flag)?.first().copied().unwrap_or(0);
+        Self::raise(bits, checks)
+    }
+
+    /// The error the CPU raises for the error word `bits` (none when it is zero).
+    fn raise(bits: u32, checks: &[(u32, String)]) -> crate::error::Result<()> {
+        use arrow::error::ArrowError;
         if bits == 0 {
             return Ok(());
         }

@@ -37,7 +37,7 @@ __device__ void tile_sums(const T* __restrict__ in, u64 n, T* __restrict__ sums)
 }
 
 template <typename T>
-__device__ void scan_tiles(const T* in, u64 n, const T* __restrict__ tile_offsets, T* out, u32 inclusive) {
+__device__ void scan_tiles(const T* in, u64 n, const T* __restrict__ tile_offsets, T* out, u32 inclusive, T* total) {
     __shared__ T smem[SPATE_TILE];
     u64 tile_start = (u64)blockIdx.x * SPATE_TILE;
     T items[SPATE_ITEMS_PER_THREAD];
@@ -56,6 +56,8 @@ __device__ void scan_tiles(const T* in, u64 n, const T* __restrict__ tile_offset
         smem[threadIdx.x * SPATE_ITEMS_PER_THREAD + k] = inclusive ? running + v : running;
         running += v;
     }
+    // The last thread of the last tile has summed every value (the padding is zero): the total.
+    if (total != nullptr && blockIdx.x == (n - 1) / SPATE_TILE && threadIdx.x == SPATE_BLOCK_THREADS - 1) *total = running;
     __syncthreads();
 #pragma unroll
     for (u32 k = 0; k < SPATE_ITEMS_PER_THREAD; ++k) {
@@ -97,21 +99,22 @@ SPATE_EXPORT(scan_tile_sums_u64)
  * @param tile_offsets  exclusive scan of the tile sums, or null for a single tile
  * @param out           output values, `n` of them
  * @param inclusive     1 for an inclusive scan, 0 for exclusive
+ * @param total         where the sum of all `n` values goes (one value), or null
  *
  * Launch: SPATE_BLOCK_THREADS threads, one block per tile, SPATE_TILE values of static shared.
- * Memory: caller allocates `out`.
+ * Memory: caller allocates `out` (and `total`).
  * Nulls:  none; sums wrap modulo 2^32 (2^64) like unsigned arithmetic.
  * Stream: asynchronous on the launch stream.
  */
 extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS)
-    scan_tiles_u32(const u32* in, u64 n, const u32* tile_offsets, u32* out, u32 inclusive) {
-    spate::scan_tiles<u32>(in, n, tile_offsets, out, inclusive);
+    scan_tiles_u32(const u32* in, u64 n, const u32* tile_offsets, u32* out, u32 inclusive, u32* total) {
+    spate::scan_tiles<u32>(in, n, tile_offsets, out, inclusive, total);
 }
 SPATE_EXPORT(scan_tiles_u32)
 
 /// As scan_tiles_u32, for u64 values.
 extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS)
-    scan_tiles_u64(const u64* in, u64 n, const u64* tile_offsets, u64* out, u32 inclusive) {
-    spate::scan_tiles<u64>(in, n, tile_offsets, out, inclusive);
+    scan_tiles_u64(const u64* in, u64 n, const u64* tile_offsets, u64* out, u32 inclusive, u64* total) {
+    spate::scan_tiles<u64>(in, n, tile_offsets, out, inclusive, total);
 }
 SPATE_EXPORT(scan_tiles_u64)

@@ -133,7 +133,7 @@ impl ProbeState {
             if n > 0 {
                 build.probe_non_empty.store(true, Ordering::Relaxed);
             }
-            if batch.columns()[self.plan.probe_keys[0]].null_count() > 0 {
+            if batch.columns()[self.plan.probe_keys[0]].count_nulls(s)? > 0 {
                 build.probe_has_null.store(true, Ordering::Relaxed);
             }
             if build.probe_has_null.load(Ordering::Relaxed) {
