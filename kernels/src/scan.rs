@@ -39,7 +39,14 @@ pub fn exclusive_sum<T: ScanElem>(
     input: DeviceSlice<'_, T>,
 ) -> Result<DeviceBuffer<T>> {
     let out = stream.alloc::<T>(input.len())?;
-    scan_raw::<T>(stream, input.address(), input.len(), out.address(), false, None)?;
+    scan_raw::<T>(
+        stream,
+        input.address(),
+        input.len(),
+        out.address(),
+        false,
+        None,
+    )?;
     Ok(out)
 }
 
@@ -49,7 +56,14 @@ pub fn inclusive_sum<T: ScanElem>(
     input: DeviceSlice<'_, T>,
 ) -> Result<DeviceBuffer<T>> {
     let out = stream.alloc::<T>(input.len())?;
-    scan_raw::<T>(stream, input.address(), input.len(), out.address(), true, None)?;
+    scan_raw::<T>(
+        stream,
+        input.address(),
+        input.len(),
+        out.address(),
+        true,
+        None,
+    )?;
     Ok(out)
 }
 
@@ -58,7 +72,14 @@ pub fn exclusive_sum_in_place<T: ScanElem>(
     stream: &Stream,
     data: &mut DeviceBuffer<T>,
 ) -> Result<()> {
-    scan_raw::<T>(stream, data.address(), data.len(), data.address(), false, None)
+    scan_raw::<T>(
+        stream,
+        data.address(),
+        data.len(),
+        data.address(),
+        false,
+        None,
+    )
 }
 
 /// Exclusive prefix sum of `input`, plus the total: the scan writes it to the device, and one
@@ -199,7 +220,11 @@ mod tests {
             let (out, total) = crate::counters::in_scope(&scope, || {
                 exclusive_sum_with_total(&stream, input.as_slice()).unwrap()
             });
-            assert_eq!(total, host.iter().fold(0u64, |a, &b| a.wrapping_add(b)), "n={n}");
+            assert_eq!(
+                total,
+                host.iter().fold(0u64, |a, &b| a.wrapping_add(b)),
+                "n={n}"
+            );
             // The total comes back in one readback.
             assert_eq!(scope.snapshot().host_syncs, u64::from(n > 0), "n={n}");
             assert_eq!(
