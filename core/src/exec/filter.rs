@@ -28,7 +28,7 @@ use spate_kernels::Stream as DeviceStream;
 use spate_kernels::compact::{self, Mask};
 
 use super::{
-    DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, device_input, gpu_context,
+    DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, gpu_context, per_batch_input,
     rebuild_gpu, to_df,
 };
 use crate::column::{DeviceBatch, gather_column};
@@ -224,7 +224,7 @@ impl GpuFilterExec {
             .generated_kernel(&self.kernel.source, &self.kernel.entry)
             .map_err(to_df)?;
         let transfer = TransferMetrics::new(&self.metrics, partition);
-        let input = device_input(self.cpu.input(), partition, &context, &stream, &transfer)?;
+        let input = per_batch_input(self.cpu.input(), partition, &context, &stream, &transfer)?;
         let state = FilterState {
             input,
             stream,

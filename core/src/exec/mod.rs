@@ -68,6 +68,7 @@ macro_rules! gpu_plan_methods {
 pub(crate) use gpu_plan_methods;
 
 pub mod aggregate;
+mod batching;
 pub mod cache;
 pub mod coalesce;
 pub mod counted;
@@ -430,6 +431,29 @@ pub(crate) fn device_input(
         metrics.clone(),
         reservation,
     )))
+}
+
+/// [`device_input`] for an operator that works batch by batch (a filter, a projection, a join's
+/// probe, a partial aggregation): a GPU child's small batches are merged on the device first
+/// (`batching.rs`), as a CPU child's are coalesced before their upload.
+pub(crate) fn per_batch_input(
+    input: &Arc<dyn ExecutionPlan>,
+    partition: usize,
+    context: &Arc<TaskContext>,
+    stream: &Arc<DeviceStream>,
+    metrics: &TransferMetrics,
+) -> DFResult<DeviceBatchStream> {
+    let batches = device_input(input, partition, context, stream, metrics)?;
+    if as_gpu_exec(input.as_ref()).is_none() {
+        return Ok(batches);
+    }
+    let target = SpateOptions::gpu_batch_bytes(context.session_config().options());
+    Ok(batching::merge_small_batches(
+        batches,
+        input.schema(),
+        target,
+        Arc::clone(stream),
+    ))
 }
 
 /// How many host batches a CPU input may produce ahead of the upload that consumes them.

@@ -27,7 +27,7 @@ use spate_kernels::Stream as DeviceStream;
 
 use super::filter::GpuFilterExec;
 use super::{
-    DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, device_input, gpu_context,
+    DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, gpu_context, per_batch_input,
     rebuild_gpu, to_df,
 };
 use crate::column::{DeviceBatch, gather_column};
@@ -204,7 +204,7 @@ impl GpuExec for GpuProjectionExec {
             })));
         }
         let transfer = TransferMetrics::new(&self.metrics, partition);
-        let input = device_input(self.cpu.input(), partition, &context, &stream, &transfer)?;
+        let input = per_batch_input(self.cpu.input(), partition, &context, &stream, &transfer)?;
         Ok(Box::pin(input.map(move |batch| {
             let batch = batch?;
             let _timer = baseline.elapsed_compute().timer();

@@ -60,7 +60,7 @@ use spate_kernels::{DeviceBuffer, Kernel, KernelArg, LaunchConfig, Stream as Dev
 use self::codegen::{AggProgram, AggSpec, Out, Slot, SlotKind};
 use super::{
     DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, device_input, gpu_context,
-    rebuild_gpu, to_df,
+    per_batch_input, rebuild_gpu, to_df,
 };
 use crate::column::{
     DeviceBatch, DeviceBytes, DeviceColumn, DeviceValidity, DeviceValues, concat_device_batches,
@@ -875,7 +875,11 @@ impl GpuExec for GpuAggregateExec {
         };
         let kernels = Arc::new(kernels);
         let transfer = TransferMetrics::new(&self.metrics, partition);
-        let input = device_input(self.cpu.input(), partition, &context, &stream, &transfer)?;
+        let input = if self.plan.per_batch {
+            per_batch_input(self.cpu.input(), partition, &context, &stream, &transfer)?
+        } else {
+            device_input(self.cpu.input(), partition, &context, &stream, &transfer)?
+        };
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let plan = Arc::clone(&self.plan);
         let schema = self.schema();

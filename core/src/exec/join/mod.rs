@@ -51,7 +51,7 @@ use self::probe::ProbeState;
 use super::aggregate::Kernels;
 use super::{
     DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, device_input, gpu_context,
-    to_df,
+    per_batch_input, to_df,
 };
 use crate::column::{DeviceBatch, concat_device_batches, gather_column, gather_column_or_null};
 use crate::config::SpateOptions;
@@ -427,7 +427,7 @@ impl GpuExec for GpuHashJoinExec {
                 make(build_stream, partition).await
             }
         };
-        let probe = device_input(self.right(), partition, &context, &stream, &transfer)?;
+        let probe = per_batch_input(self.right(), partition, &context, &stream, &transfer)?;
         let pending = collect_left.then(|| Arc::clone(&self.pending));
         let state = (
             ProbeState {
