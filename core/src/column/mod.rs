@@ -146,7 +146,8 @@ pub struct DeviceColumn {
 }
 
 impl DeviceColumn {
-    /// A column from its parts. `validity` is `None` when no row is null.
+    /// A column from its parts, with its `null_count` known. `validity` is `None` when no row
+    /// is null.
     pub fn new(
         data_type: DataType,
         len: usize,
@@ -222,7 +223,8 @@ impl DeviceColumn {
         }
     }
 
-    /// The validity bitmap, when some row is null.
+    /// The validity bitmap, when some row may be null (a column whose nulls were not counted
+    /// may have a bitmap with every bit set).
     pub fn validity(&self) -> Option<&DeviceValidity> {
         self.validity.as_ref()
     }
