@@ -20,7 +20,7 @@ use futures::StreamExt;
 use spate_kernels::Stream as DeviceStream;
 
 use super::{DeviceBatchStream, to_df};
-use crate::column::{DeviceBatch, concat_device_batches};
+use crate::column::{DeviceBatch, DeviceValues, concat_device_batches};
 
 /// The most rows a merged batch holds: operators index rows with `u32`.
 const MAX_ROWS: usize = 1 << 31;
@@ -64,6 +64,14 @@ struct Merging {
     done: bool,
 }
 
+/// How each column of `batch` is stored (its `DeviceValues` variant).
+fn layout(batch: &DeviceBatch) -> impl Iterator<Item = std::mem::Discriminant<DeviceValues>> + '_ {
+    batch
+        .columns()
+        .iter()
+        .map(|c| std::mem::discriminant(c.values()))
+}
+
 impl Merging {
     async fn next(&mut self) -> Option<DFResult<DeviceBatch>> {
         loop {
@@ -97,8 +105,15 @@ impl Merging {
                 }
                 continue;
             }
+            // Operators may store a string column with 32-bit offsets in one batch and 64-bit
+            // in the next (a left join's unmatched rows, say); such batches are not merged.
+            let same_layout = self
+                .pending
+                .first()
+                .is_none_or(|p| layout(p).eq(layout(&batch)));
             let full = self.pending_bytes + bytes > self.target_bytes
-                || self.pending_rows + rows > MAX_ROWS;
+                || self.pending_rows + rows > MAX_ROWS
+                || !same_layout;
             let merged = if full { self.flush() } else { None };
             self.pending.push(batch);
             self.pending_bytes += bytes;

@@ -394,7 +394,7 @@ impl PhysicalOptimizerRule for GpuOffloadRule {
         .and_then(|t| self.place_projections(t.data, false, policy))
         .and_then(|plan| {
             if one_partition {
-                super::regions::one_partition_per_device(plan)
+                super::regions::one_partition_per_device(plan, config)
             } else {
                 Ok(plan)
             }

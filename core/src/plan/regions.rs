@@ -19,14 +19,20 @@
 //! - A final aggregation over the partial one below it (now in the same partition) becomes one
 //!   single-stage aggregation over the partial's input, when the GPU runs it and its schema is
 //!   the final's.
+//! - A rewrite that DataFusion's `SanityCheckPlan` rejects (the sorted partitions of an
+//!   ordered scan under a sorted merge, the hash partitions an `InterleaveExec` pairs) is
+//!   dropped, and the plan keeps DataFusion's partitions.
 //! - Where a CPU operator above a GPU region relied on its partitions (a partitioned CPU join
 //!   whose other side keeps its hash partitions, say), the region's output is repartitioned
 //!   back on the host, as it was planned: that edge downloads anyway.
 
 use std::sync::Arc;
 
+use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::error::Result as DFResult;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_optimizer::sanity_checker::SanityCheckPlan;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
@@ -38,16 +44,38 @@ use datafusion::physical_plan::{
 use super::offload::PLUMBING;
 use crate::exec::{GpuAggregateExec, GpuCoalescePartitionsExec, as_gpu_exec};
 
-/// `plan` with every GPU region in one partition (see the module docs).
-pub fn one_partition_per_device(plan: Arc<dyn ExecutionPlan>) -> DFResult<Arc<dyn ExecutionPlan>> {
-    let plan = rewrite(plan, false)?;
-    plan.transform_up(|node| {
-        Ok(match single_stage(&node)? {
-            Some(fused) => Transformed::yes(fused),
-            None => Transformed::no(node),
+/// `plan` with every GPU region in one partition (see the module docs), or `plan` as it is
+/// when the rewritten plan would not be valid.
+///
+/// Some plans rely on their partitions beyond what a node's distribution requirement says:
+/// the sorted partitions of an ordered file scan that a sorted merge above a GPU filter
+/// combines (merging them on the device would lose their order), or the hash partitions an
+/// `InterleaveExec` interleaves. Such a plan keeps DataFusion's partitions: the rewrite is
+/// checked with DataFusion's own `SanityCheckPlan`, and a rewrite that fails it, or fails to
+/// rebuild, is dropped.
+pub fn one_partition_per_device(
+    plan: Arc<dyn ExecutionPlan>,
+    config: &ConfigOptions,
+) -> DFResult<Arc<dyn ExecutionPlan>> {
+    let rewritten = rewrite(Arc::clone(&plan), false).and_then(|p| {
+        p.transform_up(|node| {
+            Ok(match single_stage(&node)? {
+                Some(fused) => Transformed::yes(fused),
+                None => Transformed::no(node),
+            })
         })
+        .map(|t| t.data)
+    });
+    Ok(match rewritten {
+        Ok(p)
+            if SanityCheckPlan::new()
+                .optimize(Arc::clone(&p), config)
+                .is_ok() =>
+        {
+            p
+        }
+        _ => plan,
     })
-    .map(|t| t.data)
 }
 
 /// A GPU final aggregation over a GPU partial one in the same partition, as one single-stage
