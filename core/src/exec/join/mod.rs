@@ -448,6 +448,7 @@ impl GpuExec for GpuHashJoinExec {
                     .gauge("largest_output_bytes", partition),
                 batch_bytes: SpateOptions::gpu_batch_bytes(context.session_config().options()),
                 chunks: None,
+                wide_probe_strings: Vec::new(),
             },
             Some(Box::pin(build)
                 as std::pin::Pin<

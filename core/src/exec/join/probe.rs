@@ -25,7 +25,9 @@ use spate_kernels::{DeviceBuffer, DeviceSlice, KernelArg, Stream as DeviceStream
 
 use super::build::BuildSide;
 use super::{JoinPlan, assemble};
-use crate::column::{DeviceBatch, DeviceColumn, DeviceValues, gather_column, upload_batch};
+use crate::column::{
+    DeviceBatch, DeviceBytes, DeviceColumn, DeviceValues, gather_column, upload_batch,
+};
 use crate::error::{Result, SpateError};
 use crate::exec::aggregate::{Kernels, launch};
 use crate::expr::{column_args, evaluate_predicate};
@@ -52,6 +54,10 @@ pub(super) struct ProbeState {
     pub(super) batch_bytes: usize,
     /// The rest of the current probe batch's output.
     pub(super) chunks: Option<Chunks>,
+    /// The probe columns that came as strings with 64-bit offsets (computed strings do, even
+    /// for a `Utf8` field): the all-NULL probe side of unmatched build rows takes the same
+    /// layout, so that every output batch stores a column alike.
+    pub(super) wide_probe_strings: Vec<bool>,
 }
 
 /// One probe batch's matches, emitted a chunk of whole probe rows at a time.
@@ -116,6 +122,11 @@ impl ProbeState {
     /// Looks a probe batch up; returns its first output batch (the rest comes from
     /// [`ProbeState::next_chunk`]).
     pub(super) fn probe(&mut self, batch: &DeviceBatch) -> Result<Option<DeviceBatch>> {
+        self.wide_probe_strings = batch
+            .columns()
+            .iter()
+            .map(|c| matches!(c.values(), DeviceValues::LargeUtf8 { .. }))
+            .collect();
         let compute = self.baseline.elapsed_compute().clone();
         let _timer = compute.timer();
         let s = Arc::clone(&self.stream);
@@ -621,7 +632,7 @@ impl ProbeState {
         }
         // Left and full outer: the probe side is all NULL.
         let nothing = s.from_host(&vec![spate_kernels::launch::NULL_INDEX; rows])?;
-        let empty = upload_batch(s, &RecordBatch::new_empty(Arc::clone(&self.probe_schema)))?;
+        let empty = self.empty_probe_batch()?;
         assemble(
             s,
             &self.schema,
@@ -649,6 +660,33 @@ impl ProbeState {
         } else {
             Ok(None)
         }
+    }
+
+    /// A probe batch of no rows, its string columns stored as the probe batches stored them.
+    fn empty_probe_batch(&self) -> Result<DeviceBatch> {
+        let s = &self.stream;
+        let empty = upload_batch(s, &RecordBatch::new_empty(Arc::clone(&self.probe_schema)))?;
+        if !self.wide_probe_strings.iter().any(|&w| w) {
+            return Ok(empty);
+        }
+        let mut columns = Vec::with_capacity(empty.columns().len());
+        for (k, c) in empty.columns().iter().enumerate() {
+            let wide = self.wide_probe_strings.get(k).copied().unwrap_or(false);
+            columns.push(match c.values() {
+                DeviceValues::Utf8 { .. } if wide => DeviceColumn::new(
+                    c.data_type().clone(),
+                    0,
+                    0,
+                    None,
+                    DeviceValues::LargeUtf8 {
+                        offsets: DeviceBytes::new(s.alloc_zeroed::<i64>(1)?.into_bytes()),
+                        bytes: DeviceBytes::new(s.alloc::<u8>(0)?),
+                    },
+                ),
+                _ => c.clone(),
+            });
+        }
+        DeviceBatch::try_new(Arc::clone(&self.probe_schema), columns, 0)
     }
 
     /// Counts an output batch.
