@@ -367,6 +367,18 @@ async fn explain(engine: &Engine, sql: &str) -> String {
     rows(&batches).join("\n")
 }
 
+/// Where the operators of `sql`'s physical plan run.
+async fn placement(engine: &Engine, sql: &str) -> spate::plan::offload::Placement {
+    let physical = engine
+        .sql(sql)
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    spate::plan::offload::placement(&physical)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_shows_gpu_filters_and_the_cpu_keeps_the_rest() {
     let gpu = engine(Backend::Emulated, 8192);
@@ -408,14 +420,7 @@ async fn explain_shows_gpu_filters_and_the_cpu_keeps_the_rest() {
         plan.contains("GpuAggregateExec: mode=Single") && !plan.contains("RepartitionExec"),
         "{plan}"
     );
-    let physical = gpu
-        .sql(sql)
-        .await
-        .unwrap()
-        .create_physical_plan()
-        .await
-        .unwrap();
-    let placed = spate::plan::offload::placement(&physical);
+    let placed = placement(&gpu, sql).await;
     assert!(placed.fully_on_device(), "{placed:?}");
     // With DataFusion's CPU partitions kept, a repartition between two GPU aggregates moves
     // their data through the host: it says so, and the plan is fully on the GPU (no CPU
@@ -438,14 +443,7 @@ async fn explain_shows_gpu_filters_and_the_cpu_keeps_the_rest() {
         ),
         "{plan}"
     );
-    let physical = gpu
-        .sql(sql)
-        .await
-        .unwrap()
-        .create_physical_plan()
-        .await
-        .unwrap();
-    let placed = spate::plan::offload::placement(&physical);
+    let placed = placement(&gpu, sql).await;
     assert!(placed.fully_on_gpu(), "{placed:?}");
     assert!(!placed.fully_on_device(), "{placed:?}");
     assert!(

@@ -350,9 +350,9 @@ fn emulated_filters_match_the_cpu_on_tpch() {
     assert!(stdout(&o).contains("GpuFilterExec"), "{}", stdout(&o));
 }
 
-#[test]
-fn the_tpch_report_names_where_operators_ran_and_verifies_results() {
-    let o = spate(&[
+/// `spate bench tpch --verify` of Q6 and Q11 at SF 0.01 on the emulator, with `extra` arguments.
+fn verify_q6_q11(extra: &[&str]) -> Output {
+    let mut args = vec![
         "bench",
         "tpch",
         "--sf",
@@ -364,7 +364,14 @@ fn the_tpch_report_names_where_operators_ran_and_verifies_results() {
         "6",
         "-q",
         "11",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    spate(&args)
+}
+
+#[test]
+fn the_tpch_report_names_where_operators_ran_and_verifies_results() {
+    let o = verify_q6_q11(&[]);
     let out = stdout(&o);
     assert!(o.status.success(), "{out}\n{}", stderr(&o));
     assert!(out.starts_with("backend: emulated"), "{out}");
@@ -387,21 +394,7 @@ fn the_tpch_report_names_where_operators_ran_and_verifies_results() {
     );
     // With DataFusion's CPU partitions kept, Q11's exchanges between GPU operators go through
     // the host: it is no longer fully on the GPU (Q6 has none).
-    let o = spate(&[
-        "bench",
-        "tpch",
-        "--sf",
-        "0.01",
-        "--backend",
-        "emulated",
-        "--verify",
-        "--set",
-        "spate.gpu.one_partition=false",
-        "-q",
-        "6",
-        "-q",
-        "11",
-    ]);
+    let o = verify_q6_q11(&["--set", "spate.gpu.one_partition=false"]);
     let out = stdout(&o);
     assert!(o.status.success(), "{out}\n{}", stderr(&o));
     assert!(out.contains("      host exchanges: "), "{out}");
