@@ -320,11 +320,15 @@ pub fn upload_column(stream: &Stream, array: &ArrayRef) -> Result<DeviceColumn> 
     Ok(uploaded.columns.swap_remove(0))
 }
 
-/// Device slices of one column to copy back, in order.
-fn segments(column: &DeviceColumn) -> Vec<DeviceSlice<'_, u8>> {
+/// Device slices of one column to copy back, in order. A validity bitmap comes back only up to
+/// the byte holding the column's last row: kernels round their bitmaps up to whole words, and a
+/// one-row result should not pay for them on the bus.
+fn segments(column: &DeviceColumn) -> Result<Vec<DeviceSlice<'_, u8>>> {
     let mut out = Vec::with_capacity(3);
     if let Some(v) = column.validity() {
-        out.push(v.bytes.as_slice());
+        let bitmap = v.bytes.as_slice();
+        let used = (v.offset + column.len()).div_ceil(8).min(bitmap.len());
+        out.push(bitmap.slice(..used)?);
     }
     match column.values() {
         DeviceValues::Fixed { bytes, .. } | DeviceValues::Bits { bytes, .. } => {
@@ -335,7 +339,7 @@ fn segments(column: &DeviceColumn) -> Vec<DeviceSlice<'_, u8>> {
             out.push(bytes.as_slice());
         }
     }
-    out
+    Ok(out)
 }
 
 /// Downloads a device batch into a record batch of its schema.
@@ -344,7 +348,7 @@ pub fn download_batch(stream: &Stream, batch: &DeviceBatch) -> Result<RecordBatc
     let mut total = 0usize;
     for column in batch.columns() {
         let mut ranges = Vec::new();
-        for s in segments(column) {
+        for s in segments(column)? {
             let at = total.next_multiple_of(SEGMENT_ALIGN);
             ranges.push((at, s.len()));
             total = at + s.len();
@@ -353,7 +357,7 @@ pub fn download_batch(stream: &Stream, batch: &DeviceBatch) -> Result<RecordBatc
     }
     let mut staging = stream.device().pinned(total)?;
     for (column, ranges) in batch.columns().iter().zip(&layout) {
-        for (s, (at, _)) in segments(column).into_iter().zip(ranges) {
+        for (s, (at, _)) in segments(column)?.into_iter().zip(ranges) {
             stream.download_pinned_at(s, &mut staging, *at)?;
         }
     }
@@ -391,7 +395,10 @@ fn build_array(column: &DeviceColumn, parts: &[&[u8]]) -> Result<ArrayRef> {
     let (nulls, rest) = match column.validity() {
         Some(v) => {
             let bits = BooleanBuffer::new(Buffer::from_slice_ref(parts[0]), v.offset, len);
-            (Some(NullBuffer::new(bits)), &parts[1..])
+            // Kernels that do not count their nulls on the device always write a bitmap; one
+            // with every bit set is dropped, so the array looks as an upload's would.
+            let nulls = NullBuffer::new(bits);
+            ((nulls.null_count() > 0).then_some(nulls), &parts[1..])
         }
         None => (None, parts),
     };

@@ -2008,9 +2008,10 @@ pub struct ValueKernel {
     /// `const u32* rows` (output `o` reads input row `rows[o]`, or row `o` when null: a filter's
     /// kept rows, so the gather is fused into the kernel), `u32 pass` and then, per output,
     /// `(T* values, u32* validity_words)`, or for a string output
-    /// `(u64* offsets, u8* bytes, u32* validity_words)`, then `u64* valid_counts` (one zeroed counter per
-    /// output, to which the kernel adds its non-null values, so null counts need no extra pass)
-    /// and `u32* err` when `checks` is not empty. Without string outputs the kernel runs once
+    /// `(u64* offsets, u8* bytes, u32* validity_words)`, then `u32* err` when `checks` is not
+    /// empty. Every output gets a validity bitmap, and its nulls are not counted: the count
+    /// stays on the device until a host consumer asks for it
+    /// ([`crate::column::DeviceColumn::count_nulls`]). Without string outputs the kernel runs once
     /// (`pass` 0). With them it runs twice: pass 0 computes every output and writes each
     /// string's length to `offsets`, which the host turns into offsets by an exclusive scan;
     /// pass 1 copies each string's bytes there.
@@ -2088,7 +2089,7 @@ pub fn value_kernel(
             );
             let _ = writeln!(
                 publish,
-                "        if (pass == 0u) {{ const u32 v = __ballot_sync(SPATE_FULL_MASK, ok{j}); if (spate::lane_id() == 0) {{ valid{j}[base / 32] = v; if (v != 0u) atomicAdd(&valid_counts[{j}], (u64)__popc(v)); }} }}"
+                "        if (pass == 0u) {{ const u32 v = __ballot_sync(SPATE_FULL_MASK, ok{j}); if (spate::lane_id() == 0) {{ valid{j}[base / 32] = v; }} }}"
             );
         } else if dev == DevType::Bool {
             let _ = write!(params, ", u32* out{j}, u32* valid{j}");
@@ -2103,7 +2104,7 @@ pub fn value_kernel(
             );
             let _ = writeln!(
                 publish,
-                "        if (pass == 0u) {{ const u32 w = __ballot_sync(SPATE_FULL_MASK, set{j}); const u32 v = __ballot_sync(SPATE_FULL_MASK, ok{j}); if (spate::lane_id() == 0) {{ out{j}[base / 32] = w; valid{j}[base / 32] = v; if (v != 0u) atomicAdd(&valid_counts[{j}], (u64)__popc(v)); }} }}"
+                "        if (pass == 0u) {{ const u32 w = __ballot_sync(SPATE_FULL_MASK, set{j}); const u32 v = __ballot_sync(SPATE_FULL_MASK, ok{j}); if (spate::lane_id() == 0) {{ out{j}[base / 32] = w; valid{j}[base / 32] = v; }} }}"
             );
         } else {
             let c = dev.c_type();
@@ -2116,11 +2117,10 @@ pub fn value_kernel(
             );
             let _ = writeln!(
                 publish,
-                "        if (pass == 0u) {{ const u32 v = __ballot_sync(SPATE_FULL_MASK, ok{j}); if (spate::lane_id() == 0) {{ valid{j}[base / 32] = v; if (v != 0u) atomicAdd(&valid_counts[{j}], (u64)__popc(v)); }} }}"
+                "        if (pass == 0u) {{ const u32 v = __ballot_sync(SPATE_FULL_MASK, ok{j}); if (spate::lane_id() == 0) {{ valid{j}[base / 32] = v; }} }}"
             );
         }
     }
-    params.push_str(", u64* valid_counts");
     if !g.checks.is_empty() {
         params.push_str(", u32* err");
     }
@@ -2331,13 +2331,18 @@ pub(crate) fn evaluate_values_at(
             }
         }
     }
-    // Everything the host reads after the launches comes back in one readback: each output's
-    // count of valid rows, then the error word (a u32 in the last u64).
-    let outputs = values.outputs.len();
-    let readback = stream.alloc_zeroed::<u64>(outputs + 1)?;
-    args.push((&readback).into());
-    if !values.checks.is_empty() {
-        args.push(KernelArg::Ptr(readback.slice(outputs..)?.address()));
+    // Everything the host reads after the first launch comes back in one readback: each string
+    // output's byte total, then the error word (a u32 in the last u64). A kernel with neither
+    // reads nothing back: its null counts stay on the device.
+    let strings = byte_args.len();
+    let checked = !values.checks.is_empty();
+    // Kept alive to the end: pass 1 may still write the error word.
+    let mut readback = match strings + usize::from(checked) {
+        0 => None,
+        words => Some(stream.alloc_zeroed::<u64>(words)?),
+    };
+    if let (true, Some(r)) = (checked, &readback) {
+        args.push(KernelArg::Ptr(r.slice(strings..)?.address()));
     }
     if n > 0 {
         let cfg = LaunchConfig::blocks(stream.device().grid_stride_blocks(n));
@@ -2346,25 +2351,35 @@ pub(crate) fn evaluate_values_at(
         // indices of those rows (a filter's kept rows), outputs `n` values (or bits, or
         // string lengths) and a validity word per 32 of them.
         unsafe { stream.launch(kernel, cfg, &args)? };
-        if !byte_args.is_empty() {
-            // Every string output's lengths become offsets, and their totals come back in one
-            // readback.
-            let mut totals = stream.alloc::<u64>(byte_args.len())?;
+        let mut totals = Vec::new();
+        if let Some(readback) = &mut readback {
+            // Every string output's lengths become offsets, their totals go next to the error
+            // word, and all of it comes back at once.
             let mut k = 0;
             for b in &mut buffers {
                 if let Buffers::Strings(offsets, _, _) = b {
                     spate_kernels::scan::exclusive_sum_in_place(stream, offsets)?;
-                    stream.copy_device(offsets.slice(n..)?, &mut totals, k)?;
+                    stream.copy_device(offsets.slice(n..)?, readback, k)?;
                     k += 1;
                 }
             }
-            let totals = stream.to_vec(&totals)?;
-            let mut strings = byte_args.iter().zip(totals);
-            for b in &mut buffers {
+            totals = stream.to_vec(&*readback)?;
+            if checked {
+                // Little-endian: the u32 error word is the low half of the last u64. Raised
+                // before any string buffer is sized from totals an error left meaningless.
+                let error_word = totals.pop().unwrap_or(0) as u32;
+                ErrorFlag::raise(error_word, &values.checks)?;
+            }
+        }
+        if strings > 0 {
+            for (b, (&at, &total)) in buffers
+                .iter_mut()
+                .filter(|b| matches!(b, Buffers::Strings(..)))
+                .zip(byte_args.iter().zip(&totals))
+            {
                 let Buffers::Strings(_, bytes, _) = b else {
                     continue;
                 };
-                let (&at, total) = strings.next().unwrap_or((&0, 0));
                 // Exactly `total` bytes: Arrow validates the whole buffer as UTF-8.
                 let out = stream.alloc::<u8>(total as usize)?;
                 args[at] = (&out).into();
@@ -2376,19 +2391,10 @@ pub(crate) fn evaluate_values_at(
             unsafe { stream.launch(kernel, cfg, &args)? };
         }
     }
-    let mut valid_counts = if n == 0 {
-        vec![0; outputs + 1]
-    } else {
-        stream.to_vec(&readback)?
-    };
-    // Little-endian: the u32 error word is the low half of the last u64.
-    let error_word = valid_counts.pop().unwrap_or(0) as u32;
-    ErrorFlag::raise(error_word, &values.checks)?;
     let mut columns = Vec::with_capacity(buffers.len());
-    for ((b, data_type), valid) in buffers.into_iter().zip(&values.outputs).zip(valid_counts) {
-        let valid = valid as usize;
+    for (b, data_type) in buffers.into_iter().zip(&values.outputs) {
         let validity_of = |validity| {
-            (valid < n).then(|| DeviceValidity {
+            Some(DeviceValidity {
                 bytes: DeviceBytes::new(validity),
                 offset: 0,
             })
@@ -2421,10 +2427,9 @@ pub(crate) fn evaluate_values_at(
                 validity_of(validity),
             ),
         };
-        columns.push(DeviceColumn::new(
+        columns.push(DeviceColumn::with_uncounted_nulls(
             data_type.clone(),
             n,
-            n - valid,
             validity,
             values,
         ));

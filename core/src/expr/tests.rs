@@ -400,6 +400,39 @@ fn generated_values_match_datafusion() {
 }
 
 #[test]
+fn value_kernels_without_strings_or_checks_read_nothing_back() {
+    let device = Device::emulated(DeviceOptions::default()).unwrap();
+    let stream = device.new_stream().unwrap();
+    let host = batch(1500, 3);
+    let schema = host.schema();
+    let s = schema.as_ref();
+    let exprs: Vec<E> = vec![
+        bin(col(s, "a"), Operator::Gt, lit(ScalarValue::Int32(Some(2)))),
+        col(s, "f"),
+    ];
+    let refs: Vec<&dyn PhysicalExpr> = exprs.iter().map(|e| e.as_ref()).collect();
+    let vk = value_kernel(&refs, &schema).unwrap_or_else(|e| panic!("{e}"));
+    assert!(vk.checks.is_empty(), "these expressions need no checks");
+    let kernel = device
+        .compile_generated(&vk.entry, &vk.source, &[&vk.entry])
+        .unwrap()
+        .remove(0);
+    let on_device = upload_batch(&stream, &host).unwrap();
+    let before = device.counters();
+    let columns = evaluate_values(&stream, &kernel, &vk, &on_device).unwrap();
+    let spent = device.counters() - before;
+    assert_eq!((spent.host_syncs, spent.d2h_bytes), (0, 0), "{spent:?}");
+    for (expr, column) in exprs.iter().zip(&columns) {
+        // The null count stays on the device until asked for.
+        assert_eq!(column.null_count(), None, "`{expr}`");
+        let want = expr.evaluate(&host).unwrap().into_array(1500).unwrap();
+        assert_eq!(column.count_nulls(&stream).unwrap(), want.null_count());
+        let got = crate::column::download_column(&stream, column).unwrap();
+        assert_eq!(got.as_ref(), want.as_ref(), "`{expr}`");
+    }
+}
+
+#[test]
 fn decimal_shapes_that_could_overflow_run_checked_but_not_in_branches() {
     let host = batch(1, 1);
     let s = host.schema();
@@ -467,7 +500,12 @@ fn string_outputs_hold_exactly_their_bytes() {
         .unwrap()
         .remove(0);
     let on_device = upload_batch(&stream, &host).unwrap();
+    let before = device.counters();
     let columns = evaluate_values(&stream, &kernel, &vk, &on_device).unwrap();
+    // Both outputs' byte totals (and the error word, if any) come back in one readback.
+    let spent = device.counters() - before;
+    let words = 2 + u64::from(!vk.checks.is_empty());
+    assert_eq!((spent.host_syncs, spent.d2h_bytes), (1, 8 * words), "{spent:?}");
     for ((expr, column), bytes) in exprs.iter().zip(&columns).zip([7, 0]) {
         let crate::column::DeviceValues::LargeUtf8 { bytes: data, .. } = column.values() else {
             panic!("`{expr}`: strings expected");

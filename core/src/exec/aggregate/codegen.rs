@@ -25,9 +25,10 @@
 //!   (keys, value) pair with a non-null value adds one to its group's count.
 //! - `canon(u8* data, u64 n, u64 width)`: folds -0.0 into +0.0 in a float key column, as
 //!   DataFusion's group values store it.
-//! - `finish(u64 groups, const u64* acc, const u32* seen, (T* out, u32* valid)…,
-//!   u64* valid_counts)`: the output values and their validity, one 32-bit validity word per 32
-//!   groups, and each output's count of non-null values (added to zeroed counters).
+//! - `finish(u64 groups, const u64* acc, const u32* seen, (T* out, u32* valid)…)`: the output
+//!   values and their validity, one 32-bit validity word per 32 groups (`valid` is null for an
+//!   output that cannot be null). Null counts are not taken: they stay on the device until a
+//!   host consumer asks.
 //!
 //! Accumulators are `u64` words, zero-initialised, `groups` apart (`acc[word * groups + g]`):
 //! integer sums and counts add as wrapping `u64` (as DataFusion's `add_wrapping`), float sums as
@@ -126,6 +127,8 @@ pub(super) struct AggProgram {
     pub(super) entries: Vec<(String, String)>,
     /// Accumulator words per group.
     pub(super) words: usize,
+    /// Per output, whether it can be null (COUNT cannot): only those get a validity bitmap.
+    pub(super) nullable: Vec<bool>,
 }
 
 const SIGN: &str = "0x8000000000000000ull";
@@ -609,17 +612,19 @@ SPATE_EXPORT(ENTRY_update)
     let mut params = String::new();
     let mut compute = String::new();
     let mut publish = String::new();
+    let mut nullable = Vec::with_capacity(spec.outputs.len());
     for (j, (out, ty)) in spec.outputs.iter().enumerate() {
         let c = ty.c_type();
         let _ = write!(params, ", {c}* out{j}, u32* valid{j}");
         let (value, valid) = finish_value(spec, &lay, out, *ty);
+        nullable.push(valid != "true");
         let _ = writeln!(
             compute,
             "            ok{j} = {valid};\n            out{j}[g] = ok{j} ? ({c})({value}) : ({c})0;"
         );
         let _ = writeln!(
             publish,
-            "        {{ const u32 v = __ballot_sync(SPATE_FULL_MASK, ok{j}); if (spate::lane_id() == 0) {{ valid{j}[base / 32] = v; if (v != 0u) atomicAdd(&valid_counts[{j}], (u64)__popc(v)); }} }}"
+            "        if (valid{j} != nullptr) {{ const u32 v = __ballot_sync(SPATE_FULL_MASK, ok{j}); if (spate::lane_id() == 0) valid{j}[base / 32] = v; }}"
         );
     }
     let declare: String = (0..spec.outputs.len())
@@ -627,7 +632,7 @@ SPATE_EXPORT(ENTRY_update)
         .collect();
     let _ = write!(
         body,
-        r#"extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_finish(u64 groups, const u64* acc, const u32* seen{params}, u64* valid_counts) {{
+        r#"extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_finish(u64 groups, const u64* acc, const u32* seen{params}) {{
     const u64 warps = spate::grid_stride() / 32;
     for (u64 base = (spate::global_thread_index() / 32) * 32; base < groups; base += warps * 32) {{
         const u64 g = base + spate::lane_id();
@@ -692,6 +697,7 @@ SPATE_EXPORT(ENTRY_dcount{j})
         source,
         entries,
         words: lay.words,
+        nullable,
     }
 }
 

@@ -734,20 +734,17 @@ fn aggregate_batch(
             }
         };
         let data = stream.alloc::<u8>((groups * width).max(16))?;
-        let valid = stream.alloc::<u8>(bitmap_bytes(groups).max(4))?;
+        // No bitmap for an output that cannot be null (COUNT); the kernel skips a null one.
+        let valid = match plan.program.nullable.get(j) {
+            Some(false) => None,
+            _ => Some(stream.alloc::<u8>(bitmap_bytes(groups).max(4))?),
+        };
         a.push((&data).into());
-        a.push((&valid).into());
+        a.push(valid.as_ref().into());
         outputs.push((data, valid, width, field.data_type().clone()));
     }
-    let valid_counts = stream.alloc_zeroed::<u64>(plan.spec.outputs.len().max(1))?;
-    a.push((&valid_counts).into());
+    // No readback: the null counts stay on the device until a host consumer asks for them.
     launch(stream, kernels.get("finish")?, groups, &a)?;
-    // One small read for every output's null count.
-    let valid_counts = if groups == 0 {
-        vec![0; plan.spec.outputs.len()]
-    } else {
-        stream.to_vec(&valid_counts)?
-    };
 
     let mut columns = Vec::with_capacity(keys.len() + outputs.len());
     match &reps {
@@ -775,16 +772,14 @@ fn aggregate_batch(
         }
         None => debug_assert!(keys.is_empty()),
     }
-    for ((data, valid, width, data_type), valid_rows) in outputs.into_iter().zip(valid_counts) {
-        let valid_rows = valid_rows as usize;
-        let validity = (valid_rows < groups).then(|| DeviceValidity {
+    for (data, valid, width, data_type) in outputs {
+        let validity = valid.map(|valid| DeviceValidity {
             bytes: DeviceBytes::new(valid),
             offset: 0,
         });
-        columns.push(DeviceColumn::new(
+        columns.push(DeviceColumn::with_uncounted_nulls(
             data_type,
             groups,
-            groups - valid_rows,
             validity,
             DeviceValues::Fixed {
                 bytes: DeviceBytes::new(data),
