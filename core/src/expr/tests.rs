@@ -505,7 +505,11 @@ fn string_outputs_hold_exactly_their_bytes() {
     // Both outputs' byte totals (and the error word, if any) come back in one readback.
     let spent = device.counters() - before;
     let words = 2 + u64::from(!vk.checks.is_empty());
-    assert_eq!((spent.host_syncs, spent.d2h_bytes), (1, 8 * words), "{spent:?}");
+    assert_eq!(
+        (spent.host_syncs, spent.d2h_bytes),
+        (1, 8 * words),
+        "{spent:?}"
+    );
     for ((expr, column), bytes) in exprs.iter().zip(&columns).zip([7, 0]) {
         let crate::column::DeviceValues::LargeUtf8 { bytes: data, .. } = column.values() else {
             panic!("`{expr}`: strings expected");
