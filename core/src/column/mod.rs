@@ -204,9 +204,9 @@ impl DeviceColumn {
         self.len == 0
     }
 
-    /// Null rows, when the host knows them: uploads and kernels that count their output's
-    /// nulls do; a gather does not (see [`DeviceColumn::with_uncounted_nulls`]). A column with
-    /// no validity bitmap has none.
+    /// Null rows, when the host knows them: uploads do; gathers, value kernels and aggregate
+    /// outputs do not (see [`DeviceColumn::with_uncounted_nulls`]). A column with no validity
+    /// bitmap has none.
     pub fn null_count(&self) -> Option<usize> {
         self.null_count
     }
