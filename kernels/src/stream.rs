@@ -311,7 +311,10 @@ impl Stream {
 
     /// Waits until all work issued on the stream has finished.
     pub fn synchronize(&self) -> Result<()> {
-        self.check()?;
+        // No health check first: a kernel of this stream that faulted after its launch may
+        // already have marked the device unhealthy, and the wait must still report that fault
+        // itself (as `cudaStreamSynchronize` returns the kernel's error), not "unhealthy". A
+        // device made unhealthy by an earlier, already reported fault says so afterwards.
         self.count(Call::HostSync);
         crate::wait::blocking(|| self.imp.synchronize())?;
         self.check()
