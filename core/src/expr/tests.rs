@@ -87,6 +87,14 @@ fn batch(n: usize, seed: u64) -> RecordBatch {
 
 type E = Arc<dyn PhysicalExpr>;
 
+/// The value kernel's one entry point, compiled for `device`.
+fn compile(device: &Device, vk: &ValueKernel) -> spate_kernels::Kernel {
+    device
+        .compile_generated(&vk.entry, &vk.source, &[&vk.entry])
+        .unwrap()
+        .remove(0)
+}
+
 fn col(schema: &Schema, name: &str) -> E {
     Arc::new(Column::new_with_schema(name, schema).unwrap())
 }
@@ -384,10 +392,7 @@ fn generated_values_match_datafusion() {
             spate_kernels::compile::nvrtc_compile(&vk.entry, &resolved, "sm_90", &[])
                 .unwrap_or_else(|e| panic!("{e}"));
         }
-        let kernel = device
-            .compile_generated(&vk.entry, &vk.source, &[&vk.entry])
-            .unwrap()
-            .remove(0);
+        let kernel = compile(&device, &vk);
         let columns = evaluate_values(&stream, &kernel, &vk, &on_device).unwrap();
         for (expr, column) in exprs.iter().zip(&columns) {
             let got = crate::column::download_column(&stream, column).unwrap();
@@ -413,10 +418,7 @@ fn value_kernels_without_strings_or_checks_read_nothing_back() {
     let refs: Vec<&dyn PhysicalExpr> = exprs.iter().map(|e| e.as_ref()).collect();
     let vk = value_kernel(&refs, &schema).unwrap_or_else(|e| panic!("{e}"));
     assert!(vk.checks.is_empty(), "these expressions need no checks");
-    let kernel = device
-        .compile_generated(&vk.entry, &vk.source, &[&vk.entry])
-        .unwrap()
-        .remove(0);
+    let kernel = compile(&device, &vk);
     let on_device = upload_batch(&stream, &host).unwrap();
     let before = device.counters();
     let columns = evaluate_values(&stream, &kernel, &vk, &on_device).unwrap();
@@ -495,10 +497,7 @@ fn string_outputs_hold_exactly_their_bytes() {
         .collect();
     let refs: Vec<&dyn PhysicalExpr> = exprs.iter().map(|e| e.as_ref()).collect();
     let vk = value_kernel(&refs, &schema).unwrap_or_else(|e| panic!("{e}"));
-    let kernel = device
-        .compile_generated(&vk.entry, &vk.source, &[&vk.entry])
-        .unwrap()
-        .remove(0);
+    let kernel = compile(&device, &vk);
     let on_device = upload_batch(&stream, &host).unwrap();
     let before = device.counters();
     let columns = evaluate_values(&stream, &kernel, &vk, &on_device).unwrap();
