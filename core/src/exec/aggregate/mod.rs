@@ -537,8 +537,44 @@ pub(super) fn group_rows(
     keys: &[DeviceColumn],
     n: usize,
 ) -> Result<(DeviceBuffer<u32>, DeviceBuffer<u32>, usize)> {
-    let g = build_table(stream, kernels, names, keys, n)?;
-    Ok((g.gid, g.reps, g.groups))
+    let g = build_table(stream, kernels, names, keys, n, GroupCount::ReadBack)?;
+    let groups = match g.groups {
+        Groups::Exact(groups) => groups,
+        Groups::AtMost(_) => {
+            return Err(SpateError::Internal {
+                message: "a grouping built to read its count back did not".into(),
+            });
+        }
+    };
+    Ok((g.gid, g.reps, groups))
+}
+
+/// Whether [`build_table`] reads its group count back to the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum GroupCount {
+    /// Read it back (one host synchronisation): an aggregation sizes its output by it.
+    ReadBack,
+    /// Leave it on the device and size the per-group buffers by the row count, which bounds
+    /// it: a join build needs room for its groups, not their number.
+    OnDevice,
+}
+
+/// How many groups a [`Grouping`] holds, as far as the host knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Groups {
+    /// Read back from the device.
+    Exact(usize),
+    /// Left on the device: at most this many (the row count).
+    AtMost(usize),
+}
+
+impl Groups {
+    /// How many groups a per-group buffer must have room for.
+    pub(super) fn capacity(self) -> usize {
+        match self {
+            Groups::Exact(n) | Groups::AtMost(n) => n,
+        }
+    }
 }
 
 /// A hash table over rows' keys, and the groups of equal keys it found.
@@ -547,8 +583,8 @@ pub(super) struct Grouping {
     pub(super) gid: DeviceBuffer<u32>,
     /// Per group, its first row.
     pub(super) reps: DeviceBuffer<u32>,
-    /// Groups.
-    pub(super) groups: usize,
+    /// Groups: per-group buffers (`reps` here) have room for `groups.capacity()`.
+    pub(super) groups: Groups,
     /// Per row, its key hash.
     pub(super) hashes: DeviceBuffer<u64>,
     /// The open-addressing table: `row + 1` of a group's first row, 0 when empty.
@@ -558,13 +594,14 @@ pub(super) struct Grouping {
 }
 
 /// Builds the table over `keys` (n rows) with the `hash` and `build` kernels named, and numbers
-/// its groups.
+/// its groups; `count` says whether the host learns how many there are.
 pub(super) fn build_table(
     stream: &DeviceStream,
     kernels: &Kernels,
     (hash, build): (&str, &str),
     keys: &[DeviceColumn],
     n: usize,
+    count: GroupCount,
 ) -> Result<Grouping> {
     let mut key_args = Vec::with_capacity(keys.len() * 5 + 6);
     for k in keys {
@@ -595,11 +632,19 @@ pub(super) fn build_table(
         cap,
         &[(&table).into(), KernelArg::U64(cap as u64), (&flags).into()],
     )?;
-    let (group_of_slot, groups) =
-        spate_kernels::scan::exclusive_sum_with_total(stream, flags.as_slice())?;
-    let groups = groups as usize;
+    let (group_of_slot, groups) = match count {
+        GroupCount::ReadBack => {
+            let (group_of_slot, groups) =
+                spate_kernels::scan::exclusive_sum_with_total(stream, flags.as_slice())?;
+            (group_of_slot, Groups::Exact(groups as usize))
+        }
+        GroupCount::OnDevice => (
+            spate_kernels::scan::exclusive_sum(stream, flags.as_slice())?,
+            Groups::AtMost(n),
+        ),
+    };
     let gid = stream.alloc::<u32>(n.max(1))?;
-    let reps = stream.alloc::<u32>(groups.max(1))?;
+    let reps = stream.alloc::<u32>(groups.capacity().max(1))?;
     launch(
         stream,
         kernels.get("assign")?,

@@ -7,7 +7,8 @@
 //! still queued on a probe stream (after a cancellation, an early stop, or simply because the
 //! host ran ahead) would read memory the pool has handed out again. So every probe stream
 //! records an event when its probe ends, and the build side's stream waits for all of them
-//! before the frees are queued behind it.
+//! before the frees are queued behind it. Likewise every probe stream waits, on the device, for
+//! an event recorded when the build side was complete: building it costs the host no wait.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -17,7 +18,7 @@ use spate_kernels::{DeviceBuffer, Event, KernelArg, Stream as DeviceStream};
 use super::JoinPlan;
 use crate::column::{DeviceBatch, DeviceColumn};
 use crate::error::{Result, SpateError};
-use crate::exec::aggregate::{Grouping, Kernels, build_table, launch};
+use crate::exec::aggregate::{GroupCount, Grouping, Kernels, build_table, launch};
 
 /// The build side: the left input's rows, grouped by key and listed group by group.
 pub(super) struct BuildSide {
@@ -37,11 +38,22 @@ pub(super) struct BuildSide {
     pub(super) probe_non_empty: AtomicBool,
     /// The stream the build side was built on: its frees are ordered there.
     stream: Arc<DeviceStream>,
+    /// Recorded on that stream when the build side is complete: other streams wait for it on
+    /// the device, not the host.
+    built: Event,
     /// An event per probe stream that read it, recorded when that probe ended.
     readers: Mutex<Vec<Event>>,
 }
 
 impl BuildSide {
+    /// Makes later work on `stream` wait (on the device) until the build side is complete.
+    pub(super) fn order_before(&self, stream: &Arc<DeviceStream>) -> Result<()> {
+        if Arc::ptr_eq(stream, &self.stream) {
+            return Ok(()); // Same stream: stream order covers it.
+        }
+        Ok(stream.wait_event(&self.built)?)
+    }
+
     /// Records that `stream` is done reading this build side: the frees wait for it.
     pub(super) fn release_from(&self, stream: &Arc<DeviceStream>) {
         if Arc::ptr_eq(stream, &self.stream) {
@@ -90,8 +102,16 @@ pub(super) fn build_side(
         .iter()
         .map(|&k| batch.columns()[k].clone())
         .collect();
-    let grouping = build_table(stream, kernels, ("hash", "build"), &keys, n)?;
-    let groups = grouping.groups;
+    // The group count stays on the device: per-group buffers get room for one group per row.
+    let grouping = build_table(
+        stream,
+        kernels,
+        ("hash", "build"),
+        &keys,
+        n,
+        GroupCount::OnDevice,
+    )?;
+    let groups = grouping.groups.capacity();
     let sizes = stream.alloc_zeroed::<u32>(groups.max(1))?;
     launch(
         stream,
@@ -125,6 +145,7 @@ pub(super) fn build_side(
     } else {
         None
     };
+    let built = stream.record_event()?;
     Ok(BuildSide {
         batch,
         keys,
@@ -136,6 +157,7 @@ pub(super) fn build_side(
         probe_has_null: AtomicBool::new(false),
         probe_non_empty: AtomicBool::new(false),
         stream: Arc::clone(stream),
+        built,
         readers: Mutex::new(Vec::new()),
     })
 }

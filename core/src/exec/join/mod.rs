@@ -413,8 +413,6 @@ impl GpuExec for GpuHashJoinExec {
                 let all = concat_device_batches(&stream, &left_schema, batches).map_err(to_df)?;
                 let side =
                     build_side(&stream, &build_kernels, &build_plan, all, track).map_err(to_df)?;
-                // Other partitions' streams read the build side: it must be complete.
-                stream.synchronize().map_err(|e| to_df(e.into()))?;
                 DFResult::Ok(Arc::new(side))
             };
             if collect_left {
@@ -461,7 +459,12 @@ impl GpuExec for GpuHashJoinExec {
             state,
             |(mut s, mut build, mut probe, mut finished)| async move {
                 if let Some(b) = build.take() {
-                    match b.await {
+                    // Other partitions' streams read a shared build side: they wait for it
+                    // on the device.
+                    match b.await.and_then(|side| {
+                        side.order_before(&s.stream).map_err(to_df)?;
+                        Ok(side)
+                    }) {
                         Ok(side) => s.build = Some(side),
                         Err(e) => return Some((Err(e), (s, None, probe, true))),
                     }

@@ -1,0 +1,107 @@
+//! What GPU operators read back to the host: each readback is a host synchronisation and a
+//! small transfer, and the data path wants at most one per operator per batch (issue 16).
+//! `EXPLAIN ANALYZE` shows every operator's counts; these tests pin the ones the design fixes
+//! (`docs/dev/device-row-counts.md`).
+
+#![allow(
+    clippy::unwrap_used,
+    reason = "test helpers: a failed unwrap is a failed test"
+)]
+
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, Int64Array};
+use arrow::datatypes::{DataType, Field, Schema};
+use arrow::record_batch::RecordBatch;
+use spate::{Backend, Engine};
+
+mod common;
+use common::ordered;
+
+/// `rows` rows of `(k, v)`: keys `0..keys` in turn, values their row numbers.
+fn table(prefix: &str, rows: i64, keys: i64) -> RecordBatch {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new(format!("{prefix}_k"), DataType::Int64, false),
+        Field::new(format!("{prefix}_v"), DataType::Int64, false),
+    ]));
+    RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(Int64Array::from_iter_values((0..rows).map(|i| i % keys))) as ArrayRef,
+            Arc::new(Int64Array::from_iter_values(0..rows)),
+        ],
+    )
+    .unwrap()
+}
+
+fn engine(backend: Backend, partitions: usize) -> Engine {
+    let e = Engine::builder()
+        .backend(backend)
+        .target_partitions(partitions)
+        .build()
+        .unwrap();
+    // A build side of 300 rows over 100 keys (groups of 3), a probe side of 2000 rows.
+    e.register_batches("b", vec![table("b", 300, 100)]).unwrap();
+    e.register_batches("p", vec![table("p", 2000, 250)])
+        .unwrap();
+    e
+}
+
+/// The named metric of the first plan line naming `operator`, summed over its partitions.
+fn metric(plan: &str, operator: &str, name: &str) -> usize {
+    let line = plan
+        .lines()
+        .find(|l| l.contains(operator))
+        .unwrap_or_else(|| panic!("{operator} runs on the GPU: {plan}"));
+    let at = line
+        .find(&format!(" {name}="))
+        .or_else(|| line.find(&format!("{name}=")))
+        .unwrap_or_else(|| panic!("{name} in {line}"));
+    let digits: String = line[at..]
+        .chars()
+        .skip_while(|c| *c != '=')
+        .skip(1)
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().unwrap()
+}
+
+/// A join's build side reads nothing back: its group count stays on the device, and probe
+/// streams wait for a shared build side on the device. What the join reads back is its
+/// probe's: per probe batch, the total of its pairs (8 bytes). (The aggregation above keeps
+/// the result's download out of the join's counts.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_build_reads_nothing_back() {
+    let sql = "SELECT count(*), sum(b_v + p_v) FROM b JOIN p ON b_k = p_k";
+    for partitions in [1, 2] {
+        let gpu = engine(Backend::Emulated, partitions);
+        let cpu = engine(Backend::Cpu, partitions);
+        gpu.collect("SET spate.gpu.fallback = 'error'")
+            .await
+            .unwrap();
+        assert_eq!(
+            ordered(&gpu.collect(sql).await.unwrap()),
+            ordered(&cpu.collect(sql).await.unwrap()),
+            "{sql} ({partitions} partitions)"
+        );
+        let plan = ordered(
+            &gpu.collect(&format!("EXPLAIN ANALYZE {sql}"))
+                .await
+                .unwrap(),
+        )
+        .join("\n");
+        // One output batch per probe batch: its pairs fit one chunk.
+        let probes = metric(&plan, "GpuHashJoinExec", "output_batches");
+        assert!(probes >= 1, "{plan}");
+        assert_eq!(
+            metric(&plan, "GpuHashJoinExec", "d2h_bytes"),
+            8 * probes,
+            "{partitions} partitions: {plan}"
+        );
+        assert_eq!(
+            metric(&plan, "GpuHashJoinExec", "host_syncs"),
+            probes,
+            "{partitions} partitions: {plan}"
+        );
+    }
+}
