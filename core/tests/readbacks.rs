@@ -105,3 +105,49 @@ async fn a_join_build_reads_nothing_back() {
         );
     }
 }
+
+/// A left join emits its unmatched build rows after the last probe batch. The partition that
+/// does waits for the other probe partitions' marks on the device, not the host: beyond the
+/// probe's pair totals the join reads back only the count of the build rows it emits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_left_join_waits_for_its_marks_on_the_device() {
+    // Build keys 0..100, probe keys the multiples of 3 below 250: two thirds of the build
+    // rows match nothing.
+    let sql = "SELECT count(*), count(p_v), sum(b_v) FROM b LEFT JOIN p ON b_k = p_k * 3";
+    for partitions in [1, 2] {
+        let gpu = engine(Backend::Emulated, partitions);
+        let cpu = engine(Backend::Cpu, partitions);
+        gpu.collect("SET spate.gpu.fallback = 'error'")
+            .await
+            .unwrap();
+        assert_eq!(
+            ordered(&gpu.collect(sql).await.unwrap()),
+            ordered(&cpu.collect(sql).await.unwrap()),
+            "{sql} ({partitions} partitions)"
+        );
+        let plan = ordered(
+            &gpu.collect(&format!("EXPLAIN ANALYZE {sql}"))
+                .await
+                .unwrap(),
+        )
+        .join("\n");
+        let join = plan
+            .lines()
+            .find(|l| l.contains("GpuHashJoinExec"))
+            .unwrap_or_else(|| panic!("the join runs on the GPU: {plan}"));
+        assert!(join.contains("join_type=Left"), "{join}");
+        // Every output batch but the last (the unmatched build rows) is a probe batch's.
+        let probes = metric(&plan, "GpuHashJoinExec", "output_batches") - 1;
+        assert!(probes >= 1, "{plan}");
+        assert_eq!(
+            metric(&plan, "GpuHashJoinExec", "host_syncs"),
+            probes + 1,
+            "{partitions} partitions: {plan}"
+        );
+        assert_eq!(
+            metric(&plan, "GpuHashJoinExec", "d2h_bytes"),
+            8 * probes + 4,
+            "{partitions} partitions: {plan}"
+        );
+    }
+}

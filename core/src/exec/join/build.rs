@@ -43,6 +43,9 @@ pub(super) struct BuildSide {
     built: Event,
     /// An event per probe stream that read it, recorded when that probe ended.
     readers: Mutex<Vec<Event>>,
+    /// An event per probe stream that marked `matched`, recorded when it had queued its last
+    /// mark: the partition that emits the build rows waits for them on the device.
+    marked: Mutex<Vec<Event>>,
 }
 
 impl BuildSide {
@@ -52,6 +55,26 @@ impl BuildSide {
             return Ok(()); // Same stream: stream order covers it.
         }
         Ok(stream.wait_event(&self.built)?)
+    }
+
+    /// Records that `stream` has queued all its marks of `matched`.
+    pub(super) fn marks_queued(&self, stream: &DeviceStream) -> Result<()> {
+        let event = stream.record_event()?;
+        self.marked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(event);
+        Ok(())
+    }
+
+    /// Makes later work on `stream` wait (on the device) for the marks of every probe stream
+    /// that has called [`Self::marks_queued`].
+    pub(super) fn order_after_marks(&self, stream: &DeviceStream) -> Result<()> {
+        let marked = self.marked.lock().unwrap_or_else(|p| p.into_inner());
+        for event in marked.iter() {
+            stream.wait_event(event)?;
+        }
+        Ok(())
     }
 
     /// Records that `stream` is done reading this build side: the frees wait for it.
@@ -159,5 +182,6 @@ pub(super) fn build_side(
         stream: Arc::clone(stream),
         built,
         readers: Mutex::new(Vec::new()),
+        marked: Mutex::new(Vec::new()),
     })
 }

@@ -645,17 +645,21 @@ impl ProbeState {
     }
 
     /// The end of this partition's probe rows. With a shared build side only the last probe
-    /// partition to finish emits the build rows: every other one waits for its stream first,
-    /// so that its matches are on the device when the last one reads them.
+    /// partition to finish emits the build rows. Every partition records an event once its
+    /// marks are queued, and the last one waits for them all on the device before it reads the
+    /// marks: no partition waits on the host.
     pub(super) fn finish_partition(&self) -> Result<Option<DeviceBatch>> {
         let Some(pending) = &self.pending else {
             return self.finish();
         };
-        if self.build()?.matched.is_none() {
+        let build = self.build()?;
+        if build.matched.is_none() {
             return Ok(None);
         }
-        self.stream.synchronize()?;
+        // The last partition reads every partition's marks: it waits for them on the device.
+        build.marks_queued(&self.stream)?;
         if pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+            build.order_after_marks(&self.stream)?;
             self.finish()
         } else {
             Ok(None)
