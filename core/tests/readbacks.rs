@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, Int64Array};
+use arrow::array::{ArrayRef, Int64Array, StringArray};
 use arrow::datatypes::{DataType, Field, Schema};
 use arrow::record_batch::RecordBatch;
 use spate::{Backend, Engine};
@@ -18,17 +18,27 @@ use spate::{Backend, Engine};
 mod common;
 use common::ordered;
 
-/// `rows` rows of `(k, v)`: keys `0..keys` in turn, values their row numbers.
+/// `rows` rows of `(k, v, s, t)`: keys `0..keys` in turn, values their row numbers, and two
+/// strings (one with NULLs) that depend on the key.
 fn table(prefix: &str, rows: i64, keys: i64) -> RecordBatch {
     let schema = Arc::new(Schema::new(vec![
         Field::new(format!("{prefix}_k"), DataType::Int64, false),
         Field::new(format!("{prefix}_v"), DataType::Int64, false),
+        Field::new(format!("{prefix}_s"), DataType::Utf8, false),
+        Field::new(format!("{prefix}_t"), DataType::Utf8, true),
     ]));
+    let key = |i: i64| i % keys;
     RecordBatch::try_new(
         schema,
         vec![
-            Arc::new(Int64Array::from_iter_values((0..rows).map(|i| i % keys))) as ArrayRef,
+            Arc::new(Int64Array::from_iter_values((0..rows).map(key))) as ArrayRef,
             Arc::new(Int64Array::from_iter_values(0..rows)),
+            Arc::new(StringArray::from_iter_values(
+                (0..rows).map(|i| format!("{prefix} {}", key(i) % 7)),
+            )),
+            Arc::new(StringArray::from_iter((0..rows).map(|i| {
+                (key(i) % 5 != 0).then(|| "x".repeat((key(i) % 9) as usize))
+            }))),
         ],
     )
     .unwrap()
@@ -150,4 +160,45 @@ async fn a_left_join_waits_for_its_marks_on_the_device() {
             "{partitions} partitions: {plan}"
         );
     }
+}
+
+/// Gathering a batch's string columns reads all their byte totals back in one transfer: a
+/// join emitting three string columns, and an aggregation with two string keys, wait once
+/// for them, not once per column.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn string_columns_are_gathered_with_one_readback() {
+    let sql = "SELECT b_s, p_t, count(*), max(length(p_s)) FROM b JOIN p ON b_k = p_k \
+               GROUP BY b_s, p_t ORDER BY b_s, p_t";
+    let gpu = engine(Backend::Emulated, 1);
+    let cpu = engine(Backend::Cpu, 1);
+    gpu.collect("SET spate.gpu.fallback = 'error'")
+        .await
+        .unwrap();
+    assert_eq!(
+        ordered(&gpu.collect(sql).await.unwrap()),
+        ordered(&cpu.collect(sql).await.unwrap()),
+        "{sql}"
+    );
+    let plan = ordered(
+        &gpu.collect(&format!("EXPLAIN ANALYZE {sql}"))
+            .await
+            .unwrap(),
+    )
+    .join("\n");
+    let probes = metric(&plan, "GpuHashJoinExec", "output_batches");
+    assert!(probes >= 1, "{plan}");
+    // Per probe batch: the pair total (8 bytes), then the three strings' totals (3 × 8).
+    assert_eq!(
+        metric(&plan, "GpuHashJoinExec", "d2h_bytes"),
+        32 * probes,
+        "{plan}"
+    );
+    assert_eq!(
+        metric(&plan, "GpuHashJoinExec", "host_syncs"),
+        2 * probes,
+        "{plan}"
+    );
+    // The group count (4 bytes), then the two keys' totals (2 × 8).
+    assert_eq!(metric(&plan, "GpuAggregateExec", "d2h_bytes"), 20, "{plan}");
+    assert_eq!(metric(&plan, "GpuAggregateExec", "host_syncs"), 2, "{plan}");
 }

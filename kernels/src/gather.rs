@@ -324,10 +324,36 @@ pub fn gather_strings<O: OffsetElem>(
     strings: DeviceStrings<'_, O>,
     indices: DeviceSlice<'_, u32>,
 ) -> Result<StringBuffers<O>> {
+    let total = stream.alloc::<u64>(1)?;
+    let gather = start_string_gather(stream, strings, indices, total.as_slice())?;
+    let total = stream.to_vec(&total)?[0];
+    // SAFETY: `total` is what the start wrote, read back after it.
+    unsafe { finish_string_gather(stream, gather, strings, indices, total) }
+}
+
+/// A string gather whose byte total is still on the device: the first half of
+/// [`gather_strings`], for callers that gather several string columns and read all their
+/// totals back in one transfer ([`finish_string_gather`] is the second half).
+#[derive(Debug)]
+#[must_use = "a started string gather is finished by `finish_string_gather`"]
+pub struct StringGather {
+    /// Per output row its first byte, then the total (n + 1 values).
+    starts: DeviceBuffer<u64>,
+}
+
+/// Starts gathering `indices` of `strings`: each output row's start, and the byte total
+/// written to `total` (one u64) on the device. Nothing waits for the device.
+pub fn start_string_gather<O: OffsetElem>(
+    stream: &Stream,
+    strings: DeviceStrings<'_, O>,
+    indices: DeviceSlice<'_, u32>,
+    total: DeviceSlice<'_, u64>,
+) -> Result<StringGather> {
     let n = indices.len();
-    let device = stream.device();
     let lengths = stream.alloc::<u64>(n + 1)?;
-    let lengths_kernel = device.kernel(&string_entry::<O>("gather_string_lengths"))?;
+    let lengths_kernel = stream
+        .device()
+        .kernel(&string_entry::<O>("gather_string_lengths"))?;
     // SAFETY: `lengths` holds n + 1 values; indices address rows of `strings`.
     unsafe {
         stream.launch(
@@ -341,11 +367,53 @@ pub fn gather_strings<O: OffsetElem>(
             ],
         )?;
     }
-    let (starts, total) = scan::exclusive_sum_with_total(stream, lengths.as_slice())?;
+    let starts = scan::exclusive_sum_total_on_device(stream, lengths.as_slice(), total)?;
+    Ok(StringGather { starts })
+}
+
+/// Finishes a string gather started with the same `strings` and `indices`.
+///
+/// # Safety
+///
+/// `total` must be the value [`start_string_gather`] wrote to its `total`, read back after
+/// the stream got there: the copy writes that many bytes.
+pub unsafe fn finish_string_gather<O: OffsetElem>(
+    stream: &Stream,
+    gather: StringGather,
+    strings: DeviceStrings<'_, O>,
+    indices: DeviceSlice<'_, u32>,
+    total: u64,
+) -> Result<StringBuffers<O>> {
+    ensure_arg!(
+        gather.starts.len() == indices.len() + 1,
+        "a string gather started for {} rows finished for {}",
+        gather.starts.len() - 1,
+        indices.len()
+    );
+    // SAFETY: the caller passes the total of these starts.
+    unsafe { copy_strings(stream, strings, indices, &gather.starts, total) }
+}
+
+/// The copy of a string gather: offsets from `starts`, and `total` bytes.
+///
+/// # Safety
+///
+/// `starts` holds `indices.len() + 1` values, the scan of the gathered rows' lengths, and
+/// `total` is their sum.
+unsafe fn copy_strings<O: OffsetElem>(
+    stream: &Stream,
+    strings: DeviceStrings<'_, O>,
+    indices: DeviceSlice<'_, u32>,
+    starts: &DeviceBuffer<u64>,
+    total: u64,
+) -> Result<StringBuffers<O>> {
     fits::<O>(total)?;
+    let n = indices.len();
     let offsets = stream.alloc::<O>(n + 1)?;
     let bytes = stream.alloc::<u8>(total as usize)?;
-    let copy = device.kernel(&string_entry::<O>("gather_string_bytes"))?;
+    let copy = stream
+        .device()
+        .kernel(&string_entry::<O>("gather_string_bytes"))?;
     // SAFETY: `starts` has n + 1 entries whose last is `total`, the size of `bytes`.
     unsafe {
         stream.launch(
@@ -355,7 +423,7 @@ pub fn gather_strings<O: OffsetElem>(
                 strings.offsets.into(),
                 strings.bytes.into(),
                 indices.into(),
-                (&starts).into(),
+                starts.into(),
                 KernelArg::U64(n as u64),
                 (&offsets).into(),
                 (&bytes).into(),

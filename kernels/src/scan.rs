@@ -4,7 +4,7 @@
 //! same routine, recursively), then scan each tile from its offset. Sums wrap like unsigned
 //! integer arithmetic. Output order is input order; no nulls.
 
-use crate::error::Result;
+use crate::error::{Result, ensure_arg};
 use crate::launch::{KernelArg, LaunchConfig, TILE};
 use crate::memory::{DeviceBuffer, DeviceCopy, DeviceSlice};
 use crate::stream::Stream;
@@ -100,10 +100,39 @@ pub fn exclusive_sum_with_total<T: ScanElem>(
         input.len(),
         out.address(),
         false,
-        Some(&total),
+        Some(total.as_slice()),
     )?;
     let total = stream.to_vec(&total)?[0];
     Ok((out, total))
+}
+
+/// Exclusive prefix sum of `input`, its total written to `total` (one value) on the device:
+/// nothing waits. For callers that read several totals back in one transfer.
+pub fn exclusive_sum_total_on_device<T: ScanElem>(
+    stream: &Stream,
+    input: DeviceSlice<'_, T>,
+    total: DeviceSlice<'_, T>,
+) -> Result<DeviceBuffer<T>> {
+    ensure_arg!(
+        total.len() == 1,
+        "a scan total of {} values, not one",
+        total.len()
+    );
+    // An empty scan launches nothing, so it would leave `total` unwritten.
+    ensure_arg!(
+        !input.is_empty(),
+        "a scan of no values with its total on the device"
+    );
+    let out = stream.alloc::<T>(input.len())?;
+    scan_raw::<T>(
+        stream,
+        input.address(),
+        input.len(),
+        out.address(),
+        false,
+        Some(total),
+    )?;
+    Ok(out)
 }
 
 /// Scans `n` values at `input` into `output` (which may equal `input`), and writes the sum of
@@ -114,7 +143,7 @@ pub(crate) fn scan_raw<T: ScanElem>(
     n: usize,
     output: u64,
     inclusive: bool,
-    total: Option<&DeviceBuffer<T>>,
+    total: Option<DeviceSlice<'_, T>>,
 ) -> Result<()> {
     if n == 0 {
         return Ok(());
@@ -154,7 +183,7 @@ pub(crate) fn scan_raw<T: ScanElem>(
                 offsets.as_ref().into(),
                 KernelArg::Ptr(output),
                 KernelArg::U32(u32::from(inclusive)),
-                total.into(),
+                total.map_or_else(KernelArg::null, KernelArg::from),
             ],
         )?;
     }
@@ -233,6 +262,47 @@ mod tests {
                 "n={n}"
             );
         }
+    }
+
+    #[test]
+    fn totals_stay_on_the_device_until_read_together() {
+        let device = test_device();
+        let stream = device.new_stream().unwrap();
+        let totals = stream.alloc::<u64>(3).unwrap();
+        let inputs: Vec<Vec<u64>> = [1, 4097, 70_000]
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| reference::random_u64(n, i as u64 + 5))
+            .collect();
+        let scope = std::sync::Arc::new(crate::Counters::default());
+        let outs: Vec<_> = crate::counters::in_scope(&scope, || {
+            inputs
+                .iter()
+                .enumerate()
+                .map(|(i, host)| {
+                    let input = stream.from_host(host).unwrap();
+                    let total = totals.slice(i..i + 1).unwrap();
+                    exclusive_sum_total_on_device(&stream, input.as_slice(), total).unwrap()
+                })
+                .collect()
+        });
+        assert_eq!(scope.snapshot().host_syncs, 0, "nothing waits");
+        let got = stream.to_vec(&totals).unwrap();
+        for ((host, out), total) in inputs.iter().zip(&outs).zip(got) {
+            assert_eq!(total, host.iter().fold(0u64, |a, &b| a.wrapping_add(b)));
+            assert_eq!(
+                stream.to_vec(out).unwrap(),
+                reference::prefix_sum_u64(host, false)
+            );
+        }
+        // No values would leave the total unwritten, and the total is one value.
+        let empty = stream.alloc::<u64>(0).unwrap();
+        assert!(
+            exclusive_sum_total_on_device(&stream, empty.as_slice(), totals.slice(..1).unwrap())
+                .is_err()
+        );
+        let one = stream.from_host(&[1u64]).unwrap();
+        assert!(exclusive_sum_total_on_device(&stream, one.as_slice(), totals.as_slice()).is_err());
     }
 
     #[test]

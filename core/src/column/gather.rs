@@ -1,7 +1,9 @@
 //! Row selection on device columns: `out[i] = column[indices[i]]`, for every layout.
 //!
-//! Used by filters (after compaction) and, later, joins and sorts. Validity is gathered with
-//! the values; the output's bitmaps start at bit 0.
+//! Used by filters (after compaction), joins, sorts and aggregations. Validity is gathered with
+//! the values; the output's bitmaps start at bit 0. A string gather must learn its byte total
+//! before it can allocate; [`gather_columns`] reads the totals of all its string columns back
+//! in one transfer.
 
 use spate_kernels::gather::{self as kg, DeviceStrings};
 use spate_kernels::{DeviceBitmap, DeviceSlice, Stream};
@@ -15,7 +17,7 @@ pub fn gather_column(
     column: &DeviceColumn,
     indices: DeviceSlice<'_, u32>,
 ) -> Result<DeviceColumn> {
-    gather_rows(stream, column, indices, false)
+    one(gather_columns(stream, &[Gather::rows(column, indices)])?)
 }
 
 /// [`gather_column`] where indices may also be `NULL_INDEX` ("no row", as outer joins
@@ -25,30 +27,180 @@ pub fn gather_column_or_null(
     column: &DeviceColumn,
     indices: DeviceSlice<'_, u32>,
 ) -> Result<DeviceColumn> {
-    gather_rows(stream, column, indices, true)
+    one(gather_columns(
+        stream,
+        &[Gather::rows_or_null(column, indices)],
+    )?)
 }
 
-fn gather_rows(
-    stream: &Stream,
-    column: &DeviceColumn,
-    indices: DeviceSlice<'_, u32>,
+fn one(mut columns: Vec<DeviceColumn>) -> Result<DeviceColumn> {
+    columns.pop().ok_or_else(|| SpateError::Internal {
+        message: "a gather of one column returned none".into(),
+    })
+}
+
+/// One column of a [`gather_columns`] call: `out[i] = column[indices[i]]`.
+#[derive(Debug, Clone, Copy)]
+pub struct Gather<'a> {
+    column: &'a DeviceColumn,
+    indices: DeviceSlice<'a, u32>,
+    /// Indices may be `NULL_INDEX`, which gives NULL.
     may_be_null: bool,
-) -> Result<DeviceColumn> {
-    let n = indices.len();
-    let validity = column.validity().map(|v| v.bitmap());
-    // A bitmap when the column has one, or when an index may be NULL_INDEX ("no row"). Its
-    // nulls are not counted: that would cost a readback per column (`count_nulls` does it
-    // where a consumer needs the number).
-    let validity = if n > 0 && (validity.is_some() || may_be_null) {
-        let bits = kg::gather_bitmap(stream, validity, indices)?;
-        Some(DeviceValidity {
-            bytes: DeviceBytes::new(bits),
-            offset: 0,
+}
+
+impl<'a> Gather<'a> {
+    /// Rows `indices` of `column`, all valid rows.
+    pub fn rows(column: &'a DeviceColumn, indices: DeviceSlice<'a, u32>) -> Self {
+        Gather {
+            column,
+            indices,
+            may_be_null: false,
+        }
+    }
+
+    /// Rows `indices` of `column`, where `NULL_INDEX` gives NULL.
+    pub fn rows_or_null(column: &'a DeviceColumn, indices: DeviceSlice<'a, u32>) -> Self {
+        Gather {
+            column,
+            indices,
+            may_be_null: true,
+        }
+    }
+}
+
+/// A column's values, gathered or still waiting for their string byte total.
+enum Values {
+    Done(DeviceValues),
+    Utf8(kg::StringGather, usize),
+    LargeUtf8(kg::StringGather, usize),
+}
+
+/// Gathers several columns. The string columns' byte totals (which size their outputs) come
+/// back to the host together, in one transfer: a batch with k string columns costs one host
+/// synchronisation, not k.
+pub fn gather_columns(stream: &Stream, gathers: &[Gather<'_>]) -> Result<Vec<DeviceColumn>> {
+    let strings = gathers
+        .iter()
+        .filter(|g| {
+            matches!(
+                g.column.values(),
+                DeviceValues::Utf8 { .. } | DeviceValues::LargeUtf8 { .. }
+            )
         })
+        .count();
+    let totals = stream.alloc::<u64>(strings.max(1))?;
+    let mut started = Vec::with_capacity(gathers.len());
+    let mut slot = 0;
+    for g in gathers {
+        let validity = gather_validity(stream, g)?;
+        let values = match g.column.values() {
+            DeviceValues::Utf8 { offsets, bytes } => {
+                let strings = DeviceStrings {
+                    offsets: offsets.typed::<i32>()?,
+                    bytes: bytes.as_slice(),
+                };
+                let at = slot;
+                slot += 1;
+                let total = totals.slice(at..at + 1)?;
+                Values::Utf8(
+                    kg::start_string_gather(stream, strings, g.indices, total)?,
+                    at,
+                )
+            }
+            DeviceValues::LargeUtf8 { offsets, bytes } => {
+                let strings = DeviceStrings {
+                    offsets: offsets.typed::<i64>()?,
+                    bytes: bytes.as_slice(),
+                };
+                let at = slot;
+                slot += 1;
+                let total = totals.slice(at..at + 1)?;
+                Values::LargeUtf8(
+                    kg::start_string_gather(stream, strings, g.indices, total)?,
+                    at,
+                )
+            }
+            values => Values::Done(gather_fixed(stream, values, g.indices)?),
+        };
+        started.push((validity, values));
+    }
+    // The one wait: every string column's byte total.
+    let totals = if strings > 0 {
+        stream.to_vec(&totals)?
     } else {
-        None
+        Vec::new()
     };
-    let values = match column.values() {
+    let mut out = Vec::with_capacity(gathers.len());
+    for (g, (validity, values)) in gathers.iter().zip(started) {
+        let values = match (values, g.column.values()) {
+            (Values::Done(values), _) => values,
+            (Values::Utf8(start, slot), DeviceValues::Utf8 { offsets, bytes }) => {
+                let strings = DeviceStrings {
+                    offsets: offsets.typed::<i32>()?,
+                    bytes: bytes.as_slice(),
+                };
+                // SAFETY: `totals[slot]` is what this start wrote, read back above.
+                let out = unsafe {
+                    kg::finish_string_gather(stream, start, strings, g.indices, totals[slot])?
+                };
+                DeviceValues::Utf8 {
+                    offsets: DeviceBytes::new(out.offsets.into_bytes()),
+                    bytes: DeviceBytes::new(out.bytes),
+                }
+            }
+            (Values::LargeUtf8(start, slot), DeviceValues::LargeUtf8 { offsets, bytes }) => {
+                let strings = DeviceStrings {
+                    offsets: offsets.typed::<i64>()?,
+                    bytes: bytes.as_slice(),
+                };
+                // SAFETY: as above.
+                let out = unsafe {
+                    kg::finish_string_gather(stream, start, strings, g.indices, totals[slot])?
+                };
+                DeviceValues::LargeUtf8 {
+                    offsets: DeviceBytes::new(out.offsets.into_bytes()),
+                    bytes: DeviceBytes::new(out.bytes),
+                }
+            }
+            _ => {
+                return Err(SpateError::Internal {
+                    message: "a string gather finished on a column of another layout".into(),
+                });
+            }
+        };
+        out.push(DeviceColumn::with_uncounted_nulls(
+            g.column.data_type().clone(),
+            g.indices.len(),
+            validity,
+            values,
+        ));
+    }
+    Ok(out)
+}
+
+/// The gathered validity: a bitmap when the column has one, or when an index may be
+/// `NULL_INDEX` ("no row"). Its nulls are not counted: that would cost a readback per column
+/// (`count_nulls` does it where a consumer needs the number).
+fn gather_validity(stream: &Stream, g: &Gather<'_>) -> Result<Option<DeviceValidity>> {
+    let n = g.indices.len();
+    let validity = g.column.validity().map(|v| v.bitmap());
+    if n == 0 || (validity.is_none() && !g.may_be_null) {
+        return Ok(None);
+    }
+    let bits = kg::gather_bitmap(stream, validity, g.indices)?;
+    Ok(Some(DeviceValidity {
+        bytes: DeviceBytes::new(bits),
+        offset: 0,
+    }))
+}
+
+/// Gathers fixed-width values and bits (no wait).
+fn gather_fixed(
+    stream: &Stream,
+    values: &DeviceValues,
+    indices: DeviceSlice<'_, u32>,
+) -> Result<DeviceValues> {
+    Ok(match values {
         DeviceValues::Fixed { bytes, width } => {
             let out = match width {
                 1 => kg::gather(stream, bytes.typed::<u8>()?, indices)?.into_bytes(),
@@ -74,33 +226,10 @@ fn gather_rows(
                 offset: 0,
             }
         }
-        DeviceValues::Utf8 { offsets, bytes } => {
-            let strings = DeviceStrings {
-                offsets: offsets.typed::<i32>()?,
-                bytes: bytes.as_slice(),
-            };
-            let out = kg::gather_strings(stream, strings, indices)?;
-            DeviceValues::Utf8 {
-                offsets: DeviceBytes::new(out.offsets.into_bytes()),
-                bytes: DeviceBytes::new(out.bytes),
-            }
+        DeviceValues::Utf8 { .. } | DeviceValues::LargeUtf8 { .. } => {
+            return Err(SpateError::Internal {
+                message: "a string column in the fixed-width gather".into(),
+            });
         }
-        DeviceValues::LargeUtf8 { offsets, bytes } => {
-            let strings = DeviceStrings {
-                offsets: offsets.typed::<i64>()?,
-                bytes: bytes.as_slice(),
-            };
-            let out = kg::gather_strings(stream, strings, indices)?;
-            DeviceValues::LargeUtf8 {
-                offsets: DeviceBytes::new(out.offsets.into_bytes()),
-                bytes: DeviceBytes::new(out.bytes),
-            }
-        }
-    };
-    Ok(DeviceColumn::with_uncounted_nulls(
-        column.data_type().clone(),
-        n,
-        validity,
-        values,
-    ))
+    })
 }

@@ -26,7 +26,7 @@ use spate_kernels::{DeviceBitmap, DeviceBuffer, DeviceSlice};
 use crate::error::{Result, SpateError};
 
 pub use concat::concat_device_batches;
-pub use gather::{gather_column, gather_column_or_null};
+pub use gather::{Gather, gather_column, gather_column_or_null, gather_columns};
 pub use transfer::{download_batch, download_column, upload_batch, upload_column};
 
 /// A range of bytes in a shared device allocation (a batch's arena, or an operator's output).

@@ -31,7 +31,7 @@ use super::{
     DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, gpu_context, per_batch_input,
     rebuild_gpu, to_df,
 };
-use crate::column::{DeviceBatch, gather_column};
+use crate::column::{DeviceBatch, Gather, gather_columns};
 use crate::expr::{PredicateKernel, Unsupported, evaluate_predicate, predicate_kernel};
 
 /// A filter (with optional projection and fetch) running on the GPU.
@@ -152,11 +152,13 @@ impl Selected {
             None => self.batch.columns().to_vec(),
             Some(indices) => {
                 let indices = indices.slice(..self.rows)?;
-                self.batch
+                let gathers: Vec<Gather<'_>> = self
+                    .batch
                     .columns()
                     .iter()
-                    .map(|c| gather_column(stream, c, indices))
-                    .collect::<crate::error::Result<Vec<_>>>()?
+                    .map(|c| Gather::rows(c, indices))
+                    .collect();
+                gather_columns(stream, &gathers)?
             }
         };
         DeviceBatch::try_new(Arc::clone(self.batch.schema()), columns, self.rows)

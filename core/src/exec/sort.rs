@@ -34,7 +34,7 @@ use super::{
     DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, device_input, gpu_context,
     rebuild_gpu, to_df,
 };
-use crate::column::{DeviceBatch, DeviceValues, concat_device_batches, gather_column};
+use crate::column::{DeviceBatch, DeviceValues, Gather, concat_device_batches, gather_columns};
 use crate::error::{Result, SpateError};
 use crate::expr::Unsupported;
 
@@ -324,11 +324,12 @@ fn sort_batch(
     };
     let rows = fetch.map_or(n, |k| k.min(n));
     let indices = perm.slice(..rows)?;
-    let columns = batch
+    let gathers: Vec<Gather<'_>> = batch
         .columns()
         .iter()
-        .map(|c| gather_column(stream, c, indices))
-        .collect::<Result<Vec<_>>>()?;
+        .map(|c| Gather::rows(c, indices))
+        .collect();
+    let columns = gather_columns(stream, &gathers)?;
     DeviceBatch::try_new(Arc::clone(batch.schema()), columns, rows)
 }
 

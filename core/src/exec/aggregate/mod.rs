@@ -63,8 +63,8 @@ use super::{
     per_batch_input, rebuild_gpu, to_df,
 };
 use crate::column::{
-    DeviceBatch, DeviceBytes, DeviceColumn, DeviceValidity, DeviceValues, concat_device_batches,
-    gather_column,
+    DeviceBatch, DeviceBytes, DeviceColumn, DeviceValidity, DeviceValues, Gather,
+    concat_device_batches, gather_columns,
 };
 use crate::error::{Result, SpateError};
 use crate::expr::{DevType, Unsupported, ValueKernel, column_args, evaluate_values, value_kernel};
@@ -795,8 +795,10 @@ fn aggregate_batch(
     match &reps {
         Some(reps) => {
             let reps = reps.slice(..groups)?;
-            for (k, ty) in keys.iter().zip(&plan.spec.keys) {
-                let column = gather_column(stream, k, reps)?;
+            // One readback for the byte totals of all the string keys.
+            let gathers: Vec<Gather<'_>> = keys.iter().map(|k| Gather::rows(k, reps)).collect();
+            let gathered = gather_columns(stream, &gathers)?;
+            for (column, ty) in gathered.into_iter().zip(&plan.spec.keys) {
                 if matches!(ty, DevType::F32 | DevType::F64)
                     && let DeviceValues::Fixed { bytes, width } = column.values()
                 {

@@ -53,7 +53,7 @@ use super::{
     DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, device_input, gpu_context,
     per_batch_input, to_df,
 };
-use crate::column::{DeviceBatch, concat_device_batches, gather_column, gather_column_or_null};
+use crate::column::{DeviceBatch, Gather, concat_device_batches, gather_columns};
 use crate::config::SpateOptions;
 use crate::error::{Result, SpateError};
 use crate::expr::{DevType, PredicateKernel, Unsupported, predicate_kernel};
@@ -288,7 +288,7 @@ fn assemble(
     let probe_width = probe.map_or(0, |(p, _, _)| p.columns().len());
     let all: Vec<usize> = (0..build_width + probe_width).collect();
     let wanted = projection.unwrap_or(&all);
-    let mut columns = Vec::with_capacity(wanted.len());
+    let mut gathers = Vec::with_capacity(wanted.len());
     for &c in wanted {
         let (batch, indices, may_be_null, index) = if c < build_width {
             let (b, i, null) = build.ok_or_else(|| SpateError::Internal {
@@ -302,12 +302,14 @@ fn assemble(
             (p, i, null, c - build_width)
         };
         let column = &batch.columns()[index];
-        columns.push(if may_be_null {
-            gather_column_or_null(stream, column, indices)?
+        gathers.push(if may_be_null {
+            Gather::rows_or_null(column, indices)
         } else {
-            gather_column(stream, column, indices)?
+            Gather::rows(column, indices)
         });
     }
+    // One readback for the byte totals of all the string columns.
+    let columns = gather_columns(stream, &gathers)?;
     DeviceBatch::try_new(Arc::clone(schema), columns, rows)
 }
 

@@ -26,7 +26,7 @@ use spate_kernels::{DeviceBuffer, DeviceSlice, KernelArg, Stream as DeviceStream
 use super::build::BuildSide;
 use super::{JoinPlan, assemble};
 use crate::column::{
-    DeviceBatch, DeviceBytes, DeviceColumn, DeviceValues, gather_column, upload_batch,
+    DeviceBatch, DeviceBytes, DeviceColumn, DeviceValues, Gather, gather_columns, upload_batch,
 };
 use crate::error::{Result, SpateError};
 use crate::exec::aggregate::{Kernels, launch};
@@ -382,17 +382,18 @@ impl ProbeState {
             return Ok(None);
         };
         // The filter's input: its columns gathered from both sides by the pairs.
-        let columns = filter
+        let gathers: Vec<Gather<'_>> = filter
             .columns
             .iter()
             .map(|&(from_build, c)| {
                 if from_build {
-                    gather_column(s, &build.batch.columns()[c], build_rows)
+                    Gather::rows(&build.batch.columns()[c], build_rows)
                 } else {
-                    gather_column(s, &batch.columns()[c], probe_rows)
+                    Gather::rows(&batch.columns()[c], probe_rows)
                 }
             })
-            .collect::<Result<Vec<_>>>()?;
+            .collect();
+        let columns = gather_columns(s, &gathers)?;
         let candidates = DeviceBatch::try_new(Arc::clone(&filter.schema), columns, pairs)?;
         let filter_kernel = self
             .kernels
@@ -715,11 +716,12 @@ impl ProbeState {
         }
         let first: Vec<u32> = (0..rows as u32).collect();
         let first = self.stream.from_host(&first)?;
-        let columns = batch
+        let gathers: Vec<Gather<'_>> = batch
             .columns()
             .iter()
-            .map(|c| gather_column(&self.stream, c, first.as_slice()))
-            .collect::<Result<Vec<_>>>()?;
+            .map(|c| Gather::rows(c, first.as_slice()))
+            .collect();
+        let columns = gather_columns(&self.stream, &gathers)?;
         DeviceBatch::try_new(Arc::clone(batch.schema()), columns, rows).map(Some)
     }
 }
