@@ -88,7 +88,17 @@ pub fn gather_columns(stream: &Stream, gathers: &[Gather<'_>]) -> Result<Vec<Dev
             )
         })
         .count();
-    let totals = stream.alloc::<u64>(strings.max(1))?;
+    // Only a gather with string columns allocates their totals (and waits for them).
+    let totals = match strings {
+        0 => None,
+        k => Some(stream.alloc::<u64>(k)?),
+    };
+    let total_at = |at: usize| -> Result<DeviceSlice<'_, u64>> {
+        let totals = totals.as_ref().ok_or_else(|| SpateError::Internal {
+            message: "a string gather without room for its total".into(),
+        })?;
+        Ok(totals.slice(at..at + 1)?)
+    };
     let mut started = Vec::with_capacity(gathers.len());
     let mut slot = 0;
     for g in gathers {
@@ -101,7 +111,7 @@ pub fn gather_columns(stream: &Stream, gathers: &[Gather<'_>]) -> Result<Vec<Dev
                 };
                 let at = slot;
                 slot += 1;
-                let total = totals.slice(at..at + 1)?;
+                let total = total_at(at)?;
                 Values::Utf8(
                     kg::start_string_gather(stream, strings, g.indices, total)?,
                     at,
@@ -114,7 +124,7 @@ pub fn gather_columns(stream: &Stream, gathers: &[Gather<'_>]) -> Result<Vec<Dev
                 };
                 let at = slot;
                 slot += 1;
-                let total = totals.slice(at..at + 1)?;
+                let total = total_at(at)?;
                 Values::LargeUtf8(
                     kg::start_string_gather(stream, strings, g.indices, total)?,
                     at,
@@ -125,10 +135,9 @@ pub fn gather_columns(stream: &Stream, gathers: &[Gather<'_>]) -> Result<Vec<Dev
         started.push((validity, values));
     }
     // The one wait: every string column's byte total.
-    let totals = if strings > 0 {
-        stream.to_vec(&totals)?
-    } else {
-        Vec::new()
+    let totals = match &totals {
+        Some(totals) => stream.to_vec(totals)?,
+        None => Vec::new(),
     };
     let mut out = Vec::with_capacity(gathers.len());
     for (g, (validity, values)) in gathers.iter().zip(started) {
