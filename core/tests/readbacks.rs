@@ -202,3 +202,43 @@ async fn string_columns_are_gathered_with_one_readback() {
     assert_eq!(metric(&plan, "GpuAggregateExec", "d2h_bytes"), 20, "{plan}");
     assert_eq!(metric(&plan, "GpuAggregateExec", "host_syncs"), 2, "{plan}");
 }
+
+/// A projection over a filter gathers the kept rows of its input columns itself (the filter
+/// hands over its indices): the string columns among them cost one readback together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_projection_over_a_filter_gathers_its_strings_with_one_readback() {
+    let sql = "SELECT b_s, b_t, max(w) FROM \
+               (SELECT b_s, b_t, b_v * 2 AS w FROM b WHERE b_v % 3 = 0) GROUP BY b_s, b_t \
+               ORDER BY b_s, b_t";
+    let gpu = engine(Backend::Emulated, 1);
+    let cpu = engine(Backend::Cpu, 1);
+    gpu.collect("SET spate.gpu.fallback = 'error'")
+        .await
+        .unwrap();
+    assert_eq!(
+        ordered(&gpu.collect(sql).await.unwrap()),
+        ordered(&cpu.collect(sql).await.unwrap()),
+        "{sql}"
+    );
+    let plan = ordered(
+        &gpu.collect(&format!("EXPLAIN ANALYZE {sql}"))
+            .await
+            .unwrap(),
+    )
+    .join("\n");
+    let projection = plan
+        .lines()
+        .position(|l| l.contains("GpuProjectionExec") && l.contains("as w"))
+        .unwrap_or_else(|| panic!("a GPU projection computes w: {plan}"));
+    assert!(
+        plan.lines()
+            .nth(projection + 1)
+            .is_some_and(|l| l.contains("GpuFilterExec")),
+        "the projection reads a GPU filter: {plan}"
+    );
+    let line = plan.lines().nth(projection).unwrap();
+    // One input batch: the filter's kept-row count (4 bytes), the value kernel's error word
+    // (4), and the two strings' totals (2 × 8) in one readback.
+    assert_eq!(metric(line, "GpuProjectionExec", "d2h_bytes"), 24, "{plan}");
+    assert_eq!(metric(line, "GpuProjectionExec", "host_syncs"), 3, "{plan}");
+}

@@ -375,8 +375,10 @@ pub fn start_string_gather<O: OffsetElem>(
 ///
 /// # Safety
 ///
-/// `total` must be the value [`start_string_gather`] wrote to its `total`, read back after
-/// the stream got there: the copy writes that many bytes.
+/// - `strings` and `indices` must be the ones `gather` was started with, unchanged since: the
+///   copy reads each row's bytes at lengths the start computed from them.
+/// - `total` must be the value [`start_string_gather`] wrote to its `total`, read back after
+///   the stream got there: the copy writes that many bytes.
 pub unsafe fn finish_string_gather<O: OffsetElem>(
     stream: &Stream,
     gather: StringGather,

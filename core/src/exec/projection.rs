@@ -30,7 +30,8 @@ use super::{
     DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, gpu_context, per_batch_input,
     rebuild_gpu, to_df,
 };
-use crate::column::{DeviceBatch, gather_column};
+use crate::column::{DeviceBatch, Gather, gather_columns};
+use crate::error::SpateError;
 use crate::expr::{Unsupported, ValueKernel, evaluate_values, evaluate_values_at, value_kernel};
 
 /// Where each output column comes from.
@@ -183,20 +184,40 @@ impl GpuExec for GpuProjectionExec {
                     }
                     None => Vec::new(),
                 };
+                // The kept rows of the input columns, gathered together: one readback for
+                // all their string byte totals.
+                let inputs = selected.batch.columns();
+                let mut gathered = match rows {
+                    Some(rows) => {
+                        let gathers: Vec<Gather<'_>> = sources
+                            .iter()
+                            .filter_map(|s| match s {
+                                Source::Input(i) => Some(Gather::rows(&inputs[*i], rows)),
+                                Source::Computed(_) => None,
+                            })
+                            .collect();
+                        gather_columns(&stream, &gathers).map_err(to_df)?
+                    }
+                    None => sources
+                        .iter()
+                        .filter_map(|s| match s {
+                            Source::Input(i) => Some(inputs[*i].clone()),
+                            Source::Computed(_) => None,
+                        })
+                        .collect(),
+                }
+                .into_iter();
                 let columns = sources
                     .iter()
                     .map(|s| match s {
-                        Source::Input(i) => {
-                            let column = &selected.batch.columns()[*i];
-                            match rows {
-                                Some(rows) => gather_column(&stream, column, rows),
-                                None => Ok(column.clone()),
-                            }
-                        }
+                        Source::Input(_) => gathered.next().ok_or_else(|| {
+                            to_df(SpateError::Internal {
+                                message: "a projection lost one of its gathered columns".into(),
+                            })
+                        }),
                         Source::Computed(k) => Ok(computed[*k].clone()),
                     })
-                    .collect::<crate::error::Result<Vec<_>>>()
-                    .map_err(to_df)?;
+                    .collect::<DFResult<Vec<_>>>()?;
                 let out = DeviceBatch::try_new(Arc::clone(&schema), columns, selected.rows)
                     .map_err(to_df)?;
                 baseline.record_output(out.num_rows());

@@ -10,8 +10,10 @@
 //! rows, so output order stays probe order, as DataFusion's.
 //!
 //! Host readbacks per probe batch: the total of the match counts (to size the output), and,
-//! only when the output needs more than one chunk, the chunk boundaries. Per chunk: the
-//! gathers' null and string-byte counts (see `column::gather`).
+//! only when the output needs more than one chunk, the chunk boundaries. Per chunk: one
+//! readback of all the gathered string columns' byte totals, when there are string columns
+//! (`column::gather_columns`; with a residual filter, one for the filter's input columns and
+//! one for the output).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
