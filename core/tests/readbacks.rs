@@ -57,6 +57,27 @@ fn engine(backend: Backend, partitions: usize) -> Engine {
     e
 }
 
+/// Runs `sql` on the GPU (every operator on it) and the CPU, checks the results are equal, and
+/// returns the GPU's `EXPLAIN ANALYZE`.
+async fn gpu_plan(sql: &str, partitions: usize) -> String {
+    let gpu = engine(Backend::Emulated, partitions);
+    let cpu = engine(Backend::Cpu, partitions);
+    gpu.collect("SET spate.gpu.fallback = 'error'")
+        .await
+        .unwrap();
+    assert_eq!(
+        ordered(&gpu.collect(sql).await.unwrap()),
+        ordered(&cpu.collect(sql).await.unwrap()),
+        "{sql} ({partitions} partitions)"
+    );
+    ordered(
+        &gpu.collect(&format!("EXPLAIN ANALYZE {sql}"))
+            .await
+            .unwrap(),
+    )
+    .join("\n")
+}
+
 /// The named metric of the first plan line naming `operator`, summed over its partitions.
 fn metric(plan: &str, operator: &str, name: &str) -> usize {
     let line = plan
@@ -84,22 +105,7 @@ fn metric(plan: &str, operator: &str, name: &str) -> usize {
 async fn a_join_build_reads_nothing_back() {
     let sql = "SELECT count(*), sum(b_v + p_v) FROM b JOIN p ON b_k = p_k";
     for partitions in [1, 2] {
-        let gpu = engine(Backend::Emulated, partitions);
-        let cpu = engine(Backend::Cpu, partitions);
-        gpu.collect("SET spate.gpu.fallback = 'error'")
-            .await
-            .unwrap();
-        assert_eq!(
-            ordered(&gpu.collect(sql).await.unwrap()),
-            ordered(&cpu.collect(sql).await.unwrap()),
-            "{sql} ({partitions} partitions)"
-        );
-        let plan = ordered(
-            &gpu.collect(&format!("EXPLAIN ANALYZE {sql}"))
-                .await
-                .unwrap(),
-        )
-        .join("\n");
+        let plan = gpu_plan(sql, partitions).await;
         // One output batch per probe batch: its pairs fit one chunk.
         let probes = metric(&plan, "GpuHashJoinExec", "output_batches");
         assert!(probes >= 1, "{plan}");
@@ -125,22 +131,7 @@ async fn a_left_join_waits_for_its_marks_on_the_device() {
     // rows match nothing.
     let sql = "SELECT count(*), count(p_v), sum(b_v) FROM b LEFT JOIN p ON b_k = p_k * 3";
     for partitions in [1, 2] {
-        let gpu = engine(Backend::Emulated, partitions);
-        let cpu = engine(Backend::Cpu, partitions);
-        gpu.collect("SET spate.gpu.fallback = 'error'")
-            .await
-            .unwrap();
-        assert_eq!(
-            ordered(&gpu.collect(sql).await.unwrap()),
-            ordered(&cpu.collect(sql).await.unwrap()),
-            "{sql} ({partitions} partitions)"
-        );
-        let plan = ordered(
-            &gpu.collect(&format!("EXPLAIN ANALYZE {sql}"))
-                .await
-                .unwrap(),
-        )
-        .join("\n");
+        let plan = gpu_plan(sql, partitions).await;
         let join = plan
             .lines()
             .find(|l| l.contains("GpuHashJoinExec"))
@@ -169,22 +160,7 @@ async fn a_left_join_waits_for_its_marks_on_the_device() {
 async fn string_columns_are_gathered_with_one_readback() {
     let sql = "SELECT b_s, p_t, count(*), max(length(p_s)) FROM b JOIN p ON b_k = p_k \
                GROUP BY b_s, p_t ORDER BY b_s, p_t";
-    let gpu = engine(Backend::Emulated, 1);
-    let cpu = engine(Backend::Cpu, 1);
-    gpu.collect("SET spate.gpu.fallback = 'error'")
-        .await
-        .unwrap();
-    assert_eq!(
-        ordered(&gpu.collect(sql).await.unwrap()),
-        ordered(&cpu.collect(sql).await.unwrap()),
-        "{sql}"
-    );
-    let plan = ordered(
-        &gpu.collect(&format!("EXPLAIN ANALYZE {sql}"))
-            .await
-            .unwrap(),
-    )
-    .join("\n");
+    let plan = gpu_plan(sql, 1).await;
     let probes = metric(&plan, "GpuHashJoinExec", "output_batches");
     assert!(probes >= 1, "{plan}");
     // Per probe batch: the pair total (8 bytes), then the three strings' totals (3 × 8).
@@ -210,22 +186,7 @@ async fn a_projection_over_a_filter_gathers_its_strings_with_one_readback() {
     let sql = "SELECT b_s, b_t, max(w) FROM \
                (SELECT b_s, b_t, b_v * 2 AS w FROM b WHERE b_v % 3 = 0) GROUP BY b_s, b_t \
                ORDER BY b_s, b_t";
-    let gpu = engine(Backend::Emulated, 1);
-    let cpu = engine(Backend::Cpu, 1);
-    gpu.collect("SET spate.gpu.fallback = 'error'")
-        .await
-        .unwrap();
-    assert_eq!(
-        ordered(&gpu.collect(sql).await.unwrap()),
-        ordered(&cpu.collect(sql).await.unwrap()),
-        "{sql}"
-    );
-    let plan = ordered(
-        &gpu.collect(&format!("EXPLAIN ANALYZE {sql}"))
-            .await
-            .unwrap(),
-    )
-    .join("\n");
+    let plan = gpu_plan(sql, 1).await;
     let projection = plan
         .lines()
         .position(|l| l.contains("GpuProjectionExec") && l.contains("as w"))
