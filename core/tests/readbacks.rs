@@ -78,7 +78,8 @@ async fn gpu_plan(sql: &str, partitions: usize) -> String {
     .join("\n")
 }
 
-/// The named metric of the first plan line naming `operator`, summed over its partitions.
+/// The named metric of the first plan line naming `operator` (`EXPLAIN ANALYZE` sums it over
+/// the operator's partitions).
 fn metric(plan: &str, operator: &str, name: &str) -> usize {
     let line = plan
         .lines()
