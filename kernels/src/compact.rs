@@ -79,6 +79,22 @@ fn plan(
     validity: Option<DeviceBitmap<'_>>,
     n: usize,
 ) -> Result<Plan> {
+    let (counts, tiles) = count_tiles(stream, mask, validity, n)?;
+    let (tile_offsets, kept) = scan::exclusive_sum_with_total(stream, counts.as_slice())?;
+    Ok(Plan {
+        tile_offsets,
+        kept: kept as usize,
+        tiles,
+    })
+}
+
+/// Per tile of `n` rows, how many it keeps; and the number of tiles.
+fn count_tiles(
+    stream: &Stream,
+    mask: Mask<'_>,
+    validity: Option<DeviceBitmap<'_>>,
+    n: usize,
+) -> Result<(DeviceBuffer<u32>, usize)> {
     mask.check(n)?;
     if let Some(v) = validity {
         v.check_covers(n, "mask validity")?;
@@ -107,12 +123,7 @@ fn plan(
             ],
         )?;
     }
-    let (tile_offsets, kept) = scan::exclusive_sum_with_total(stream, counts.as_slice())?;
-    Ok(Plan {
-        tile_offsets,
-        kept: kept as usize,
-        tiles,
-    })
+    Ok((counts, tiles))
 }
 
 /// Indices (ascending) of the `n` rows whose mask is true and not NULL.
@@ -127,13 +138,53 @@ pub fn select_indices(
     }
     let p = plan(stream, mask, validity, n)?;
     let out = stream.alloc::<u32>(p.kept)?;
+    write_indices(stream, mask, validity, n, p.tiles, &p.tile_offsets, &out)?;
+    Ok(out)
+}
+
+/// [`select_indices`] without waiting for the kept count: the output has room for all `n`
+/// rows, its first `count` elements are the kept indices, and `count` (one u32) receives the
+/// kept count on the device. Nothing reads it back, so nothing waits. The elements past the
+/// count are not written: a consumer stops at the count (`n` must be at least 1, so that the
+/// count is written).
+pub fn select_indices_on_device(
+    stream: &Stream,
+    mask: Mask<'_>,
+    validity: Option<DeviceBitmap<'_>>,
+    n: usize,
+    count: DeviceSlice<'_, u32>,
+) -> Result<DeviceBuffer<u32>> {
+    ensure_arg!(
+        n > 0,
+        "an on-device compaction of no rows leaves its count unwritten"
+    );
+    let (counts, tiles) = count_tiles(stream, mask, validity, n)?;
+    let tile_offsets = scan::exclusive_sum_total_on_device(stream, counts.as_slice(), count)?;
+    let out = stream.alloc::<u32>(n)?;
+    write_indices(stream, mask, validity, n, tiles, &tile_offsets, &out)?;
+    Ok(out)
+}
+
+/// Writes the kept rows' indices: tile `t`'s from `tile_offsets[t]` on. `out` must hold at
+/// least the kept count (checked by the caller's sizing).
+fn write_indices(
+    stream: &Stream,
+    mask: Mask<'_>,
+    validity: Option<DeviceBitmap<'_>>,
+    n: usize,
+    tiles: usize,
+    tile_offsets: &DeviceBuffer<u32>,
+    out: &DeviceBuffer<u32>,
+) -> Result<()> {
     let kernel = stream.device().kernel("compact_indices")?;
     let [m, mo, mk] = mask.args();
-    // SAFETY: as in `plan`; `out` holds exactly the kept count the scan produced.
+    // SAFETY: the mask and validity cover `n` rows (checked by `count_tiles`), the offsets
+    // are its scan, and `out` holds the kept count: the scan's total (`select_indices`) or
+    // `n` (`select_indices_on_device`).
     unsafe {
         stream.launch(
             &kernel,
-            LaunchConfig::tiles(p.tiles)?,
+            LaunchConfig::tiles(tiles)?,
             &[
                 m,
                 mo,
@@ -141,12 +192,12 @@ pub fn select_indices(
                 validity.into(),
                 KernelArg::U64(validity.map_or(0, |v| v.offset as u64)),
                 KernelArg::U64(n as u64),
-                (&p.tile_offsets).into(),
-                (&out).into(),
+                tile_offsets.into(),
+                out.into(),
             ],
         )?;
     }
-    Ok(out)
+    Ok(())
 }
 
 /// The values of the rows whose mask is true and not NULL, in order. The values' own validity
@@ -213,6 +264,47 @@ mod tests {
                 assert_eq!(got, want, "n={n} offset={offset}");
             }
         }
+    }
+
+    #[test]
+    fn indices_on_device_leave_the_count_there() {
+        let device = test_device();
+        let stream = device.new_stream().unwrap();
+        for &n in SIZES.iter().filter(|&&n| n > 0) {
+            let mut r = reference::Rng::new(n as u64 + 1);
+            let mask: Vec<u8> = (0..n).map(|_| u8::from(r.below(4) == 0)).collect();
+            let d_mask = stream.from_host(&mask).unwrap();
+            let count = stream.alloc::<u32>(1).unwrap();
+            let calls = device.counters();
+            let out = select_indices_on_device(
+                &stream,
+                Mask::Bytes(d_mask.as_slice()),
+                None,
+                n,
+                count.as_slice(),
+            )
+            .unwrap();
+            // Nothing waited for the device.
+            assert_eq!((device.counters() - calls).host_syncs, 0, "n={n}");
+            assert_eq!(out.len(), n);
+            let want = reference::compact_indices(n, |i| mask[i] != 0);
+            let kept = stream.to_vec(&count).unwrap()[0] as usize;
+            assert_eq!(kept, want.len(), "n={n}");
+            assert_eq!(stream.to_vec(out.slice(..kept).unwrap()).unwrap(), want);
+        }
+        let count = stream.alloc::<u32>(1).unwrap();
+        let empty = stream.alloc::<u8>(0).unwrap();
+        // No rows: the count would never be written.
+        assert!(
+            select_indices_on_device(
+                &stream,
+                Mask::Bytes(empty.as_slice()),
+                None,
+                0,
+                count.as_slice()
+            )
+            .is_err()
+        );
     }
 
     #[test]

@@ -38,6 +38,11 @@ fn grid(stream: &Stream, n: usize) -> LaunchConfig {
     LaunchConfig::blocks(stream.device().grid_stride_blocks(n))
 }
 
+/// A device row count as kernels take it (`const u32* live`): null when there is none.
+fn live_arg(live: Option<DeviceSlice<'_, u32>>) -> KernelArg {
+    live.map_or_else(KernelArg::null, Into::into)
+}
+
 /// `out[i] = values[indices[i]]` (zero for [`NULL_INDEX`](crate::launch::NULL_INDEX)). Every other index must be less
 /// than `values.len()`; that is the caller's contract, as on a GPU nothing checks it cheaply.
 pub fn gather<T: GatherElem>(
@@ -45,13 +50,26 @@ pub fn gather<T: GatherElem>(
     values: DeviceSlice<'_, T>,
     indices: DeviceSlice<'_, u32>,
 ) -> Result<DeviceBuffer<T>> {
+    gather_live(stream, values, indices, None)
+}
+
+/// [`gather`] of a batch whose row count may be on the device: with `live` (one u32), only
+/// the first `*live` indices are read and their outputs written; the rest of the `n` outputs
+/// are left as allocated.
+pub fn gather_live<T: GatherElem>(
+    stream: &Stream,
+    values: DeviceSlice<'_, T>,
+    indices: DeviceSlice<'_, u32>,
+    live: Option<DeviceSlice<'_, u32>>,
+) -> Result<DeviceBuffer<T>> {
     let n = indices.len();
     let out = stream.alloc::<T>(n)?;
     if n == 0 {
         return Ok(out);
     }
     let kernel = stream.device().kernel(T::GATHER)?;
-    // SAFETY: `out` and `indices` hold `n` elements; indices address `values` (contract above).
+    // SAFETY: `out` and `indices` hold `n` elements; indices address `values` (contract above)
+    // below the live count, and the kernel reads no others.
     unsafe {
         stream.launch(
             &kernel,
@@ -59,6 +77,7 @@ pub fn gather<T: GatherElem>(
             &[
                 values.into(),
                 indices.into(),
+                live_arg(live),
                 KernelArg::U64(n as u64),
                 (&out).into(),
             ],
@@ -114,6 +133,17 @@ pub fn gather_bitmap(
     validity: Option<DeviceBitmap<'_>>,
     indices: DeviceSlice<'_, u32>,
 ) -> Result<DeviceBuffer<u8>> {
+    gather_bitmap_live(stream, validity, indices, None)
+}
+
+/// [`gather_bitmap`] up to a device row count (see [`gather_live`]): words past the count are
+/// not written, and the bits past it in its last word are zero.
+pub fn gather_bitmap_live(
+    stream: &Stream,
+    validity: Option<DeviceBitmap<'_>>,
+    indices: DeviceSlice<'_, u32>,
+    live: Option<DeviceSlice<'_, u32>>,
+) -> Result<DeviceBuffer<u8>> {
     let n = indices.len();
     let out = stream.alloc::<u8>(bitmap_bytes(n))?;
     if n == 0 {
@@ -129,6 +159,7 @@ pub fn gather_bitmap(
                 validity.into(),
                 KernelArg::U64(validity.map_or(0, |v| v.offset as u64)),
                 indices.into(),
+                live_arg(live),
                 KernelArg::U64(n as u64),
                 (&out).into(),
             ],
@@ -325,10 +356,10 @@ pub fn gather_strings<O: OffsetElem>(
     indices: DeviceSlice<'_, u32>,
 ) -> Result<StringBuffers<O>> {
     let total = stream.alloc::<u64>(1)?;
-    let gather = start_string_gather(stream, strings, indices, total.as_slice())?;
+    let gather = start_string_gather(stream, strings, indices, None, total.as_slice())?;
     let total = stream.to_vec(&total)?[0];
     // SAFETY: `total` is what the start wrote, read back after it.
-    unsafe { finish_string_gather(stream, gather, strings, indices, total) }
+    unsafe { finish_string_gather(stream, gather, strings, indices, None, total) }
 }
 
 /// A string gather whose byte total is still on the device: the first half of
@@ -342,11 +373,13 @@ pub struct StringGather {
 }
 
 /// Starts gathering `indices` of `strings`: each output row's start, and the byte total
-/// written to `total` (one u64) on the device. Nothing waits for the device.
+/// written to `total` (one u64) on the device. Nothing waits for the device. With `live` (a
+/// device row count, see [`gather_live`]) the rows at or past the count are empty strings.
 pub fn start_string_gather<O: OffsetElem>(
     stream: &Stream,
     strings: DeviceStrings<'_, O>,
     indices: DeviceSlice<'_, u32>,
+    live: Option<DeviceSlice<'_, u32>>,
     total: DeviceSlice<'_, u64>,
 ) -> Result<StringGather> {
     let n = indices.len();
@@ -354,7 +387,8 @@ pub fn start_string_gather<O: OffsetElem>(
     let lengths_kernel = stream
         .device()
         .kernel(&string_entry::<O>("gather_string_lengths"))?;
-    // SAFETY: `lengths` holds n + 1 values; indices address rows of `strings`.
+    // SAFETY: `lengths` holds n + 1 values; indices below the live count address rows of
+    // `strings`, and the kernel reads no others.
     unsafe {
         stream.launch(
             &lengths_kernel,
@@ -362,6 +396,7 @@ pub fn start_string_gather<O: OffsetElem>(
             &[
                 strings.offsets.into(),
                 indices.into(),
+                live_arg(live),
                 KernelArg::U64(n as u64),
                 (&lengths).into(),
             ],
@@ -375,8 +410,8 @@ pub fn start_string_gather<O: OffsetElem>(
 ///
 /// # Safety
 ///
-/// - `strings` and `indices` must be the ones `gather` was started with, unchanged since: the
-///   copy reads each row's bytes at lengths the start computed from them.
+/// - `strings`, `indices` and `live` must be the ones `gather` was started with, unchanged
+///   since: the copy reads each row's bytes at lengths the start computed from them.
 /// - `total` must be the value [`start_string_gather`] wrote to its `total`, read back after
 ///   the stream got there: the copy writes that many bytes.
 pub unsafe fn finish_string_gather<O: OffsetElem>(
@@ -384,6 +419,7 @@ pub unsafe fn finish_string_gather<O: OffsetElem>(
     gather: StringGather,
     strings: DeviceStrings<'_, O>,
     indices: DeviceSlice<'_, u32>,
+    live: Option<DeviceSlice<'_, u32>>,
     total: u64,
 ) -> Result<StringBuffers<O>> {
     ensure_arg!(
@@ -393,19 +429,20 @@ pub unsafe fn finish_string_gather<O: OffsetElem>(
         indices.len()
     );
     // SAFETY: the caller passes the total of these starts.
-    unsafe { copy_strings(stream, strings, indices, &gather.starts, total) }
+    unsafe { copy_strings(stream, strings, indices, live, &gather.starts, total) }
 }
 
 /// The copy of a string gather: offsets from `starts`, and `total` bytes.
 ///
 /// # Safety
 ///
-/// `starts` holds `indices.len() + 1` values, the scan of the gathered rows' lengths, and
-/// `total` is their sum.
+/// `starts` holds `indices.len() + 1` values, the scan of the gathered rows' lengths (up to
+/// the same `live` count), and `total` is their sum.
 unsafe fn copy_strings<O: OffsetElem>(
     stream: &Stream,
     strings: DeviceStrings<'_, O>,
     indices: DeviceSlice<'_, u32>,
+    live: Option<DeviceSlice<'_, u32>>,
     starts: &DeviceBuffer<u64>,
     total: u64,
 ) -> Result<StringBuffers<O>> {
@@ -426,6 +463,7 @@ unsafe fn copy_strings<O: OffsetElem>(
                 strings.bytes.into(),
                 indices.into(),
                 starts.into(),
+                live_arg(live),
                 KernelArg::U64(n as u64),
                 (&offsets).into(),
                 (&bytes).into(),
@@ -459,6 +497,7 @@ pub fn scatter_strings<O: OffsetElem>(
             grid(stream, n + 1),
             &[
                 strings.offsets.into(),
+                KernelArg::null(),
                 KernelArg::null(),
                 KernelArg::U64(n as u64),
                 (&in_lengths).into(),
@@ -640,6 +679,76 @@ mod tests {
                 );
             }
             assert_eq!(o_off[rows], o_off[rows + 2], "unwritten rows are empty");
+        }
+    }
+
+    /// With a device row count, the kernels read only the indices below it: the rest are out
+    /// of range here, and reading one would fault.
+    #[test]
+    fn gathers_stop_at_a_device_count() {
+        let device = test_device();
+        let stream = device.new_stream().unwrap();
+        for &n in SIZES.iter().filter(|&&n| n > 0) {
+            let rows = n.max(2);
+            let kept = n / 3;
+            let mut idx = random_indices(kept, rows, 12);
+            idx.resize(n, 0x7fff_fff0);
+            let d_idx = stream.from_host(&idx).unwrap();
+            let live = stream.from_host(&[kept as u32]).unwrap();
+            let live = Some(live.as_slice());
+
+            let src = reference::random_i64(rows, n as u64);
+            let d_src = stream.from_host(&src).unwrap();
+            let got = gather_live(&stream, d_src.as_slice(), d_idx.as_slice(), live).unwrap();
+            assert_eq!(got.len(), n);
+            assert_eq!(
+                stream.to_vec(got.slice(..kept).unwrap()).unwrap(),
+                reference::gather(&src, &idx[..kept]),
+                "n={n}"
+            );
+
+            let valid = reference::random_bitmap(rows, 3, n as u64, 0.6);
+            let d_valid = stream.from_host(&valid).unwrap();
+            let bitmap = DeviceBitmap::new(&d_valid).with_offset(3);
+            let bits = gather_bitmap_live(&stream, Some(bitmap), d_idx.as_slice(), live).unwrap();
+            let bits = stream.to_vec(&bits).unwrap();
+            let want = reference::gather_validity(Some(&valid), 3, &idx[..kept]);
+            let got_bits: Vec<bool> = (0..kept).map(|i| bit(Some(&bits), 0, i)).collect();
+            assert_eq!(got_bits, want, "n={n}");
+            // The bits past the count in its word are zero; later words are not written.
+            assert!((kept..kept.div_ceil(32) * 32).all(|i| !bit(Some(&bits), 0, i)));
+
+            let (offsets, bytes) = reference::random_strings(rows, n as u64, 20);
+            let d_off = stream.from_host(&offsets).unwrap();
+            let d_bytes = stream.from_host(&bytes).unwrap();
+            let strings = DeviceStrings {
+                offsets: d_off.as_slice(),
+                bytes: d_bytes.as_slice(),
+            };
+            let total = stream.alloc::<u64>(1).unwrap();
+            let started =
+                start_string_gather(&stream, strings, d_idx.as_slice(), live, total.as_slice())
+                    .unwrap();
+            let total = stream.to_vec(&total).unwrap()[0];
+            let want: Vec<u8> = idx[..kept]
+                .iter()
+                .filter(|&&i| i != NULL_INDEX)
+                .flat_map(|&i| {
+                    let i = i as usize;
+                    bytes[offsets[i] as usize..offsets[i + 1] as usize].to_vec()
+                })
+                .collect();
+            assert_eq!(total as usize, want.len(), "n={n}");
+            // SAFETY: the same strings, indices and count, and the total the start wrote.
+            let out = unsafe {
+                finish_string_gather(&stream, started, strings, d_idx.as_slice(), live, total)
+            }
+            .unwrap();
+            assert_eq!(stream.to_vec(&out.bytes).unwrap(), want);
+            let out_off = stream.to_vec(&out.offsets).unwrap();
+            assert_eq!(out_off.len(), n + 1);
+            // The rows past the count are empty: every offset from the count on is the total.
+            assert!(out_off[kept..].iter().all(|&o| o as u64 == total), "n={n}");
         }
     }
 

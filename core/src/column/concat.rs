@@ -11,7 +11,9 @@ use spate_kernels::{DeviceBitmap, Stream};
 use super::{DeviceBatch, DeviceBytes, DeviceColumn, DeviceValidity, DeviceValues, upload_batch};
 use crate::error::{Result, SpateError};
 
-/// One device batch holding every row of `batches`, in order.
+/// One device batch holding every row of `batches`, in order. One batch is returned as it is
+/// (its count may be on the device); several have their device counts read back first, all
+/// in one transfer.
 pub fn concat_device_batches(
     stream: &Stream,
     schema: &SchemaRef,
@@ -22,7 +24,8 @@ pub fn concat_device_batches(
         1 => return Ok(batches.remove(0)),
         _ => {}
     }
-    let rows: usize = batches.iter().map(DeviceBatch::num_rows).sum();
+    let batches = DeviceBatch::resolve_all(stream, batches)?;
+    let rows: usize = batches.iter().map(DeviceBatch::bound).sum();
     let columns = (0..schema.fields().len())
         .map(|c| {
             let parts: Vec<&DeviceColumn> = batches.iter().map(|b| &b.columns()[c]).collect();

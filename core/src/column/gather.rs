@@ -4,11 +4,18 @@
 //! the values; the output's bitmaps start at bit 0. A string gather must learn its byte total
 //! before it can allocate; [`gather_columns`] reads the totals of all its string columns back
 //! in one transfer.
+//!
+//! [`gather_batch`] gathers by indices whose count is on the device (a filter's kept rows):
+//! the kernels stop at the count, and the batch keeps it there unless it has string columns,
+//! whose totals come back anyway; the count then comes back in the same transfer.
 
+use arrow::datatypes::SchemaRef;
 use spate_kernels::gather::{self as kg, DeviceStrings};
 use spate_kernels::{DeviceBitmap, DeviceSlice, Stream};
 
-use super::{DeviceBytes, DeviceColumn, DeviceValidity, DeviceValues};
+use super::{
+    DeviceBatch, DeviceBytes, DeviceColumn, DeviceCount, DeviceValidity, DeviceValues, RowCount,
+};
 use crate::error::{Result, SpateError};
 
 /// Gathers `indices` (which must all be valid rows of `column`) into a new column.
@@ -79,6 +86,54 @@ enum Values {
 /// back to the host together, in one transfer: a batch with k string columns costs one host
 /// synchronisation, not k.
 pub fn gather_columns(stream: &Stream, gathers: &[Gather<'_>]) -> Result<Vec<DeviceColumn>> {
+    Ok(gather_up_to(stream, gathers, None)?.0)
+}
+
+/// Gathers a batch of `schema` whose row count is `rows`: see [`gather_counted`].
+pub fn gather_batch(
+    stream: &Stream,
+    schema: SchemaRef,
+    gathers: &[Gather<'_>],
+    rows: &RowCount,
+) -> Result<DeviceBatch> {
+    let (columns, rows) = gather_counted(stream, gathers, rows)?;
+    DeviceBatch::try_new_counted(schema, columns, rows)
+}
+
+/// Gathers columns whose row count is `rows`: every gather's indices are `rows.bound()` long,
+/// and only the first `rows` of them are rows. A device count stays on the device, unless
+/// string columns make the gather read their byte totals back: the count comes back in the
+/// same transfer, and the columns are cut to it. Returns the columns and their count.
+pub fn gather_counted(
+    stream: &Stream,
+    gathers: &[Gather<'_>],
+    rows: &RowCount,
+) -> Result<(Vec<DeviceColumn>, RowCount)> {
+    let live = match rows {
+        RowCount::Host(_) => None,
+        RowCount::Device { word, .. } => Some(word),
+    };
+    let (columns, read) = gather_up_to(stream, gathers, live)?;
+    Ok(match read {
+        Some(n) => (
+            columns
+                .iter()
+                .map(|c| c.prefix(n))
+                .collect::<Result<Vec<_>>>()?,
+            RowCount::Host(n),
+        ),
+        None => (columns, rows.clone()),
+    })
+}
+
+/// The gather, up to `live` when the count is on the device. Returns the columns (as long as
+/// the indices) and the count, when it was read back with the string totals.
+fn gather_up_to(
+    stream: &Stream,
+    gathers: &[Gather<'_>],
+    live: Option<&DeviceCount>,
+) -> Result<(Vec<DeviceColumn>, Option<usize>)> {
+    let live_slice = live.map(DeviceCount::as_slice);
     let strings = gathers
         .iter()
         .filter(|g| {
@@ -102,7 +157,7 @@ pub fn gather_columns(stream: &Stream, gathers: &[Gather<'_>]) -> Result<Vec<Dev
     let mut started = Vec::with_capacity(gathers.len());
     let mut slot = 0;
     for g in gathers {
-        let validity = gather_validity(stream, g)?;
+        let validity = gather_validity(stream, g, live_slice)?;
         let values = match g.column.values() {
             DeviceValues::Utf8 { offsets, bytes } => {
                 let strings = DeviceStrings {
@@ -113,7 +168,7 @@ pub fn gather_columns(stream: &Stream, gathers: &[Gather<'_>]) -> Result<Vec<Dev
                 slot += 1;
                 let total = total_at(at)?;
                 Values::Utf8(
-                    kg::start_string_gather(stream, strings, g.indices, total)?,
+                    kg::start_string_gather(stream, strings, g.indices, live_slice, total)?,
                     at,
                 )
             }
@@ -126,18 +181,23 @@ pub fn gather_columns(stream: &Stream, gathers: &[Gather<'_>]) -> Result<Vec<Dev
                 slot += 1;
                 let total = total_at(at)?;
                 Values::LargeUtf8(
-                    kg::start_string_gather(stream, strings, g.indices, total)?,
+                    kg::start_string_gather(stream, strings, g.indices, live_slice, total)?,
                     at,
                 )
             }
-            values => Values::Done(gather_fixed(stream, values, g.indices)?),
+            values => Values::Done(gather_fixed(stream, values, g.indices, live_slice)?),
         };
         started.push((validity, values));
     }
-    // The one wait: every string column's byte total.
-    let totals = match &totals {
-        Some(totals) => stream.to_vec(totals)?,
-        None => Vec::new(),
+    // The one wait: every string column's byte total, and the row count with them when it is
+    // on the device.
+    let (totals, read) = match (&totals, live) {
+        (Some(totals), None) => (stream.to_vec(totals)?, None),
+        (Some(totals), Some(live)) => {
+            let (totals, count) = read_totals_and_count(stream, totals, live)?;
+            (totals, Some(count))
+        }
+        (None, _) => (Vec::new(), None),
     };
     let mut out = Vec::with_capacity(gathers.len());
     for (g, (validity, values)) in gathers.iter().zip(started) {
@@ -150,7 +210,14 @@ pub fn gather_columns(stream: &Stream, gathers: &[Gather<'_>]) -> Result<Vec<Dev
                 };
                 // SAFETY: `totals[slot]` is what this start wrote, read back above.
                 let out = unsafe {
-                    kg::finish_string_gather(stream, start, strings, g.indices, totals[slot])?
+                    kg::finish_string_gather(
+                        stream,
+                        start,
+                        strings,
+                        g.indices,
+                        live_slice,
+                        totals[slot],
+                    )?
                 };
                 DeviceValues::Utf8 {
                     offsets: DeviceBytes::new(out.offsets.into_bytes()),
@@ -164,7 +231,14 @@ pub fn gather_columns(stream: &Stream, gathers: &[Gather<'_>]) -> Result<Vec<Dev
                 };
                 // SAFETY: as above.
                 let out = unsafe {
-                    kg::finish_string_gather(stream, start, strings, g.indices, totals[slot])?
+                    kg::finish_string_gather(
+                        stream,
+                        start,
+                        strings,
+                        g.indices,
+                        live_slice,
+                        totals[slot],
+                    )?
                 };
                 DeviceValues::LargeUtf8 {
                     offsets: DeviceBytes::new(out.offsets.into_bytes()),
@@ -184,19 +258,41 @@ pub fn gather_columns(stream: &Stream, gathers: &[Gather<'_>]) -> Result<Vec<Dev
             values,
         ));
     }
-    Ok(out)
+    Ok((out, read))
+}
+
+/// The string totals and the device row count, read back in one transfer.
+fn read_totals_and_count(
+    stream: &Stream,
+    totals: &spate_kernels::DeviceBuffer<u64>,
+    live: &DeviceCount,
+) -> Result<(Vec<u64>, usize)> {
+    let at = totals.len() * 8;
+    let mut staging = stream.device().pinned(at + 4)?;
+    stream.download_pinned_at(totals.as_slice(), &mut staging, 0)?;
+    stream.download_pinned_at(live.as_slice(), &mut staging, at)?;
+    let host = staging.as_bytes()?;
+    let word = |c: &[u8]| c.iter().rev().fold(0u64, |v, &b| (v << 8) | u64::from(b));
+    let totals = host[..at].chunks_exact(8).map(word).collect();
+    let rows = word(&host[at..at + 4]) as usize;
+    live.credit(rows);
+    Ok((totals, rows))
 }
 
 /// The gathered validity: a bitmap when the column has one, or when an index may be
 /// `NULL_INDEX` ("no row"). Its nulls are not counted: that would cost a readback per column
 /// (`count_nulls` does it where a consumer needs the number).
-fn gather_validity(stream: &Stream, g: &Gather<'_>) -> Result<Option<DeviceValidity>> {
+fn gather_validity(
+    stream: &Stream,
+    g: &Gather<'_>,
+    live: Option<DeviceSlice<'_, u32>>,
+) -> Result<Option<DeviceValidity>> {
     let n = g.indices.len();
     let validity = g.column.validity().map(|v| v.bitmap());
     if n == 0 || (validity.is_none() && !g.may_be_null) {
         return Ok(None);
     }
-    let bits = kg::gather_bitmap(stream, validity, g.indices)?;
+    let bits = kg::gather_bitmap_live(stream, validity, g.indices, live)?;
     Ok(Some(DeviceValidity {
         bytes: DeviceBytes::new(bits),
         offset: 0,
@@ -208,15 +304,16 @@ fn gather_fixed(
     stream: &Stream,
     values: &DeviceValues,
     indices: DeviceSlice<'_, u32>,
+    live: Option<DeviceSlice<'_, u32>>,
 ) -> Result<DeviceValues> {
     Ok(match values {
         DeviceValues::Fixed { bytes, width } => {
             let out = match width {
-                1 => kg::gather(stream, bytes.typed::<u8>()?, indices)?.into_bytes(),
-                2 => kg::gather(stream, bytes.typed::<u16>()?, indices)?.into_bytes(),
-                4 => kg::gather(stream, bytes.typed::<u32>()?, indices)?.into_bytes(),
-                8 => kg::gather(stream, bytes.typed::<u64>()?, indices)?.into_bytes(),
-                16 => kg::gather(stream, bytes.typed::<u128>()?, indices)?.into_bytes(),
+                1 => kg::gather_live(stream, bytes.typed::<u8>()?, indices, live)?.into_bytes(),
+                2 => kg::gather_live(stream, bytes.typed::<u16>()?, indices, live)?.into_bytes(),
+                4 => kg::gather_live(stream, bytes.typed::<u32>()?, indices, live)?.into_bytes(),
+                8 => kg::gather_live(stream, bytes.typed::<u64>()?, indices, live)?.into_bytes(),
+                16 => kg::gather_live(stream, bytes.typed::<u128>()?, indices, live)?.into_bytes(),
                 other => {
                     return Err(SpateError::Internal {
                         message: format!("no gather for {other}-byte values"),
@@ -231,7 +328,12 @@ fn gather_fixed(
         DeviceValues::Bits { bytes, offset } => {
             let bitmap = DeviceBitmap::new(bytes.as_slice()).with_offset(*offset);
             DeviceValues::Bits {
-                bytes: DeviceBytes::new(kg::gather_bitmap(stream, Some(bitmap), indices)?),
+                bytes: DeviceBytes::new(kg::gather_bitmap_live(
+                    stream,
+                    Some(bitmap),
+                    indices,
+                    live,
+                )?),
                 offset: 0,
             }
         }

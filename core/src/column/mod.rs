@@ -19,14 +19,18 @@ mod gather;
 mod transfer;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use arrow::datatypes::{DataType, SchemaRef};
+use datafusion::physical_plan::metrics::Count;
 use spate_kernels::{DeviceBitmap, DeviceBuffer, DeviceSlice};
 
 use crate::error::{Result, SpateError};
 
 pub use concat::concat_device_batches;
-pub use gather::{Gather, gather_column, gather_column_or_null, gather_columns};
+pub use gather::{
+    Gather, gather_batch, gather_column, gather_column_or_null, gather_columns, gather_counted,
+};
 pub use transfer::{download_batch, download_column, upload_batch, upload_column};
 
 /// A range of bytes in a shared device allocation (a batch's arena, or an operator's output).
@@ -251,6 +255,49 @@ impl DeviceColumn {
         }
     }
 
+    /// The first `rows` rows, as a view (no copy). The nulls are counted again when needed,
+    /// unless the column has none.
+    pub fn prefix(&self, rows: usize) -> Result<DeviceColumn> {
+        if rows > self.len {
+            return Err(SpateError::Internal {
+                message: format!("a prefix of {rows} rows of a {}-row column", self.len),
+            });
+        }
+        if rows == self.len {
+            return Ok(self.clone());
+        }
+        let offsets = |o: &DeviceBytes, width: usize| {
+            DeviceBytes::range(&o.buffer, o.offset, ((rows + 1) * width).min(o.len))
+        };
+        let values = match &self.values {
+            DeviceValues::Fixed { bytes, width } => DeviceValues::Fixed {
+                bytes: DeviceBytes::range(&bytes.buffer, bytes.offset, rows * width),
+                width: *width,
+            },
+            DeviceValues::Bits { .. } => self.values.clone(),
+            // The bytes stay whole: a producer that leaves its count on the device writes no
+            // bytes for the rows past it, so the last offset kept is the bytes' end.
+            DeviceValues::Utf8 { offsets: o, bytes } => DeviceValues::Utf8 {
+                offsets: offsets(o, 4),
+                bytes: bytes.clone(),
+            },
+            DeviceValues::LargeUtf8 { offsets: o, bytes } => DeviceValues::LargeUtf8 {
+                offsets: offsets(o, 8),
+                bytes: bytes.clone(),
+            },
+        };
+        let mut column = DeviceColumn::with_uncounted_nulls(
+            self.data_type.clone(),
+            rows,
+            self.validity.clone(),
+            values,
+        );
+        if self.null_count == Some(0) {
+            column.null_count = Some(0);
+        }
+        Ok(column)
+    }
+
     /// Device bytes the column references (values, offsets and validity).
     pub fn device_bytes(&self) -> usize {
         let values = match &self.values {
@@ -263,17 +310,137 @@ impl DeviceColumn {
     }
 }
 
+/// How many rows a device batch holds.
+///
+/// A producer that only drops rows (a filter's compaction) need not wait to learn how many it
+/// kept: it allocates for the rows it could keep (`bound`) and leaves the exact count on the
+/// device. Kernels that consume such a batch take the count's address (`live`) and stop there;
+/// an operator that needs the number on the host resolves it with one 4-byte readback
+/// ([`DeviceBatch::resolve`]). See `docs/dev/device-row-counts.md`.
+#[derive(Debug, Clone)]
+pub enum RowCount {
+    /// Known on the host: every column holds exactly this many rows.
+    Host(usize),
+    /// At most `bound` rows. The exact count is the u32 in `word`, written by a kernel queued
+    /// earlier on the batch's stream. Every column is `bound` rows long; the rows at or past
+    /// the count hold whatever their producer left there (poison, on the emulator), and
+    /// nothing may read them.
+    Device {
+        /// Rows the columns are allocated for: the count is at most this.
+        bound: usize,
+        /// The count.
+        word: DeviceCount,
+    },
+}
+
+/// A row count in device memory: one u32, shared by the batches that view the same rows.
+///
+/// The operator that wrote it does not learn the number, so it cannot count its output rows.
+/// It can hand its `output_rows` metric over with the word: whoever reads the count back adds
+/// it there, once.
+#[derive(Debug, Clone)]
+pub struct DeviceCount(Arc<CountWord>);
+
+#[derive(Debug)]
+struct CountWord {
+    word: DeviceBuffer<u32>,
+    /// The producer's `output_rows`, credited when the count is first read back.
+    producer: Option<Count>,
+    credited: AtomicBool,
+}
+
+impl DeviceCount {
+    /// `word` must hold one u32 (checked). `producer` is the writing operator's
+    /// `output_rows` metric, if it wants the count.
+    pub fn new(word: DeviceBuffer<u32>, producer: Option<Count>) -> Result<Self> {
+        if word.len() != 1 {
+            return Err(SpateError::Internal {
+                message: format!("a device row count of {} words, not one", word.len()),
+            });
+        }
+        Ok(DeviceCount(Arc::new(CountWord {
+            word,
+            producer,
+            credited: AtomicBool::new(false),
+        })))
+    }
+
+    /// The word, as kernels take it (`const u32* live`).
+    pub fn as_slice(&self) -> DeviceSlice<'_, u32> {
+        self.0.word.as_slice()
+    }
+
+    /// Reads the count back (one host synchronisation, 4 bytes).
+    pub fn read(&self, stream: &spate_kernels::Stream) -> Result<usize> {
+        let host = stream.to_vec(&self.0.word)?;
+        let rows = host.first().copied().unwrap_or(0) as usize;
+        self.credit(rows);
+        Ok(rows)
+    }
+
+    /// Tells the producer the count, `rows`, read back by another transfer (the first time).
+    pub(crate) fn credit(&self, rows: usize) {
+        if let Some(producer) = &self.0.producer
+            && !self.0.credited.swap(true, Ordering::Relaxed)
+        {
+            producer.add(rows);
+        }
+    }
+}
+
+impl RowCount {
+    /// The most rows there can be: the columns' length.
+    pub fn bound(&self) -> usize {
+        match self {
+            RowCount::Host(n) => *n,
+            RowCount::Device { bound, .. } => *bound,
+        }
+    }
+
+    /// The count, when the host knows it.
+    pub fn host(&self) -> Option<usize> {
+        match self {
+            RowCount::Host(n) => Some(*n),
+            RowCount::Device { .. } => None,
+        }
+    }
+
+    /// The device word kernels stop at, or `None` when the count is on the host (kernels then
+    /// take a null `live` and run to `bound`).
+    pub fn live(&self) -> Option<DeviceSlice<'_, u32>> {
+        match self {
+            RowCount::Host(_) => None,
+            RowCount::Device { word, .. } => Some(word.as_slice()),
+        }
+    }
+
+    /// The `live` kernel argument: the count's address, or null.
+    pub fn live_arg(&self) -> spate_kernels::KernelArg {
+        self.live()
+            .map_or_else(spate_kernels::KernelArg::null, Into::into)
+    }
+}
+
 /// A batch of device columns with the Arrow schema it downloads as.
 #[derive(Debug, Clone)]
 pub struct DeviceBatch {
     schema: SchemaRef,
     columns: Vec<DeviceColumn>,
-    num_rows: usize,
+    rows: RowCount,
 }
 
 impl DeviceBatch {
     /// A batch from columns that match `schema` (types and row counts are checked).
     pub fn try_new(schema: SchemaRef, columns: Vec<DeviceColumn>, num_rows: usize) -> Result<Self> {
+        Self::try_new_counted(schema, columns, RowCount::Host(num_rows))
+    }
+
+    /// A batch whose row count may be on the device: every column is `rows.bound()` long.
+    pub fn try_new_counted(
+        schema: SchemaRef,
+        columns: Vec<DeviceColumn>,
+        rows: RowCount,
+    ) -> Result<Self> {
         if schema.fields().len() != columns.len() {
             return Err(SpateError::Internal {
                 message: format!(
@@ -283,11 +450,12 @@ impl DeviceBatch {
                 ),
             });
         }
+        let bound = rows.bound();
         for (field, column) in schema.fields().iter().zip(&columns) {
-            if field.data_type() != column.data_type() || column.len() != num_rows {
+            if field.data_type() != column.data_type() || column.len() != bound {
                 return Err(SpateError::Internal {
                     message: format!(
-                        "device column `{}` is {} x {} rows, the schema wants {} x {num_rows}",
+                        "device column `{}` is {} x {} rows, the schema wants {} x {bound}",
                         field.name(),
                         column.data_type(),
                         column.len(),
@@ -299,7 +467,7 @@ impl DeviceBatch {
         Ok(DeviceBatch {
             schema,
             columns,
-            num_rows,
+            rows,
         })
     }
 
@@ -308,14 +476,100 @@ impl DeviceBatch {
         &self.schema
     }
 
-    /// The columns, in schema order.
+    /// The columns, in schema order. With a device row count they are
+    /// [`DeviceBatch::bound`] rows long, and only the rows below the count are defined.
     pub fn columns(&self) -> &[DeviceColumn] {
         &self.columns
     }
 
-    /// Rows.
-    pub fn num_rows(&self) -> usize {
-        self.num_rows
+    /// The row count, on the host or on the device.
+    pub fn row_count(&self) -> &RowCount {
+        &self.rows
+    }
+
+    /// The most rows the batch can hold (its columns' length): its row count when the host
+    /// knows it.
+    pub fn bound(&self) -> usize {
+        self.rows.bound()
+    }
+
+    /// The row count, when the host knows it.
+    pub fn host_rows(&self) -> Option<usize> {
+        self.rows.host()
+    }
+
+    /// True when the batch certainly has no rows (its bound is 0).
+    pub fn is_certainly_empty(&self) -> bool {
+        self.bound() == 0
+    }
+
+    /// The same rows with their count on the host: the batch itself when it is, otherwise the
+    /// count read back (one 4-byte readback) and every column cut to it (a view, no copy).
+    pub fn resolve(&self, stream: &spate_kernels::Stream) -> Result<DeviceBatch> {
+        let RowCount::Device { word, .. } = &self.rows else {
+            return Ok(self.clone());
+        };
+        let rows = word.read(stream)?;
+        self.with_host_rows(rows)
+    }
+
+    /// [`DeviceBatch::resolve`] for many batches, with one readback for all their device
+    /// counts (none when every count is on the host).
+    pub fn resolve_all(
+        stream: &spate_kernels::Stream,
+        batches: Vec<DeviceBatch>,
+    ) -> Result<Vec<DeviceBatch>> {
+        let words: Vec<DeviceCount> = batches
+            .iter()
+            .filter_map(|b| match &b.rows {
+                RowCount::Device { word, .. } => Some(word.clone()),
+                RowCount::Host(_) => None,
+            })
+            .collect();
+        if words.is_empty() {
+            return Ok(batches);
+        }
+        if words.len() == 1 {
+            return batches.iter().map(|b| b.resolve(stream)).collect();
+        }
+        let mut staging = stream.device().pinned(4 * words.len())?;
+        for (k, word) in words.iter().enumerate() {
+            stream.download_pinned_at(word.as_slice(), &mut staging, 4 * k)?;
+        }
+        let host = staging.as_bytes()?;
+        let mut counts = host.chunks_exact(4).zip(&words).map(|(c, word)| {
+            let rows = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize;
+            word.credit(rows);
+            rows
+        });
+        batches
+            .into_iter()
+            .map(|b| match &b.rows {
+                RowCount::Host(_) => Ok(b),
+                RowCount::Device { .. } => {
+                    let rows = counts.next().ok_or_else(|| SpateError::Internal {
+                        message: "a device row count missing from its readback".into(),
+                    })?;
+                    b.with_host_rows(rows)
+                }
+            })
+            .collect()
+    }
+
+    /// The batch with its count on the host, `rows` (at most the bound): the columns cut to it.
+    fn with_host_rows(&self, rows: usize) -> Result<DeviceBatch> {
+        let bound = self.bound();
+        if rows > bound {
+            return Err(SpateError::Internal {
+                message: format!("a device row count of {rows} over its bound of {bound}"),
+            });
+        }
+        let columns = self
+            .columns
+            .iter()
+            .map(|c| c.prefix(rows))
+            .collect::<Result<Vec<_>>>()?;
+        DeviceBatch::try_new(Arc::clone(&self.schema), columns, rows)
     }
 
     /// Marks the batch's allocations as read by many streams (a cached table's batches).

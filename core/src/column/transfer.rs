@@ -342,8 +342,10 @@ fn segments(column: &DeviceColumn) -> Result<Vec<DeviceSlice<'_, u8>>> {
     Ok(out)
 }
 
-/// Downloads a device batch into a record batch of its schema.
+/// Downloads a device batch into a record batch of its schema. A row count on the device is
+/// read back first (4 bytes), so that only the rows come over the bus.
 pub fn download_batch(stream: &Stream, batch: &DeviceBatch) -> Result<RecordBatch> {
+    let batch = &batch.resolve(stream)?;
     let mut layout = Vec::new();
     let mut total = 0usize;
     for column in batch.columns() {
@@ -371,7 +373,7 @@ pub fn download_batch(stream: &Stream, batch: &DeviceBatch) -> Result<RecordBatc
             build_array(c, &parts)
         })
         .collect::<Result<Vec<_>>>()?;
-    let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+    let options = RecordBatchOptions::new().with_row_count(Some(batch.bound()));
     Ok(RecordBatch::try_new_with_options(
         Arc::clone(batch.schema()),
         arrays,

@@ -8,7 +8,8 @@
 //! memory (device-to-device copies, no transfer over the bus) up to `spate.gpu.batch_bytes`.
 //!
 //! Batches of at least a quarter of the target pass through as they are (they are worth a
-//! launch, and copying them would cost more than it saves), and so does the order of rows:
+//! launch, and copying them would cost more than it saves), as do batches whose row count is
+//! on the device (a filter's output), and so does the order of rows:
 //! a merged batch holds its parts in stream order, so an operator that keeps its input order
 //! still does.
 
@@ -94,11 +95,13 @@ impl Merging {
                 }
                 Some(Ok(batch)) => batch,
             };
-            if batch.num_rows() == 0 {
+            if batch.bound() == 0 {
                 continue;
             }
-            let (bytes, rows) = (batch.device_bytes(), batch.num_rows());
-            if bytes >= self.target_bytes / 4 {
+            let (bytes, rows) = (batch.device_bytes(), batch.bound());
+            // A batch whose count is on the device passes through too: merging it would read
+            // the count back, and its consumer stops at the count anyway.
+            if bytes >= self.target_bytes / 4 || batch.host_rows().is_none() {
                 self.big = Some(batch);
                 if let Some(merged) = self.flush() {
                     return Some(merged);
@@ -184,7 +187,7 @@ mod tests {
             .collect();
         let want = arrow::compute::concat_batches(&schema, &host).unwrap();
         let got = arrow::compute::concat_batches(&schema, &back).unwrap();
-        (out.iter().map(DeviceBatch::num_rows).collect(), got == want)
+        (out.iter().map(DeviceBatch::bound).collect(), got == want)
     }
 
     /// The device bytes of one batch of 10 rows.

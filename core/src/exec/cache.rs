@@ -88,7 +88,7 @@ impl DeviceTable {
                 }
                 let batch = upload_batch(&stream, &host)?;
                 batch.share_across_streams();
-                num_rows += batch.num_rows();
+                num_rows += batch.bound();
                 device_bytes += batch.device_bytes();
                 device_batches.push(batch);
             }
@@ -255,7 +255,7 @@ impl GpuCachedScanExec {
             .iter()
             .map(|&i| batch.columns()[i].clone())
             .collect();
-        DeviceBatch::try_new(Arc::clone(&self.schema), columns, batch.num_rows())
+        DeviceBatch::try_new_counted(Arc::clone(&self.schema), columns, batch.row_count().clone())
             .map_err(DataFusionError::from)
     }
 }

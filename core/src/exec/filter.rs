@@ -4,6 +4,13 @@
 //! NULL → 0), stream compaction turns it into the kept row indices (in order), and every
 //! output column is gathered by them. Output order is input order, as `FilterExec`'s.
 //!
+//! The kept count stays on the device (`RowCount::Device`): nothing waits for it, and the
+//! output's columns have room for every input row. Consumers stop at the count, or read it
+//! back when they need it on the host. The one exception is a filter with a fetch (a LIMIT),
+//! which must count its rows on the host to stop. The host then learns how many rows the
+//! filter passed only if a consumer reads the count back (it adds them to the filter's
+//! `output_rows`); `batches_counted_on_device` says how many batches kept their count there.
+//!
 //! A `GpuProjectionExec` right above takes the kept indices instead of gathered batches
 //! ([`GpuFilterExec::execute_selected`]): its generated kernel reads the kept rows straight
 //! from the filter's input, so the filter and the projection's expressions make one pass over
@@ -18,7 +25,9 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::execution_plan::CardinalityEffect;
 use datafusion::physical_plan::filter::FilterExec;
-use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet};
+use datafusion::physical_plan::metrics::{
+    BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder,
+};
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, ReplaceChildrenOptions,
     apply_expression_roots,
@@ -31,7 +40,7 @@ use super::{
     DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, gpu_context, per_batch_input,
     rebuild_gpu, to_df,
 };
-use crate::column::{DeviceBatch, Gather, gather_columns};
+use crate::column::{DeviceBatch, DeviceCount, Gather, RowCount, gather_batch};
 use crate::expr::{PredicateKernel, Unsupported, evaluate_predicate, predicate_kernel};
 
 /// A filter (with optional projection and fetch) running on the GPU.
@@ -139,29 +148,42 @@ pub(crate) struct Selected {
     /// The input batch with the filter's embedded projection applied (a view: no copy), in the
     /// filter's output schema, with all its rows.
     pub(crate) batch: DeviceBatch,
-    /// The kept rows in order, or `None` when every row was kept.
+    /// The kept rows in order, or `None` when every row was kept (`rows` is then the
+    /// batch's own count).
     pub(crate) indices: Option<spate_kernels::DeviceBuffer<u32>>,
-    /// How many rows were kept (`indices`' length when present).
-    pub(crate) rows: usize,
+    /// How many rows were kept: the first `rows.bound()` elements of `indices` are read, and
+    /// only the first `rows` of them are kept rows.
+    pub(crate) rows: RowCount,
 }
 
 impl Selected {
+    /// The kept indices the count bounds, when not every row was kept.
+    pub(crate) fn kept(&self) -> crate::error::Result<Option<spate_kernels::DeviceSlice<'_, u32>>> {
+        Ok(match &self.indices {
+            Some(indices) => Some(indices.slice(..self.rows.bound())?),
+            None => None,
+        })
+    }
+
     /// The kept rows as a batch: the columns gathered, or passed through when all rows passed.
     pub(crate) fn gather(&self, stream: &DeviceStream) -> crate::error::Result<DeviceBatch> {
-        let columns = match &self.indices {
-            None => self.batch.columns().to_vec(),
+        let schema = Arc::clone(self.batch.schema());
+        match self.kept()? {
+            None => DeviceBatch::try_new_counted(
+                schema,
+                self.batch.columns().to_vec(),
+                self.rows.clone(),
+            ),
             Some(indices) => {
-                let indices = indices.slice(..self.rows)?;
                 let gathers: Vec<Gather<'_>> = self
                     .batch
                     .columns()
                     .iter()
                     .map(|c| Gather::rows(c, indices))
                     .collect();
-                gather_columns(stream, &gathers)?
+                gather_batch(stream, schema, &gathers, &self.rows)
             }
-        };
-        DeviceBatch::try_new(Arc::clone(self.batch.schema()), columns, self.rows)
+        }
     }
 }
 
@@ -178,36 +200,63 @@ struct FilterState {
     schema: arrow::datatypes::SchemaRef,
     remaining: Option<usize>,
     baseline: BaselineMetrics,
+    /// Output batches whose row count stayed on the device.
+    counted_on_device: Count,
 }
 
 impl FilterState {
     fn select(&mut self, batch: &DeviceBatch) -> DFResult<Option<Selected>> {
         let _timer = self.baseline.elapsed_compute().timer();
-        let n = batch.num_rows();
-        let s = &self.stream;
-        let mask = evaluate_predicate(s, &self.kernel, &self.predicate, batch).map_err(to_df)?;
-        let kept = compact::select_indices(s, Mask::Bytes(mask.as_slice()), None, n)
-            .map_err(|e| to_df(e.into()))?;
-        drop(mask);
-        let mut rows = kept.len();
-        if let Some(r) = self.remaining.as_mut() {
-            rows = rows.min(*r);
-            *r -= rows;
-        }
-        if rows == 0 {
+        let n = batch.bound();
+        if n == 0 {
             return Ok(None);
         }
+        let s = &self.stream;
+        let mask = evaluate_predicate(s, &self.kernel, &self.predicate, batch).map_err(to_df)?;
+        let mask = Mask::Bytes(mask.as_slice());
         let columns = match &self.projection {
             Some(p) => p.iter().map(|&c| batch.columns()[c].clone()).collect(),
             None => batch.columns().to_vec(),
         };
-        let view = DeviceBatch::try_new(Arc::clone(&self.schema), columns, n).map_err(to_df)?;
+        // The view keeps the input's count: its rows past a device count are not rows.
+        let view = DeviceBatch::try_new_counted(
+            Arc::clone(&self.schema),
+            columns,
+            batch.row_count().clone(),
+        )
+        .map_err(to_df)?;
+        let Some(remaining) = self.remaining.as_mut() else {
+            // The predicate wrote 0 for the rows past a device count, so the compaction of
+            // all `n` rows keeps only rows.
+            // Whoever reads the count back adds it to this filter's `output_rows`.
+            let word = DeviceCount::new(
+                s.alloc::<u32>(1).map_err(|e| to_df(e.into()))?,
+                Some(self.baseline.output_rows().clone()),
+            )
+            .map_err(to_df)?;
+            let kept = compact::select_indices_on_device(s, mask, None, n, word.as_slice())
+                .map_err(|e| to_df(e.into()))?;
+            self.counted_on_device.add(1);
+            return Ok(Some(Selected {
+                batch: view,
+                indices: Some(kept),
+                rows: RowCount::Device { bound: n, word },
+            }));
+        };
+        // Under a fetch the host counts, to stop at it.
+        let kept = compact::select_indices(s, mask, None, n).map_err(|e| to_df(e.into()))?;
+        let rows = kept.len().min(*remaining);
+        *remaining -= rows;
+        if rows == 0 {
+            return Ok(None);
+        }
         self.baseline.record_output(rows);
         Ok(Some(Selected {
             batch: view,
-            // Every row passed: the columns pass through without a copy.
+            // Every row passed (so a device count was `n` too): the columns pass through
+            // without a copy.
             indices: (rows < n).then_some(kept),
-            rows,
+            rows: RowCount::Host(rows),
         }))
     }
 }
@@ -236,6 +285,8 @@ impl GpuFilterExec {
             schema: self.schema(),
             remaining: self.cpu.fetch(),
             baseline: BaselineMetrics::new(&self.metrics, partition),
+            counted_on_device: MetricBuilder::new(&self.metrics)
+                .counter("batches_counted_on_device", partition),
         };
         Ok(Box::pin(futures::stream::unfold(
             state,

@@ -30,7 +30,7 @@ use super::{
     DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, gpu_context, per_batch_input,
     rebuild_gpu, to_df,
 };
-use crate::column::{DeviceBatch, Gather, gather_columns};
+use crate::column::{DeviceBatch, DeviceColumn, Gather, gather_counted};
 use crate::error::SpateError;
 use crate::expr::{Unsupported, ValueKernel, evaluate_values, evaluate_values_at, value_kernel};
 
@@ -175,19 +175,22 @@ impl GpuExec for GpuProjectionExec {
             return Ok(Box::pin(selected.map(move |selected| {
                 let selected = selected?;
                 let _timer = baseline.elapsed_compute().timer();
-                let rows = selected.indices.as_ref().map(|i| i.slice(..selected.rows));
-                let rows = rows.transpose().map_err(|e| to_df(e.into()))?;
+                let rows = selected.kept().map_err(to_df)?;
+                // With indices, the kernel stops at their count; without, at the batch's.
+                let live = selected.rows.live();
                 let computed = match &kernel {
                     Some((k, values)) => {
-                        evaluate_values_at(&stream, k, values, &selected.batch, rows)
+                        evaluate_values_at(&stream, k, values, &selected.batch, rows, live)
                             .map_err(to_df)?
                     }
                     None => Vec::new(),
                 };
                 // The kept rows of the input columns, gathered together: one readback for
                 // all their string byte totals.
+                // A device count comes back with their totals when there are strings among
+                // them; the computed columns are then cut to it too.
                 let inputs = selected.batch.columns();
-                let mut gathered = match rows {
+                let (gathered, count) = match rows {
                     Some(rows) => {
                         let gathers: Vec<Gather<'_>> = sources
                             .iter()
@@ -196,17 +199,24 @@ impl GpuExec for GpuProjectionExec {
                                 Source::Computed(_) => None,
                             })
                             .collect();
-                        gather_columns(&stream, &gathers).map_err(to_df)?
+                        gather_counted(&stream, &gathers, &selected.rows).map_err(to_df)?
                     }
-                    None => sources
-                        .iter()
-                        .filter_map(|s| match s {
-                            Source::Input(i) => Some(inputs[*i].clone()),
-                            Source::Computed(_) => None,
-                        })
-                        .collect(),
-                }
-                .into_iter();
+                    None => (
+                        sources
+                            .iter()
+                            .filter_map(|s| match s {
+                                Source::Input(i) => Some(inputs[*i].clone()),
+                                Source::Computed(_) => None,
+                            })
+                            .collect(),
+                        selected.rows.clone(),
+                    ),
+                };
+                let mut gathered = gathered.into_iter();
+                let cut = |c: &DeviceColumn| match count.host() {
+                    Some(n) if n < c.len() => c.prefix(n).map_err(to_df),
+                    _ => Ok(c.clone()),
+                };
                 let columns = sources
                     .iter()
                     .map(|s| match s {
@@ -215,12 +225,14 @@ impl GpuExec for GpuProjectionExec {
                                 message: "a projection lost one of its gathered columns".into(),
                             })
                         }),
-                        Source::Computed(k) => Ok(computed[*k].clone()),
+                        Source::Computed(k) => cut(&computed[*k]),
                     })
                     .collect::<DFResult<Vec<_>>>()?;
-                let out = DeviceBatch::try_new(Arc::clone(&schema), columns, selected.rows)
+                let out = DeviceBatch::try_new_counted(Arc::clone(&schema), columns, count)
                     .map_err(to_df)?;
-                baseline.record_output(out.num_rows());
+                if let Some(n) = out.host_rows() {
+                    baseline.record_output(n);
+                }
                 Ok(out)
             })));
         }
@@ -240,9 +252,15 @@ impl GpuExec for GpuProjectionExec {
                     Source::Computed(k) => computed[*k].clone(),
                 })
                 .collect();
-            let out = DeviceBatch::try_new(Arc::clone(&schema), columns, batch.num_rows())
-                .map_err(to_df)?;
-            baseline.record_output(out.num_rows());
+            let out = DeviceBatch::try_new_counted(
+                Arc::clone(&schema),
+                columns,
+                batch.row_count().clone(),
+            )
+            .map_err(to_df)?;
+            if let Some(n) = out.host_rows() {
+                baseline.record_output(n);
+            }
             Ok(out)
         })))
     }

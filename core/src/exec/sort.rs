@@ -250,7 +250,9 @@ fn sort_batch(
     fetch: Option<usize>,
     null_kernels: &(spate_kernels::Kernel, spate_kernels::Kernel),
 ) -> Result<DeviceBatch> {
-    let n = batch.num_rows();
+    // The radix passes size their histograms by the row count: it must be on the host.
+    let batch = &batch.resolve(stream)?;
+    let n = batch.bound();
     let mut perm: Option<DeviceBuffer<u32>> = None;
     for key in keys.iter().rev() {
         let column = &batch.columns()[key.column];
@@ -425,11 +427,11 @@ impl GpuExec for GpuSortExec {
             let _timer = baseline.elapsed_compute().timer();
             let all = concat_device_batches(&stream, &schema, batches).map_err(to_df)?;
             let out = sort_batch(&stream, &all, &keys, fetch, &null_kernels).map_err(to_df)?;
-            baseline.record_output(out.num_rows());
+            baseline.record_output(out.bound());
             Ok(out)
         });
         Ok(Box::pin(
-            sorted.try_filter(|b| futures::future::ready(b.num_rows() > 0)),
+            sorted.try_filter(|b| futures::future::ready(b.bound() > 0)),
         ))
     }
 }

@@ -1976,7 +1976,7 @@ pub fn predicate_kernel(
         ", u32* err"
     };
     let body = format!(
-        "extern \"C\" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY({params}u64 n, u8* out{err}) {{\n    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{\n{}        out[i] = (!{} && {}) ? 1 : 0;\n    }}\n}}\nSPATE_EXPORT(ENTRY)\n",
+        "extern \"C\" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY({params}const u32* live, u64 n, u8* out{err}) {{\n    const u64 m = spate::live_rows(live, n);\n    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{\n        if (i >= m) {{ out[i] = 0; continue; }}\n{}        out[i] = (!{} && {}) ? 1 : 0;\n    }}\n}}\nSPATE_EXPORT(ENTRY)\n",
         g.body, root.null, root.value
     );
     let hash = blake3_hex(&body);
@@ -2004,7 +2004,9 @@ pub struct ValueKernel {
     /// The entry point (`spate_proj_<hash>`).
     pub entry: String,
     /// The columns read, then the runtime scalars, laid out as in
-    /// [`PredicateKernel::inputs`], followed by `u64 n`,
+    /// [`PredicateKernel::inputs`], followed by `const u32* live` (the batch's device row
+    /// count, or null: rows at or past it are not computed, and their values, validity words
+    /// and string lengths are not written), `u64 n`,
     /// `const u32* rows` (output `o` reads input row `rows[o]`, or row `o` when null: a filter's
     /// kept rows, so the gather is fused into the kernel), `u32 pass` and then, per output,
     /// `(T* values, u32* validity_words)`, or for a string output
@@ -2070,7 +2072,7 @@ pub fn value_kernel(
     for k in 0..g.scalars.len() {
         let _ = write!(params, "u64 sa{k}, u64 sb{k}, u32 sn{k}, ");
     }
-    params.push_str("u64 n, const u32* rows, u32 pass");
+    params.push_str("const u32* live, u64 n, const u32* rows, u32 pass");
     let mut declare = String::new();
     let mut store = String::new();
     let mut publish = String::new();
@@ -2127,7 +2129,7 @@ pub fn value_kernel(
     // Warp-strided rows: a warp owns 32 consecutive rows per step, so every ballot sees all 32
     // lanes and one lane writes each 32-bit validity word.
     let body = format!(
-        "extern \"C\" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY({params}) {{\n    const u64 warps = spate::grid_stride() / 32;\n    for (u64 base = (spate::global_thread_index() / 32) * 32; base < n; base += warps * 32) {{\n        const u64 o = base + spate::lane_id();\n{declare}        if (o < n) {{\n            const u64 i = rows != nullptr ? (u64)rows[o] : o;\n{}{store}        }}\n{publish}    }}\n}}\nSPATE_EXPORT(ENTRY)\n",
+        "extern \"C\" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY({params}) {{\n    const u64 m = spate::live_rows(live, n);\n    const u64 warps = spate::grid_stride() / 32;\n    for (u64 base = (spate::global_thread_index() / 32) * 32; base < m; base += warps * 32) {{\n        const u64 o = base + spate::lane_id();\n{declare}        if (o < m) {{\n            const u64 i = rows != nullptr ? (u64)rows[o] : o;\n{}{store}        }}\n{publish}    }}\n}}\nSPATE_EXPORT(ENTRY)\n",
         indent(&g.body)
     );
     let entry = format!("spate_proj_{}", blake3_hex(&body));
@@ -2264,25 +2266,36 @@ pub fn evaluate_values(
     values: &ValueKernel,
     batch: &crate::column::DeviceBatch,
 ) -> crate::error::Result<Vec<crate::column::DeviceColumn>> {
-    evaluate_values_at(stream, kernel, values, batch, None)
+    evaluate_values_at(
+        stream,
+        kernel,
+        values,
+        batch,
+        None,
+        batch.row_count().live(),
+    )
 }
 
 /// [`evaluate_values`] for the listed rows only (in that order): a gather fused into the
 /// kernel. Every index in `rows` must be below the batch's row count (they come from a
-/// filter's compaction), as the kernel reads the columns at them unchecked.
+/// filter's compaction), as the kernel reads the columns at them unchecked. `live` is the
+/// device count of the rows computed (of `rows` when given, else of the batch), or `None` when
+/// all `n` are.
 pub(crate) fn evaluate_values_at(
     stream: &spate_kernels::Stream,
     kernel: &spate_kernels::Kernel,
     values: &ValueKernel,
     batch: &crate::column::DeviceBatch,
     rows: Option<spate_kernels::DeviceSlice<'_, u32>>,
+    live: Option<spate_kernels::DeviceSlice<'_, u32>>,
 ) -> crate::error::Result<Vec<crate::column::DeviceColumn>> {
     use crate::column::{DeviceBytes, DeviceColumn, DeviceValidity, DeviceValues, device_layout};
     use spate_kernels::gather::bitmap_bytes;
     use spate_kernels::{DeviceBuffer, KernelArg, LaunchConfig};
 
-    let n = rows.map_or(batch.num_rows(), |r| r.len());
+    let n = rows.map_or(batch.bound(), |r| r.len());
     let mut args = input_args(&values.inputs, &values.scalars, batch)?;
+    args.push(live.map_or_else(KernelArg::null, KernelArg::from));
     args.push(KernelArg::U64(n as u64));
     args.push(rows.map_or_else(KernelArg::null, KernelArg::from));
     let pass_arg = args.len();
@@ -2454,12 +2467,13 @@ pub fn evaluate_predicate(
 ) -> crate::error::Result<spate_kernels::DeviceBuffer<u8>> {
     use spate_kernels::{KernelArg, LaunchConfig};
 
-    let n = batch.num_rows();
+    let n = batch.bound();
     let out = stream.alloc::<u8>(n)?;
     if n == 0 {
         return Ok(out);
     }
     let mut args = input_args(&predicate.inputs, &predicate.scalars, batch)?;
+    args.push(batch.row_count().live_arg());
     args.push(KernelArg::U64(n as u64));
     args.push((&out).into());
     let err = ErrorFlag::new(stream, &predicate.checks, &mut args)?;

@@ -69,6 +69,15 @@ __device__ __forceinline__ u64 grid_stride() {
     return (u64)gridDim.x * blockDim.x;
 }
 
+// The rows a kernel over a batch runs to: `n`, or fewer when the batch's row count is on the
+// device (`live`, one u32 written by an earlier kernel on the stream; null when the host knows
+// the count and passed it as `n`). Rows at or past it were never written: no kernel reads them.
+__device__ __forceinline__ u64 live_rows(const u32* live, u64 n) {
+    if (live == nullptr) return n;
+    u64 c = (u64)*live;
+    return c < n ? c : n;
+}
+
 __device__ __forceinline__ u32 lane_id() {
     return threadIdx.x & 31u;
 }

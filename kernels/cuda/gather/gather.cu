@@ -9,8 +9,10 @@
 namespace spate {
 
 template <typename T>
-__device__ void gather_values(const T* __restrict__ in, const u32* __restrict__ indices, u64 n, T* __restrict__ out) {
-    for (u64 i = global_thread_index(); i < n; i += grid_stride()) {
+__device__ void gather_values(const T* __restrict__ in, const u32* __restrict__ indices, const u32* live, u64 n,
+                              T* __restrict__ out) {
+    const u64 m = live_rows(live, n);
+    for (u64 i = global_thread_index(); i < m; i += grid_stride()) {
         u32 idx = indices[i];
         T v{};
         if (idx != SPATE_NULL_INDEX) v = in[idx];
@@ -33,6 +35,8 @@ __device__ void scatter_values(const T* __restrict__ in, const u32* __restrict__
  *
  * @param in       source values
  * @param indices  `n` row indices into `in`; SPATE_NULL_INDEX writes zero
+ * @param live     the device row count (see live_rows), or null: rows at or past it are not
+ *                 read or written
  * @param n        number of output rows
  * @param out      `n` output values
  *
@@ -42,9 +46,9 @@ __device__ void scatter_values(const T* __restrict__ in, const u32* __restrict__
  * Stream: asynchronous on the launch stream.
  */
 #define SPATE_GATHER(T)                                                                                              \
-    extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) gather_##T(const T* in, const u32* indices, u64 n, \
-                                                                                T* out) {                            \
-        spate::gather_values<T>(in, indices, n, out);                                                                \
+    extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) gather_##T(const T* in, const u32* indices,          \
+                                                                                const u32* live, u64 n, T* out) {    \
+        spate::gather_values<T>(in, indices, live, n, out);                                                                \
     }                                                                                                                \
     SPATE_EXPORT(gather_##T)                                                                                         \
     extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) scatter_##T(const T* in, const u32* indices, u64 n, \
@@ -68,6 +72,8 @@ SPATE_GATHER(u128)
  * @param in         source bitmap, or null when every source row is valid
  * @param in_offset  bit offset of row 0 in `in`
  * @param indices    `n` row indices; SPATE_NULL_INDEX gives a null (0) bit
+ * @param live       the device row count (see live_rows), or null; words past it are not
+ *                   written, bits past it in its last word are 0
  * @param n          number of output rows
  * @param out        output bitmap as ceil(n / 32) words, bit offset 0; bits past `n` are 0
  *
@@ -78,7 +84,8 @@ SPATE_GATHER(u128)
  * Stream: asynchronous on the launch stream.
  */
 extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) gather_bitmap(const u8* in, u64 in_offset, const u32* indices,
-                                                                              u64 n, u32* out) {
+                                                                              const u32* live, u64 n, u32* out) {
+    n = spate::live_rows(live, n);
     u64 words = (n + 31) / 32;
     for (u64 w = spate::global_thread_index(); w < words; w += spate::grid_stride()) {
         u32 word = 0;
@@ -119,10 +126,12 @@ SPATE_EXPORT(scatter_bitmap)
 namespace spate {
 
 template <typename Off>
-__device__ void string_lengths(const Off* __restrict__ offsets, const u32* __restrict__ indices, u64 n, u64* __restrict__ lengths) {
+__device__ void string_lengths(const Off* __restrict__ offsets, const u32* __restrict__ indices, const u32* live, u64 n,
+                               u64* __restrict__ lengths) {
+    const u64 m = live_rows(live, n);
     for (u64 i = global_thread_index(); i <= n; i += grid_stride()) {
         u64 len = 0;
-        if (i < n) {
+        if (i < m) {
             u32 idx = indices != nullptr ? indices[i] : (u32)i;
             if (idx != SPATE_NULL_INDEX) len = (u64)(offsets[idx + 1] - offsets[idx]);
         }
@@ -132,11 +141,13 @@ __device__ void string_lengths(const Off* __restrict__ offsets, const u32* __res
 
 template <typename Off>
 __device__ void gather_bytes(const Off* __restrict__ in_offsets, const u8* __restrict__ in_bytes, const u32* __restrict__ indices,
-                             const u64* __restrict__ out_starts, u64 n, Off* __restrict__ out_offsets, u8* __restrict__ out_bytes) {
+                             const u64* __restrict__ out_starts, const u32* live, u64 n, Off* __restrict__ out_offsets,
+                             u8* __restrict__ out_bytes) {
+    const u64 m = live_rows(live, n);
     for (u64 i = global_thread_index(); i <= n; i += grid_stride()) {
         u64 dst = out_starts[i];
         out_offsets[i] = (Off)dst;
-        if (i == n) continue;
+        if (i >= m) continue;
         u32 idx = indices[i];
         if (idx == SPATE_NULL_INDEX) continue;
         u64 src = (u64)in_offsets[idx];
@@ -169,6 +180,8 @@ __device__ void scatter_bytes(const Off* __restrict__ in_offsets, const u8* __re
  *
  * @param offsets  source offsets (len(source) + 1 of them)
  * @param indices  `n` source rows (null: row i itself); SPATE_NULL_INDEX gives length 0
+ * @param live     the device row count (see live_rows), or null: rows at or past it get
+ *                 length 0, so their offsets all equal the total and they own no bytes
  * @param n        number of output rows
  * @param lengths  `n + 1` outputs; lengths[n] = 0 so an exclusive scan yields the total last
  *
@@ -182,14 +195,14 @@ __device__ void scatter_bytes(const Off* __restrict__ in_offsets, const u8* __re
  */
 #define SPATE_STRINGS(Off)                                                                                           \
     extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS)                                                 \
-        gather_string_lengths_##Off(const Off* offsets, const u32* indices, u64 n, u64* lengths) {                    \
-        spate::string_lengths<Off>(offsets, indices, n, lengths);                                                     \
+        gather_string_lengths_##Off(const Off* offsets, const u32* indices, const u32* live, u64 n, u64* lengths) {  \
+        spate::string_lengths<Off>(offsets, indices, live, n, lengths);                                                     \
     }                                                                                                                 \
     SPATE_EXPORT(gather_string_lengths_##Off)                                                                         \
     extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS)                                                 \
         gather_string_bytes_##Off(const Off* in_offsets, const u8* in_bytes, const u32* indices, const u64* out_starts, \
-                                  u64 n, Off* out_offsets, u8* out_bytes) {                                           \
-        spate::gather_bytes<Off>(in_offsets, in_bytes, indices, out_starts, n, out_offsets, out_bytes);               \
+                                  const u32* live, u64 n, Off* out_offsets, u8* out_bytes) {                          \
+        spate::gather_bytes<Off>(in_offsets, in_bytes, indices, out_starts, live, n, out_offsets, out_bytes);               \
     }                                                                                                                 \
     SPATE_EXPORT(gather_string_bytes_##Off)                                                                           \
     extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS)                                                 \
@@ -199,8 +212,9 @@ __device__ void scatter_bytes(const Off* __restrict__ in_offsets, const u8* __re
     }                                                                                                                 \
     SPATE_EXPORT(scatter_string_bytes_##Off)
 
-// gather_string_bytes_Off: copies each gathered string to out_bytes[out_starts[i]..] and writes
-//   out_offsets[0..=n] = out_starts (narrowed to Off; the launcher checks the total fits).
+// gather_string_bytes_Off: copies each gathered string below `live` (see live_rows) to
+//   out_bytes[out_starts[i]..] and writes out_offsets[0..=n] = out_starts (narrowed to Off; the
+//   launcher checks the total fits).
 // scatter_string_bytes_Off: copies input string i to out_bytes[out_starts[indices[i]]..] and
 //   writes out_offsets[0..=n_out] = out_starts; the launcher computes out_starts by scattering
 //   the lengths (scatter_u64) and scanning them.

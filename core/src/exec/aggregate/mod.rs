@@ -677,7 +677,9 @@ fn aggregate_batch(
     schema: &SchemaRef,
     batch: &DeviceBatch,
 ) -> Result<DeviceBatch> {
-    let n = batch.num_rows();
+    // The grouping kernels size their tables by the row count: it must be on the host.
+    let batch = &batch.resolve(stream)?;
+    let n = batch.bound();
     if n >= u32::MAX as usize {
         return Err(SpateError::Unsupported {
             message: format!(
@@ -932,11 +934,11 @@ impl GpuExec for GpuAggregateExec {
                 let _timer = baseline.elapsed_compute().timer();
                 let out =
                     aggregate_batch(&stream, &kernels, &plan, &schema, &batch).map_err(to_df)?;
-                baseline.record_output(out.num_rows());
+                baseline.record_output(out.bound());
                 Ok(out)
             });
             return Ok(Box::pin(
-                out.try_filter(|b| futures::future::ready(b.num_rows() > 0)),
+                out.try_filter(|b| futures::future::ready(b.bound() > 0)),
             ));
         }
         let input_schema = self.cpu.input().schema();
@@ -945,12 +947,12 @@ impl GpuExec for GpuAggregateExec {
             let _timer = baseline.elapsed_compute().timer();
             let all = concat_device_batches(&stream, &input_schema, batches).map_err(to_df)?;
             let out = aggregate_batch(&stream, &kernels, &plan, &schema, &all).map_err(to_df)?;
-            baseline.record_output(out.num_rows());
+            baseline.record_output(out.bound());
             Ok(out)
         });
         // Without group keys the one output row is always produced (COUNT of nothing is 0).
         Ok(Box::pin(once.try_filter(move |b| {
-            futures::future::ready(!grouped || b.num_rows() > 0)
+            futures::future::ready(!grouped || b.bound() > 0)
         })))
     }
 }

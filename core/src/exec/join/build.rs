@@ -114,7 +114,9 @@ pub(super) fn build_side(
     batch: DeviceBatch,
     track_matches: bool,
 ) -> Result<BuildSide> {
-    let n = batch.num_rows();
+    // The grouping kernels size the table by the row count: it must be on the host.
+    let batch = batch.resolve(stream)?;
+    let n = batch.bound();
     if n >= u32::MAX as usize {
         return Err(SpateError::Unsupported {
             message: format!("a GPU join build side of {n} rows (the limit is 2^32 - 2)"),

@@ -7,11 +7,13 @@
 //! - `bcount(const u32* gid, u64 n, u32* sizes)`: rows per group.
 //! - `bscatter(const u32* gid, u64 n, const u32* group_start, u32* fill, u32* rows_by_group)`:
 //!   the build rows listed group by group (CSR), `group_start` being the scan of `sizes`.
-//! - `probe(p…, k…, u64 n, const u64* bhashes, const u32* table, u64 mask,
+//! - `probe(p…, k…, const u32* live, u64 n, const u64* bhashes, const u32* table, u64 mask,
 //!   const u32* group_of_slot, const u32* sizes, u32 null_equal, u32 outer, u32* pgroup,
 //!   u64* counts, u32* matched)`: per probe row, the build group with equal keys (or `NONE`),
 //!   and how many output rows it makes (`outer`: at least one). A probe row with a NULL key
 //!   matches nothing unless `null_equal`. Marks `matched[group]` when `matched` is not null.
+//!   Rows at or past the probe batch's device count (`live`, when not null) are not rows:
+//!   `NONE` and no output, whatever `outer` says.
 //! - `pairs(const u32* pgroup, const u64* offsets, u64 n, u64 first, u64 count,
 //!   const u32* group_start, const u32* rows_by_group, u32* out_probe, u32* out_build)`: the
 //!   (probe row, build row) pairs `first..first + count` (one chunk of the output), `offsets`
@@ -148,8 +150,15 @@ pub(super) fn generate(keys: &[DevType], label: &str) -> JoinProgram {
     }
     let _ = write!(
         body,
-        r#"extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_probe({pparams}{kparams}u64 n, const u64* bhashes, const u32* table, u64 mask, const u32* group_of_slot, const u32* sizes, u32 null_equal, u32 outer, u32* pgroup, u64* counts, u32* matched) {{
+        r#"extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_probe({pparams}{kparams}const u32* live, u64 n, const u64* bhashes, const u32* table, u64 mask, const u32* group_of_slot, const u32* sizes, u32 null_equal, u32 outer, u32* pgroup, u64* counts, u32* matched) {{
+    const u64 m = spate::live_rows(live, n);
     for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{
+        if (i >= m) {{
+            // Past the batch's device row count: not a row, so no match and no output.
+            pgroup[i] = SPATE_JOIN_NONE;
+            counts[i] = 0ull;
+            continue;
+        }}
 {any_null}        u32 g = SPATE_JOIN_NONE;
         if (null_equal != 0u || !any_null) {{
 {hash}            u64 s = h & mask;

@@ -80,8 +80,10 @@ pub(super) struct Chunks {
 }
 
 impl Chunks {
+    /// The probe batch's rows, or its bound when its count is on the device (the rows past
+    /// the count make no pairs).
     fn rows(&self) -> usize {
-        self.batch.num_rows()
+        self.batch.bound()
     }
 }
 
@@ -133,7 +135,23 @@ impl ProbeState {
         let _timer = compute.timer();
         let s = Arc::clone(&self.stream);
         let s = &s;
-        let n = batch.num_rows();
+        // The probe kernel stops at a device row count, and the pair total it sums is read
+        // back anyway, so the count need not come to the host. Except where probe rows without
+        // a match are output or counted on the host: those joins resolve it first.
+        let resolve = self.null_aware
+            || (matches!(
+                self.join_type,
+                JoinType::Right | JoinType::Full | JoinType::RightSemi | JoinType::RightAnti
+            ) && (self.plan.filter.is_some()
+                || matches!(self.join_type, JoinType::RightSemi | JoinType::RightAnti)));
+        let resolved;
+        let batch = if resolve {
+            resolved = batch.resolve(s)?;
+            &resolved
+        } else {
+            batch
+        };
+        let n = batch.bound();
         if n >= u32::MAX as usize {
             return Err(SpateError::Unsupported {
                 message: format!("a GPU join probe batch of {n} rows (the limit is 2^32 - 2)"),
@@ -167,6 +185,7 @@ impl ProbeState {
         let pgroup = s.alloc::<u32>(n.max(1))?;
         let counts = s.alloc::<u64>(n.max(1))?;
         args.extend([
+            batch.row_count().live_arg(),
             KernelArg::U64(n as u64),
             (&build.grouping.hashes).into(),
             (&build.grouping.table).into(),
@@ -533,7 +552,7 @@ impl ProbeState {
         pgroup: &DeviceBuffer<u32>,
     ) -> Result<Option<DeviceBatch>> {
         let s = &self.stream;
-        let n = batch.num_rows();
+        let n = batch.bound();
         let mask = s.alloc::<u8>(n.max(1))?;
         launch(
             s,
@@ -571,7 +590,7 @@ impl ProbeState {
         let Some(matched) = &build.matched else {
             return Ok(None);
         };
-        let n = build.batch.num_rows();
+        let n = build.batch.bound();
         if n == 0 {
             return Ok(None);
         }
@@ -698,7 +717,7 @@ impl ProbeState {
 
     /// Counts an output batch.
     pub(super) fn record(&self, batch: &DeviceBatch) {
-        self.baseline.record_output(batch.num_rows());
+        self.baseline.record_output(batch.bound());
         self.baseline.output_batches().add(1);
         self.largest_output_bytes.set_max(batch.device_bytes());
     }
@@ -708,12 +727,13 @@ impl ProbeState {
         let Some(remaining) = self.remaining.as_mut() else {
             return Ok(Some(batch));
         };
-        let rows = batch.num_rows().min(*remaining);
+        let batch = batch.resolve(&self.stream)?;
+        let rows = batch.bound().min(*remaining);
         *remaining -= rows;
         if rows == 0 {
             return Ok(None);
         }
-        if rows == batch.num_rows() {
+        if rows == batch.bound() {
             return Ok(Some(batch));
         }
         let first: Vec<u32> = (0..rows as u32).collect();
