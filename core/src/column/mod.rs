@@ -18,8 +18,7 @@ mod concat;
 mod gather;
 mod transfer;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use arrow::datatypes::{DataType, SchemaRef};
 use datafusion::physical_plan::metrics::Count;
@@ -335,24 +334,53 @@ pub enum RowCount {
 
 /// A row count in device memory: one u32, shared by the batches that view the same rows.
 ///
-/// The operator that wrote it does not learn the number, so it cannot count its output rows.
-/// It can hand its `output_rows` metric over with the word: whoever reads the count back adds
-/// it there, once.
+/// Nobody on the host knows the number until someone reads it back, so the metrics that need
+/// it (an operator's `output_rows`, the bytes of the batches it made and took) wait on the
+/// word ([`DeviceCount::when_counted`]) and are added when the count is first read, by
+/// whichever reader.
 #[derive(Debug, Clone)]
 pub struct DeviceCount(Arc<CountWord>);
 
 #[derive(Debug)]
 struct CountWord {
     word: DeviceBuffer<u32>,
-    /// The producer's `output_rows`, credited when the count is first read back.
-    producer: Option<Count>,
-    credited: AtomicBool,
+    credits: Mutex<Credits>,
+}
+
+/// The count once read, and the metrics waiting for it.
+#[derive(Debug, Default)]
+struct Credits {
+    rows: Option<usize>,
+    waiting: Vec<(Count, RowBytes)>,
+}
+
+/// What a batch of `r` rows adds to a metric: `per_row * r + bitmaps * ceil(r / 8) + fixed`
+/// (its fixed-width values, its bitmaps, and its string offsets and bytes), or, for a row
+/// count, just `r` ([`RowBytes::ROWS`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowBytes {
+    per_row: usize,
+    bitmaps: usize,
+    fixed: usize,
+}
+
+impl RowBytes {
+    /// One per row: a row count.
+    pub const ROWS: RowBytes = RowBytes {
+        per_row: 1,
+        bitmaps: 0,
+        fixed: 0,
+    };
+
+    /// The amount for `rows` rows.
+    pub fn at(&self, rows: usize) -> usize {
+        self.per_row * rows + self.bitmaps * rows.div_ceil(8) + self.fixed
+    }
 }
 
 impl DeviceCount {
-    /// `word` must hold one u32 (checked). `producer` is the writing operator's
-    /// `output_rows` metric, if it wants the count.
-    pub fn new(word: DeviceBuffer<u32>, producer: Option<Count>) -> Result<Self> {
+    /// `word` must hold one u32 (checked).
+    pub fn new(word: DeviceBuffer<u32>) -> Result<Self> {
         if word.len() != 1 {
             return Err(SpateError::Internal {
                 message: format!("a device row count of {} words, not one", word.len()),
@@ -360,8 +388,7 @@ impl DeviceCount {
         }
         Ok(DeviceCount(Arc::new(CountWord {
             word,
-            producer,
-            credited: AtomicBool::new(false),
+            credits: Mutex::new(Credits::default()),
         })))
     }
 
@@ -372,19 +399,53 @@ impl DeviceCount {
 
     /// Reads the count back (one host synchronisation, 4 bytes).
     pub fn read(&self, stream: &spate_kernels::Stream) -> Result<usize> {
+        if let Some(rows) = self.known() {
+            return Ok(rows);
+        }
         let host = stream.to_vec(&self.0.word)?;
         let rows = host.first().copied().unwrap_or(0) as usize;
         self.credit(rows);
         Ok(rows)
     }
 
-    /// Tells the producer the count, `rows`, read back by another transfer (the first time).
-    pub(crate) fn credit(&self, rows: usize) {
-        if let Some(producer) = &self.0.producer
-            && !self.0.credited.swap(true, Ordering::Relaxed)
-        {
-            producer.add(rows);
+    /// The count, when it was read back already.
+    pub fn known(&self) -> Option<usize> {
+        self.credits().rows
+    }
+
+    /// Adds `amount.at(count)` to `metric` once the count is known: at once when it is.
+    pub fn when_counted(&self, metric: Count, amount: RowBytes) {
+        let mut credits = self.credits();
+        match credits.rows {
+            Some(rows) => metric.add(amount.at(rows)),
+            None => credits.waiting.push((metric, amount)),
         }
+    }
+
+    /// True when both are the same word.
+    pub fn same(&self, other: &DeviceCount) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    /// Records the count, `rows`, read back by another transfer, and pays the metrics
+    /// waiting for it (the first time).
+    pub(crate) fn credit(&self, rows: usize) {
+        let mut credits = self.credits();
+        if credits.rows.is_some() {
+            return;
+        }
+        credits.rows = Some(rows);
+        for (metric, amount) in credits.waiting.drain(..) {
+            metric.add(amount.at(rows));
+        }
+    }
+
+    fn credits(&self) -> std::sync::MutexGuard<'_, Credits> {
+        // A panic while holding the lock leaves plain numbers behind: still usable.
+        self.0
+            .credits
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -513,47 +574,31 @@ impl DeviceBatch {
         self.with_host_rows(rows)
     }
 
-    /// [`DeviceBatch::resolve`] for many batches, with one readback for all their device
-    /// counts (none when every count is on the host).
+    /// [`DeviceBatch::resolve`] for many batches, with one readback for all the device counts
+    /// not read yet (none when there are none).
     pub fn resolve_all(
         stream: &spate_kernels::Stream,
         batches: Vec<DeviceBatch>,
     ) -> Result<Vec<DeviceBatch>> {
-        let words: Vec<DeviceCount> = batches
+        let unread: Vec<DeviceCount> = batches
             .iter()
             .filter_map(|b| match &b.rows {
-                RowCount::Device { word, .. } => Some(word.clone()),
-                RowCount::Host(_) => None,
+                RowCount::Device { word, .. } if word.known().is_none() => Some(word.clone()),
+                _ => None,
             })
             .collect();
-        if words.is_empty() {
-            return Ok(batches);
+        if unread.len() > 1 {
+            let mut staging = stream.device().pinned(4 * unread.len())?;
+            for (k, word) in unread.iter().enumerate() {
+                stream.download_pinned_at(word.as_slice(), &mut staging, 4 * k)?;
+            }
+            let host = staging.as_bytes()?;
+            for (c, word) in host.chunks_exact(4).zip(&unread) {
+                word.credit(u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize);
+            }
         }
-        if words.len() == 1 {
-            return batches.iter().map(|b| b.resolve(stream)).collect();
-        }
-        let mut staging = stream.device().pinned(4 * words.len())?;
-        for (k, word) in words.iter().enumerate() {
-            stream.download_pinned_at(word.as_slice(), &mut staging, 4 * k)?;
-        }
-        let host = staging.as_bytes()?;
-        let mut counts = host.chunks_exact(4).zip(&words).map(|(c, word)| {
-            let rows = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize;
-            word.credit(rows);
-            rows
-        });
-        batches
-            .into_iter()
-            .map(|b| match &b.rows {
-                RowCount::Host(_) => Ok(b),
-                RowCount::Device { .. } => {
-                    let rows = counts.next().ok_or_else(|| SpateError::Internal {
-                        message: "a device row count missing from its readback".into(),
-                    })?;
-                    b.with_host_rows(rows)
-                }
-            })
-            .collect()
+        // Every count is known now, but for a single one, which `resolve` reads.
+        batches.iter().map(|b| b.resolve(stream)).collect()
     }
 
     /// The batch with its count on the host, `rows` (at most the bound): the columns cut to it.
@@ -582,6 +627,36 @@ impl DeviceBatch {
     /// Device bytes the batch references.
     pub fn device_bytes(&self) -> usize {
         self.columns.iter().map(DeviceColumn::device_bytes).sum()
+    }
+
+    /// The device bytes of the batch's rows as a function of their count: what its first `r`
+    /// rows hold (for a batch whose count is on the device, what the kernels wrote).
+    pub fn row_bytes(&self) -> RowBytes {
+        let mut bytes = RowBytes {
+            per_row: 0,
+            bitmaps: 0,
+            fixed: 0,
+        };
+        for c in &self.columns {
+            match c.values() {
+                DeviceValues::Fixed { width, .. } => bytes.per_row += width,
+                DeviceValues::Bits { .. } => bytes.bitmaps += 1,
+                // A producer that keeps its count on the device writes no bytes for the rows
+                // past it: the bytes are all rows' bytes.
+                DeviceValues::Utf8 { bytes: b, .. } => {
+                    bytes.per_row += 4;
+                    bytes.fixed += 4 + b.len();
+                }
+                DeviceValues::LargeUtf8 { bytes: b, .. } => {
+                    bytes.per_row += 8;
+                    bytes.fixed += 8 + b.len();
+                }
+            }
+            if c.validity().is_some() {
+                bytes.bitmaps += 1;
+            }
+        }
+        bytes
     }
 }
 

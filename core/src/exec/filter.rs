@@ -7,9 +7,10 @@
 //! The kept count stays on the device (`RowCount::Device`): nothing waits for it, and the
 //! output's columns have room for every input row. Consumers stop at the count, or read it
 //! back when they need it on the host. The one exception is a filter with a fetch (a LIMIT),
-//! which must count its rows on the host to stop. The host then learns how many rows the
-//! filter passed only if a consumer reads the count back (it adds them to the filter's
-//! `output_rows`); `batches_counted_on_device` says how many batches kept their count there.
+//! which must count its rows on the host to stop. The filter's `output_rows` and the bytes of
+//! its output wait for the counts (`exec/device_counts.rs`): a consumer that reads one back
+//! pays them, and the rest are read once the query has run; `counted_on_device` says how
+//! many batches kept their count on the device.
 //!
 //! A `GpuProjectionExec` right above takes the kept indices instead of gathered batches
 //! ([`GpuFilterExec::execute_selected`]): its generated kernel reads the kept rows straight
@@ -25,9 +26,7 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::execution_plan::CardinalityEffect;
 use datafusion::physical_plan::filter::FilterExec;
-use datafusion::physical_plan::metrics::{
-    BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder,
-};
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet};
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, ReplaceChildrenOptions,
     apply_expression_roots,
@@ -36,6 +35,7 @@ use futures::StreamExt;
 use spate_kernels::Stream as DeviceStream;
 use spate_kernels::compact::{self, Mask};
 
+use super::device_counts::Settlement;
 use super::{
     DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, gpu_context, per_batch_input,
     rebuild_gpu, to_df,
@@ -200,8 +200,8 @@ struct FilterState {
     schema: arrow::datatypes::SchemaRef,
     remaining: Option<usize>,
     baseline: BaselineMetrics,
-    /// Output batches whose row count stayed on the device.
-    counted_on_device: Count,
+    /// Where `output_rows` waits for the counts left on the device.
+    settlement: Settlement,
 }
 
 impl FilterState {
@@ -228,15 +228,13 @@ impl FilterState {
         let Some(remaining) = self.remaining.as_mut() else {
             // The predicate wrote 0 for the rows past a device count, so the compaction of
             // all `n` rows keeps only rows.
-            // Whoever reads the count back adds it to this filter's `output_rows`.
-            let word = DeviceCount::new(
-                s.alloc::<u32>(1).map_err(|e| to_df(e.into()))?,
-                Some(self.baseline.output_rows().clone()),
-            )
-            .map_err(to_df)?;
+            let word =
+                DeviceCount::new(s.alloc::<u32>(1).map_err(|e| to_df(e.into()))?).map_err(to_df)?;
             let kept = compact::select_indices_on_device(s, mask, None, n, word.as_slice())
                 .map_err(|e| to_df(e.into()))?;
-            self.counted_on_device.add(1);
+            // Whoever reads the count back adds it to this filter's `output_rows`.
+            self.settlement
+                .count_rows(&word, self.baseline.output_rows(), &self.stream);
             return Ok(Some(Selected {
                 batch: view,
                 indices: Some(kept),
@@ -285,8 +283,7 @@ impl GpuFilterExec {
             schema: self.schema(),
             remaining: self.cpu.fetch(),
             baseline: BaselineMetrics::new(&self.metrics, partition),
-            counted_on_device: MetricBuilder::new(&self.metrics)
-                .counter("batches_counted_on_device", partition),
+            settlement: Settlement::of(&self.metrics, partition),
         };
         Ok(Box::pin(futures::stream::unfold(
             state,

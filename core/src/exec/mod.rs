@@ -40,6 +40,8 @@ macro_rules! gpu_plan_methods {
         }
 
         fn metrics(&self) -> Option<::datafusion::physical_plan::metrics::MetricsSet> {
+            // Metrics that wait on counts left on the device are paid first.
+            $crate::exec::device_counts::settle(&self.metrics);
             Some(self.metrics.clone_inner())
         }
     };
@@ -72,6 +74,7 @@ mod batching;
 pub mod cache;
 pub mod coalesce;
 pub mod counted;
+pub(crate) mod device_counts;
 pub mod filter;
 pub mod join;
 pub mod projection;
@@ -91,7 +94,7 @@ use datafusion::physical_plan::metrics::{
     Count, ExecutionPlanMetricsSet, MetricBuilder, MetricValue, Time,
 };
 use datafusion::physical_plan::stream::{RecordBatchReceiverStream, RecordBatchStreamAdapter};
-use futures::{Stream, StreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 use spate_kernels::Stream as DeviceStream;
 
 use crate::column::{DeviceBatch, download_batch, upload_batch};
@@ -182,12 +185,13 @@ fn execute_device_counted(
     gpu_ctx.count_operator_run();
     let bandwidth = gpu_ctx.bandwidth();
     let scope = counted::RuntimeScope::new(gpu.plan_metrics(), partition);
-    let batches = scope.run(|| gpu.execute_device(partition, context, stream))?;
+    let batches = scope.run(|| gpu.execute_device(partition, context, Arc::clone(&stream)))?;
     let batches = scope.clone().wrap(batches);
     let Some(metrics) = gpu.device_metrics() else {
         return Ok((batches, scope));
     };
     let written = MetricBuilder::new(metrics).counter(DEV_WRITE_BYTES, partition);
+    let settlement = device_counts::Settlement::of(metrics, partition);
     if partition == 0
         && let Some(bandwidth) = bandwidth
     {
@@ -199,7 +203,7 @@ fn execute_device_counted(
     }
     let batches: DeviceBatchStream = Box::pin(batches.map(move |batch| {
         if let Ok(b) = &batch {
-            written.add(b.device_bytes());
+            settlement.count_bytes(b, &written, &stream);
         }
         batch
     }));
@@ -365,15 +369,19 @@ pub(crate) fn gpu_context(context: &TaskContext) -> DFResult<Arc<GpuContext>> {
 #[derive(Debug, Clone)]
 pub(crate) struct TransferMetrics {
     pub(crate) transfer_time: Time,
-    /// Bytes of the device batches the operator consumed (see [`roofline`]); `None` for an
-    /// operator that only passes batches through.
-    pub(crate) dev_read_bytes: Option<Count>,
+    /// Bytes of the device batches the operator consumed (see [`roofline`]), and where they
+    /// wait for counts left on the device; `None` for an operator that only passes batches
+    /// through.
+    pub(crate) dev_read_bytes: Option<(Count, device_counts::Settlement)>,
 }
 
 impl TransferMetrics {
     pub(crate) fn new(metrics: &ExecutionPlanMetricsSet, partition: usize) -> Self {
         TransferMetrics {
-            dev_read_bytes: Some(MetricBuilder::new(metrics).counter(DEV_READ_BYTES, partition)),
+            dev_read_bytes: Some((
+                MetricBuilder::new(metrics).counter(DEV_READ_BYTES, partition),
+                device_counts::Settlement::of(metrics, partition),
+            )),
             ..TransferMetrics::passing_through(metrics, partition)
         }
     }
@@ -401,13 +409,14 @@ pub(crate) fn device_input(
     metrics: &TransferMetrics,
 ) -> DFResult<DeviceBatchStream> {
     let read = metrics.dev_read_bytes.clone();
+    let counting = Arc::clone(stream);
     let count_read = move |batches: DeviceBatchStream| -> DeviceBatchStream {
-        let Some(read) = read else {
+        let Some((read, settlement)) = read else {
             return batches;
         };
         Box::pin(batches.map(move |batch| {
             if let Ok(b) = &batch {
-                read.add(b.device_bytes());
+                settlement.count_bytes(b, &read, &counting);
             }
             batch
         }))
@@ -675,7 +684,7 @@ pub(crate) fn execute_for_host<P: GpuExec>(
 }
 
 /// Downloads a GPU operator's device batches for a CPU parent, counting the download in the
-/// operator's scope.
+/// operator's scope. Empty batches are dropped.
 fn download_stream(
     schema: SchemaRef,
     batches: DeviceBatchStream,
@@ -683,10 +692,14 @@ fn download_stream(
     metrics: TransferMetrics,
     scope: counted::RuntimeScope,
 ) -> SendableRecordBatchStream {
-    let host = batches.map(move |batch| {
-        let batch = batch?;
-        let _timer = metrics.transfer_time.timer();
-        scope.run(|| download_batch(&stream, &batch).map_err(to_df))
-    });
+    let host = batches
+        .map(move |batch| {
+            let batch = batch?;
+            let _timer = metrics.transfer_time.timer();
+            scope.run(|| download_batch(&stream, &batch).map_err(to_df))
+        })
+        // A batch whose count was on the device may turn out empty (a filter that kept
+        // nothing): CPU operators get no empty batches, as from a CPU filter.
+        .try_filter(|b| futures::future::ready(b.num_rows() > 0));
     Box::pin(RecordBatchStreamAdapter::new(schema, host))
 }
