@@ -25,12 +25,13 @@ use datafusion::physical_plan::{
 use futures::StreamExt;
 use spate_kernels::Stream as DeviceStream;
 
+use super::device_counts::Settlement;
 use super::filter::GpuFilterExec;
 use super::{
     DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, gpu_context, per_batch_input,
     rebuild_gpu, to_df,
 };
-use crate::column::{DeviceBatch, DeviceColumn, Gather, gather_counted};
+use crate::column::{DeviceBatch, DeviceColumn, Gather, RowCount, gather_counted};
 use crate::error::SpateError;
 use crate::expr::{Unsupported, ValueKernel, evaluate_values, evaluate_values_at, value_kernel};
 
@@ -166,6 +167,7 @@ impl GpuExec for GpuProjectionExec {
             None => None,
         };
         let baseline = BaselineMetrics::new(&self.metrics, partition);
+        let settlement = Settlement::of(&self.metrics, partition);
         let sources = self.sources.clone();
         let schema = self.schema();
         // Over a GPU filter, read the kept rows through their indices: the filter's gather
@@ -186,9 +188,8 @@ impl GpuExec for GpuProjectionExec {
                     None => Vec::new(),
                 };
                 // The kept rows of the input columns, gathered together: one readback for
-                // all their string byte totals.
-                // A device count comes back with their totals when there are strings among
-                // them; the computed columns are then cut to it too.
+                // all their string byte totals, which brings a device count back too (the
+                // computed columns are then cut to it).
                 let inputs = selected.batch.columns();
                 let (gathered, count) = match rows {
                     Some(rows) => {
@@ -230,9 +231,7 @@ impl GpuExec for GpuProjectionExec {
                     .collect::<DFResult<Vec<_>>>()?;
                 let out = DeviceBatch::try_new_counted(Arc::clone(&schema), columns, count)
                     .map_err(to_df)?;
-                if let Some(n) = out.host_rows() {
-                    baseline.record_output(n);
-                }
+                record_rows(&baseline, &settlement, &out, &stream);
                 Ok(out)
             })));
         }
@@ -258,10 +257,23 @@ impl GpuExec for GpuProjectionExec {
                 batch.row_count().clone(),
             )
             .map_err(to_df)?;
-            if let Some(n) = out.host_rows() {
-                baseline.record_output(n);
-            }
+            record_rows(&baseline, &settlement, &out, &stream);
             Ok(out)
         })))
+    }
+}
+
+/// Counts an output batch's rows: now, or once its device count is read back.
+fn record_rows(
+    baseline: &BaselineMetrics,
+    settlement: &Settlement,
+    out: &DeviceBatch,
+    stream: &Arc<DeviceStream>,
+) {
+    match out.row_count() {
+        RowCount::Host(n) => baseline.record_output(*n),
+        RowCount::Device { word, .. } => {
+            settlement.count_rows(word, baseline.output_rows(), stream)
+        }
     }
 }

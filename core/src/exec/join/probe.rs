@@ -136,14 +136,16 @@ impl ProbeState {
         let s = Arc::clone(&self.stream);
         let s = &s;
         // The probe kernel stops at a device row count, and the pair total it sums is read
-        // back anyway, so the count need not come to the host. Except where probe rows without
-        // a match are output or counted on the host: those joins resolve it first.
+        // back anyway, so the count need not come to the host. Except where the probe rows
+        // without a match are selected later (right semi and anti joins, and right and full
+        // joins with a filter, by flags), or a NULL key is looked for (NOT IN): those joins
+        // resolve it first.
         let resolve = self.null_aware
-            || (matches!(
-                self.join_type,
-                JoinType::Right | JoinType::Full | JoinType::RightSemi | JoinType::RightAnti
-            ) && (self.plan.filter.is_some()
-                || matches!(self.join_type, JoinType::RightSemi | JoinType::RightAnti)));
+            || match self.join_type {
+                JoinType::RightSemi | JoinType::RightAnti => true,
+                JoinType::Right | JoinType::Full => self.plan.filter.is_some(),
+                _ => false,
+            };
         let resolved;
         let batch = if resolve {
             resolved = batch.resolve(s)?;
@@ -727,7 +729,7 @@ impl ProbeState {
         let Some(remaining) = self.remaining.as_mut() else {
             return Ok(Some(batch));
         };
-        let batch = batch.resolve(&self.stream)?;
+        // A probe's output has its count on the host (its pair total).
         let rows = batch.bound().min(*remaining);
         *remaining -= rows;
         if rows == 0 {
