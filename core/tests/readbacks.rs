@@ -205,11 +205,12 @@ async fn a_projection_over_a_filter_gathers_its_strings_with_one_readback() {
     assert_eq!(metric(line, "GpuProjectionExec", "host_syncs"), 2, "{plan}");
 }
 
-/// A filter leaves its kept count on the device, and nothing waits for it: the probe it feeds
-/// stops at the count, and sizes its output by the pair total it reads back anyway. The
-/// filter's `output_rows` is still exact: it is read once the query has run.
+/// A filter leaves its kept count on the device, and nothing waits for it. The join's input,
+/// where small batches are merged, reads the counts of all the filter's batches back in one
+/// transfer (4 bytes each), and the probe then reads its pair totals (8 bytes a batch). The
+/// filter's `output_rows` is exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_filter_below_a_join_reads_nothing_back() {
+async fn a_filter_below_a_join_waits_for_nothing_itself() {
     let sql = "SELECT count(*), sum(b_v + p_v) FROM b JOIN p ON b_k = p_k WHERE p_v < 900";
     for partitions in [1, 2] {
         let plan = gpu_plan(sql, partitions).await;
@@ -223,13 +224,19 @@ async fn a_filter_below_a_join_reads_nothing_back() {
         );
         assert_eq!(metric(&plan, "GpuFilterExec", "d2h_bytes"), 0, "{plan}");
         assert_eq!(metric(&plan, "GpuFilterExec", "host_syncs"), 0, "{plan}");
-        assert!(metric(&plan, "GpuFilterExec", "counted_on_device") >= 1);
+        let counted = metric(&plan, "GpuFilterExec", "counted_on_device");
+        assert!(counted >= 1, "{plan}");
         assert_eq!(metric(&plan, "GpuFilterExec", "output_rows"), 900, "{plan}");
         let probes = metric(&plan, "GpuHashJoinExec", "output_batches");
         assert!(probes >= 1, "{plan}");
         assert_eq!(
             metric(&plan, "GpuHashJoinExec", "d2h_bytes"),
-            8 * probes,
+            8 * probes + 4 * counted,
+            "{partitions} partitions: {plan}"
+        );
+        assert_eq!(
+            metric(&plan, "GpuHashJoinExec", "host_syncs"),
+            probes + 1,
             "{partitions} partitions: {plan}"
         );
     }

@@ -7,12 +7,18 @@
 //! CPU, DataFusion coalesces such batches on the host; here they are concatenated in device
 //! memory (device-to-device copies, no transfer over the bus) up to `spate.gpu.batch_bytes`.
 //!
+//! A batch whose row count is on the device (a filter's output) may hold anything from no row
+//! to its bound, so its size is known only once its count is read back. Such batches wait,
+//! up to the target's worth of their bounds (or 64 of them), and their counts come back in one
+//! transfer: one host synchronisation for the group, not one per batch. Then they merge as
+//! the others do.
+//!
 //! Batches of at least a quarter of the target pass through as they are (they are worth a
-//! launch, and copying them would cost more than it saves), as do batches whose row count is
-//! on the device (a filter's output), and so does the order of rows:
+//! launch, and copying them would cost more than it saves), and so does the order of rows:
 //! a merged batch holds its parts in stream order, so an operator that keeps its input order
 //! still does.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
@@ -25,6 +31,9 @@ use crate::column::{DeviceBatch, DeviceValues, concat_device_batches};
 
 /// The most rows a merged batch holds: operators index rows with `u32`.
 const MAX_ROWS: usize = 1 << 31;
+
+/// The most batches whose counts are read back together.
+const MAX_UNCOUNTED: usize = 64;
 
 /// `input` with its small batches merged on `stream` into batches of up to `target_bytes`
 /// (see the module docs). Empty batches are dropped.
@@ -43,6 +52,9 @@ pub(crate) fn merge_small_batches(
         pending_bytes: 0,
         pending_rows: 0,
         big: None,
+        uncounted: Vec::new(),
+        uncounted_bytes: 0,
+        counted: VecDeque::new(),
         done: false,
     };
     Box::pin(futures::stream::unfold(state, |mut state| async move {
@@ -62,6 +74,12 @@ struct Merging {
     pending_rows: usize,
     /// A batch that passes through, after the pending ones.
     big: Option<DeviceBatch>,
+    /// Batches whose count is on the device, waiting to have it read back, in order, and the
+    /// device bytes their columns hold (at their bounds).
+    uncounted: Vec<DeviceBatch>,
+    uncounted_bytes: usize,
+    /// Batches whose counts came back, not merged yet, in order.
+    counted: VecDeque<DeviceBatch>,
     done: bool,
 }
 
@@ -79,7 +97,20 @@ impl Merging {
             if let Some(big) = self.big.take() {
                 return Some(Ok(big));
             }
+            // Batches whose counts came back go through the merge first, in order.
+            if let Some(batch) = self.counted.pop_front() {
+                if let Some(out) = self.take(batch) {
+                    return Some(out);
+                }
+                continue;
+            }
             if self.done {
+                if !self.uncounted.is_empty() {
+                    if let Err(e) = self.count() {
+                        return Some(Err(e));
+                    }
+                    continue;
+                }
                 return self.flush();
             }
             let batch = match self.input.next().await {
@@ -91,6 +122,8 @@ impl Merging {
                     // The query fails: what is pending goes with it.
                     self.done = true;
                     self.pending.clear();
+                    self.uncounted.clear();
+                    self.counted.clear();
                     return Some(Err(e));
                 }
                 Some(Ok(batch)) => batch,
@@ -98,33 +131,68 @@ impl Merging {
             if batch.bound() == 0 {
                 continue;
             }
-            let (bytes, rows) = (batch.device_bytes(), batch.bound());
-            // A batch whose count is on the device passes through too: merging it would read
-            // the count back, and its consumer stops at the count anyway.
-            if bytes >= self.target_bytes / 4 || batch.host_rows().is_none() {
-                self.big = Some(batch);
-                if let Some(merged) = self.flush() {
-                    return Some(merged);
+            if batch.host_rows().is_none() {
+                // Its size is not known yet: it waits with others for one readback of all
+                // their counts.
+                self.uncounted_bytes += batch.device_bytes();
+                self.uncounted.push(batch);
+                if self.uncounted_bytes >= self.target_bytes
+                    || self.uncounted.len() >= MAX_UNCOUNTED
+                {
+                    if let Err(e) = self.count() {
+                        return Some(Err(e));
+                    }
                 }
                 continue;
             }
-            // Operators may store a string column with 32-bit offsets in one batch and 64-bit
-            // in the next (a left join's unmatched rows, say); such batches are not merged.
-            let same_layout = self
-                .pending
-                .first()
-                .is_none_or(|p| layout(p).eq(layout(&batch)));
-            let full = self.pending_bytes + bytes > self.target_bytes
-                || self.pending_rows + rows > MAX_ROWS
-                || !same_layout;
-            let merged = if full { self.flush() } else { None };
-            self.pending.push(batch);
-            self.pending_bytes += bytes;
-            self.pending_rows += rows;
-            if merged.is_some() {
-                return merged;
+            if !self.uncounted.is_empty() {
+                // The batches before it go first.
+                if let Err(e) = self.count() {
+                    return Some(Err(e));
+                }
+                self.counted.push_back(batch);
+                continue;
+            }
+            if let Some(out) = self.take(batch) {
+                return Some(out);
             }
         }
+    }
+
+    /// Reads the counts of the batches waiting for them back, in one transfer.
+    fn count(&mut self) -> DFResult<()> {
+        let group = std::mem::take(&mut self.uncounted);
+        self.uncounted_bytes = 0;
+        let counted = DeviceBatch::resolve_all(&self.stream, group).map_err(to_df)?;
+        self.counted.extend(counted);
+        Ok(())
+    }
+
+    /// Takes one batch whose count is on the host: merged with the pending ones, or passed
+    /// through. Returns what is ready to hand on.
+    fn take(&mut self, batch: DeviceBatch) -> Option<DFResult<DeviceBatch>> {
+        let (bytes, rows) = (batch.device_bytes(), batch.bound());
+        if rows == 0 {
+            return None;
+        }
+        if bytes >= self.target_bytes / 4 {
+            self.big = Some(batch);
+            return self.flush();
+        }
+        // Operators may store a string column with 32-bit offsets in one batch and 64-bit
+        // in the next (a left join's unmatched rows, say); such batches are not merged.
+        let same_layout = self
+            .pending
+            .first()
+            .is_none_or(|p| layout(p).eq(layout(&batch)));
+        let full = self.pending_bytes + bytes > self.target_bytes
+            || self.pending_rows + rows > MAX_ROWS
+            || !same_layout;
+        let merged = if full { self.flush() } else { None };
+        self.pending.push(batch);
+        self.pending_bytes += bytes;
+        self.pending_rows += rows;
+        merged
     }
 
     /// The pending batches as one, or `None` when there are none.
@@ -231,5 +299,75 @@ mod tests {
         assert!(same);
         let (rows, _) = merged(&[], 1024).await;
         assert!(rows.is_empty());
+    }
+
+    /// Batches whose counts are on the device (a filter's outputs: every third row kept) wait
+    /// for one readback of all their counts, then merge as the others; the rows come out in
+    /// order, and an empty one disappears.
+    #[tokio::test]
+    async fn device_counted_batches_are_counted_together_and_merged() {
+        use crate::column::{DeviceCount, Gather, RowCount, gather_batch};
+        use spate_kernels::compact::{self, Mask};
+
+        let device = Device::emulated(DeviceOptions::default()).unwrap();
+        let stream = Arc::new(device.new_stream().unwrap());
+        let schema = Arc::new(Schema::new(vec![Field::new("i", DataType::Int64, true)]));
+        let (mut inputs, mut want) = (Vec::new(), Vec::new());
+        for (k, n) in [40i64, 30, 50, 20].into_iter().enumerate() {
+            let values: Vec<Option<i64>> = (0..n).map(|i| (i % 4 != 1).then_some(i)).collect();
+            // The third batch keeps nothing.
+            let keep: Vec<u8> = (0..n).map(|i| u8::from(k != 2 && i % 3 == 0)).collect();
+            want.extend(
+                values
+                    .iter()
+                    .zip(&keep)
+                    .filter(|(_, k)| **k == 1)
+                    .map(|(v, _)| *v),
+            );
+            let host = RecordBatch::try_new(
+                Arc::clone(&schema),
+                vec![Arc::new(Int64Array::from(values)) as ArrayRef],
+            )
+            .unwrap();
+            let up = upload_batch(&stream, &host).unwrap();
+            let mask = stream.from_host(&keep).unwrap();
+            let word = DeviceCount::new(stream.alloc::<u32>(1).unwrap()).unwrap();
+            let kept = compact::select_indices_on_device(
+                &stream,
+                Mask::Bytes(mask.as_slice()),
+                None,
+                n as usize,
+                word.as_slice(),
+            )
+            .unwrap();
+            let rows = RowCount::Device {
+                bound: n as usize,
+                word,
+            };
+            let gathers = [Gather::rows(&up.columns()[0], kept.as_slice())];
+            let batch = gather_batch(&stream, Arc::clone(&schema), &gathers, &rows).unwrap();
+            assert!(batch.host_rows().is_none());
+            inputs.push(Ok(batch));
+        }
+        let input: DeviceBatchStream = Box::pin(futures::stream::iter(inputs));
+        let before = device.counters();
+        let out: Vec<DeviceBatch> =
+            merge_small_batches(input, Arc::clone(&schema), 64 * 1024, Arc::clone(&stream))
+                .try_collect()
+                .await
+                .unwrap();
+        assert_eq!(
+            (device.counters() - before).host_syncs,
+            1,
+            "one readback of 4 counts"
+        );
+        assert_eq!(out.len(), 1);
+        let back = download_batch(&stream, &out[0]).unwrap();
+        let got = back
+            .column(0)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap();
+        assert_eq!(got.iter().collect::<Vec<_>>(), want);
     }
 }
