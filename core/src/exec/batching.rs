@@ -136,12 +136,10 @@ impl Merging {
                 // their counts.
                 self.uncounted_bytes += batch.device_bytes();
                 self.uncounted.push(batch);
-                if self.uncounted_bytes >= self.target_bytes
-                    || self.uncounted.len() >= MAX_UNCOUNTED
-                {
-                    if let Err(e) = self.count() {
-                        return Some(Err(e));
-                    }
+                let group_full = self.uncounted_bytes >= self.target_bytes
+                    || self.uncounted.len() >= MAX_UNCOUNTED;
+                if group_full && let Err(e) = self.count() {
+                    return Some(Err(e));
                 }
                 continue;
             }
