@@ -331,8 +331,13 @@ fn segments(column: &DeviceColumn) -> Result<Vec<DeviceSlice<'_, u8>>> {
         out.push(bitmap.slice(..used)?);
     }
     match column.values() {
-        DeviceValues::Fixed { bytes, .. } | DeviceValues::Bits { bytes, .. } => {
-            out.push(bytes.as_slice())
+        DeviceValues::Fixed { bytes, .. } => out.push(bytes.as_slice()),
+        // Booleans, like validity, only up to the byte of the last row: a column cut to a
+        // device count keeps its whole bitmap.
+        DeviceValues::Bits { bytes, offset } => {
+            let bits = bytes.as_slice();
+            let used = (offset + column.len()).div_ceil(8).min(bits.len());
+            out.push(bits.slice(..used)?)
         }
         DeviceValues::Utf8 { offsets, bytes } | DeviceValues::LargeUtf8 { offsets, bytes } => {
             out.push(offsets.as_slice());

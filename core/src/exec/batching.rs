@@ -13,8 +13,9 @@
 //! transfer: one host synchronisation for the group, not one per batch. Then they merge as
 //! the others do.
 //!
-//! Batches of at least a quarter of the target pass through as they are (they are worth a
-//! launch, and copying them would cost more than it saves), and so does the order of rows:
+//! Batches of at least a quarter of the target pass through as they are (a device-counted one
+//! as a view of its first rows), since they are worth a launch, and copying them would cost
+//! more than it saves. So does the order of rows:
 //! a merged batch holds its parts in stream order, so an operator that keeps its input order
 //! still does.
 
@@ -43,7 +44,31 @@ pub(crate) fn merge_small_batches(
     target_bytes: usize,
     stream: Arc<DeviceStream>,
 ) -> DeviceBatchStream {
+    merging(input, schema, target_bytes, stream, true)
+}
+
+/// `input` with only its device-counted batches merged, as [`merge_small_batches`] merges
+/// them; the others pass through. For an operator that collects its whole input (a sort, a
+/// join build, a final aggregation): a filter's output is allocated for all its input rows,
+/// and holding those allocations until the end would hold the unfiltered input.
+pub(crate) fn compact_device_counted(
+    input: DeviceBatchStream,
+    schema: SchemaRef,
+    target_bytes: usize,
+    stream: Arc<DeviceStream>,
+) -> DeviceBatchStream {
+    merging(input, schema, target_bytes, stream, false)
+}
+
+fn merging(
+    input: DeviceBatchStream,
+    schema: SchemaRef,
+    target_bytes: usize,
+    stream: Arc<DeviceStream>,
+    merge_host_counted: bool,
+) -> DeviceBatchStream {
     let state = Merging {
+        merge_host_counted,
         input,
         schema,
         target_bytes: target_bytes.max(1),
@@ -64,6 +89,8 @@ pub(crate) fn merge_small_batches(
 }
 
 struct Merging {
+    /// False: batches that came with their count on the host pass through unmerged.
+    merge_host_counted: bool,
     input: DeviceBatchStream,
     schema: SchemaRef,
     target_bytes: usize,
@@ -78,8 +105,10 @@ struct Merging {
     /// device bytes their columns hold (at their bounds).
     uncounted: Vec<DeviceBatch>,
     uncounted_bytes: usize,
-    /// Batches whose counts came back, not merged yet, in order.
-    counted: VecDeque<DeviceBatch>,
+    /// Batches whose counts came back, not merged yet, in order, each with whether it may be
+    /// merged (a batch that came host-counted after them may not, when `merge_host_counted`
+    /// is false).
+    counted: VecDeque<(DeviceBatch, bool)>,
     done: bool,
 }
 
@@ -98,8 +127,8 @@ impl Merging {
                 return Some(Ok(big));
             }
             // Batches whose counts came back go through the merge first, in order.
-            if let Some(batch) = self.counted.pop_front() {
-                if let Some(out) = self.take(batch) {
+            if let Some((batch, merge)) = self.counted.pop_front() {
+                if let Some(out) = self.take(batch, merge) {
                     return Some(out);
                 }
                 continue;
@@ -148,10 +177,10 @@ impl Merging {
                 if let Err(e) = self.count() {
                     return Some(Err(e));
                 }
-                self.counted.push_back(batch);
+                self.counted.push_back((batch, self.merge_host_counted));
                 continue;
             }
-            if let Some(out) = self.take(batch) {
+            if let Some(out) = self.take(batch, self.merge_host_counted) {
                 return Some(out);
             }
         }
@@ -161,19 +190,29 @@ impl Merging {
     fn count(&mut self) -> DFResult<()> {
         let group = std::mem::take(&mut self.uncounted);
         self.uncounted_bytes = 0;
-        let counted = DeviceBatch::resolve_all(&self.stream, group).map_err(to_df)?;
-        self.counted.extend(counted);
-        Ok(())
+        match DeviceBatch::resolve_all(&self.stream, group) {
+            Ok(counted) => {
+                self.counted.extend(counted.into_iter().map(|b| (b, true)));
+                Ok(())
+            }
+            Err(e) => {
+                // The query fails: what is pending goes with it.
+                self.done = true;
+                self.pending.clear();
+                self.counted.clear();
+                Err(to_df(e))
+            }
+        }
     }
 
-    /// Takes one batch whose count is on the host: merged with the pending ones, or passed
-    /// through. Returns what is ready to hand on.
-    fn take(&mut self, batch: DeviceBatch) -> Option<DFResult<DeviceBatch>> {
+    /// Takes one batch whose count is on the host: merged with the pending ones (when `merge`
+    /// and it is small), or passed through after them. Returns what is ready to hand on.
+    fn take(&mut self, batch: DeviceBatch, merge: bool) -> Option<DFResult<DeviceBatch>> {
         let (bytes, rows) = (batch.device_bytes(), batch.bound());
         if rows == 0 {
             return None;
         }
-        if bytes >= self.target_bytes / 4 {
+        if !merge || bytes >= self.target_bytes / 4 {
             self.big = Some(batch);
             return self.flush();
         }
@@ -299,17 +338,67 @@ mod tests {
         assert!(rows.is_empty());
     }
 
+    /// A filter's output over `values`: the rows where `keep` is 1, the count left on the
+    /// device.
+    fn device_counted(
+        stream: &DeviceStream,
+        schema: &SchemaRef,
+        values: Vec<Option<i64>>,
+        keep: &[u8],
+    ) -> DeviceBatch {
+        use crate::column::{DeviceCount, Gather, RowCount, gather_batch};
+        use spate_kernels::compact::{self, Mask};
+        let n = values.len();
+        let host = RecordBatch::try_new(
+            Arc::clone(schema),
+            vec![Arc::new(Int64Array::from(values)) as ArrayRef],
+        )
+        .unwrap();
+        let up = upload_batch(stream, &host).unwrap();
+        let mask = stream.from_host(keep).unwrap();
+        let word = DeviceCount::new(stream.alloc::<u32>(1).unwrap()).unwrap();
+        let kept = compact::select_indices_on_device(
+            stream,
+            Mask::Bytes(mask.as_slice()),
+            None,
+            n,
+            word.as_slice(),
+        )
+        .unwrap();
+        let rows = RowCount::Device { bound: n, word };
+        let gathers = [Gather::rows(&up.columns()[0], kept.as_slice())];
+        let batch = gather_batch(stream, Arc::clone(schema), &gathers, &rows).unwrap();
+        assert!(batch.host_rows().is_none());
+        batch
+    }
+
+    fn int_schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![Field::new("i", DataType::Int64, true)]))
+    }
+
+    fn ints(stream: &DeviceStream, batches: &[DeviceBatch]) -> Vec<Option<i64>> {
+        batches
+            .iter()
+            .flat_map(|b| {
+                let back = download_batch(stream, b).unwrap();
+                let col = back
+                    .column(0)
+                    .as_any()
+                    .downcast_ref::<Int64Array>()
+                    .unwrap();
+                col.iter().collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
     /// Batches whose counts are on the device (a filter's outputs: every third row kept) wait
     /// for one readback of all their counts, then merge as the others; the rows come out in
     /// order, and an empty one disappears.
     #[tokio::test]
     async fn device_counted_batches_are_counted_together_and_merged() {
-        use crate::column::{DeviceCount, Gather, RowCount, gather_batch};
-        use spate_kernels::compact::{self, Mask};
-
         let device = Device::emulated(DeviceOptions::default()).unwrap();
         let stream = Arc::new(device.new_stream().unwrap());
-        let schema = Arc::new(Schema::new(vec![Field::new("i", DataType::Int64, true)]));
+        let schema = int_schema();
         let (mut inputs, mut want) = (Vec::new(), Vec::new());
         for (k, n) in [40i64, 30, 50, 20].into_iter().enumerate() {
             let values: Vec<Option<i64>> = (0..n).map(|i| (i % 4 != 1).then_some(i)).collect();
@@ -322,30 +411,7 @@ mod tests {
                     .filter(|(_, k)| **k == 1)
                     .map(|(v, _)| *v),
             );
-            let host = RecordBatch::try_new(
-                Arc::clone(&schema),
-                vec![Arc::new(Int64Array::from(values)) as ArrayRef],
-            )
-            .unwrap();
-            let up = upload_batch(&stream, &host).unwrap();
-            let mask = stream.from_host(&keep).unwrap();
-            let word = DeviceCount::new(stream.alloc::<u32>(1).unwrap()).unwrap();
-            let kept = compact::select_indices_on_device(
-                &stream,
-                Mask::Bytes(mask.as_slice()),
-                None,
-                n as usize,
-                word.as_slice(),
-            )
-            .unwrap();
-            let rows = RowCount::Device {
-                bound: n as usize,
-                word,
-            };
-            let gathers = [Gather::rows(&up.columns()[0], kept.as_slice())];
-            let batch = gather_batch(&stream, Arc::clone(&schema), &gathers, &rows).unwrap();
-            assert!(batch.host_rows().is_none());
-            inputs.push(Ok(batch));
+            inputs.push(Ok(device_counted(&stream, &schema, values, &keep)));
         }
         let input: DeviceBatchStream = Box::pin(futures::stream::iter(inputs));
         let before = device.counters();
@@ -360,12 +426,46 @@ mod tests {
             "one readback of 4 counts"
         );
         assert_eq!(out.len(), 1);
-        let back = download_batch(&stream, &out[0]).unwrap();
-        let got = back
-            .column(0)
-            .as_any()
-            .downcast_ref::<Int64Array>()
+        assert_eq!(ints(&stream, &out), want);
+    }
+
+    /// For an operator that collects its input, only the device-counted batches merge: the
+    /// small host-counted ones around them pass as they are, in order.
+    #[tokio::test]
+    async fn only_device_counted_batches_are_compacted_for_collectors() {
+        let device = Device::emulated(DeviceOptions::default()).unwrap();
+        let stream = Arc::new(device.new_stream().unwrap());
+        let schema = int_schema();
+        let host = |from: i64| {
+            let values: Vec<Option<i64>> = (from..from + 10).map(Some).collect();
+            let b = RecordBatch::try_new(
+                Arc::clone(&schema),
+                vec![Arc::new(Int64Array::from(values)) as ArrayRef],
+            )
             .unwrap();
-        assert_eq!(got.iter().collect::<Vec<_>>(), want);
+            upload_batch(&stream, &b).unwrap()
+        };
+        let keep: Vec<u8> = (0..30).map(|i| u8::from(i % 2 == 0)).collect();
+        let values = |from: i64| (from..from + 30).map(Some).collect::<Vec<_>>();
+        let inputs = vec![
+            Ok(host(0)),
+            Ok(device_counted(&stream, &schema, values(100), &keep)),
+            Ok(device_counted(&stream, &schema, values(200), &keep)),
+            Ok(host(300)),
+            Ok(host(400)),
+        ];
+        let mut want: Vec<Option<i64>> = (0..10).map(Some).collect();
+        want.extend((100..130).step_by(2).map(Some));
+        want.extend((200..230).step_by(2).map(Some));
+        want.extend((300..310).chain(400..410).map(Some));
+        let input: DeviceBatchStream = Box::pin(futures::stream::iter(inputs));
+        let out: Vec<DeviceBatch> =
+            compact_device_counted(input, Arc::clone(&schema), 64 * 1024, Arc::clone(&stream))
+                .try_collect()
+                .await
+                .unwrap();
+        let rows: Vec<usize> = out.iter().map(DeviceBatch::bound).collect();
+        assert_eq!(rows, vec![10, 30, 10, 10]);
+        assert_eq!(ints(&stream, &out), want);
     }
 }

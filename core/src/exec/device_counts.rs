@@ -8,8 +8,9 @@
 //! word ([`DeviceCount::when_counted`]) and is paid when the count is first read back, by
 //! whichever operator needs it (a sort, a build, a download).
 //!
-//! Some counts are never read back during the query: a join probe stops at the count and
-//! needs only its pair total. Each operator keeps the words its metrics wait on in a
+//! Some counts may never be read back during the query: a consumer that stops at the count
+//! needs no number (the fused projection's kernel, and a join probe once batches reach it
+//! with their counts on the device). Each operator keeps the words its metrics wait on in a
 //! [`Settlement`], and reads the ones still unread when its metrics are read
 //! (`ExecutionPlan::metrics`, which `EXPLAIN ANALYZE` and `spate bench` call once the query
 //! has run): one readback of all of them, after the query and outside every operator's
@@ -53,6 +54,8 @@ struct Inner {
     waiting: Mutex<Vec<(DeviceCount, Arc<DeviceStream>)>>,
     /// Batches whose count was on the device when they were counted (made or taken).
     batches: Mutex<usize>,
+    /// The word counted last.
+    last: Mutex<Option<DeviceCount>>,
 }
 
 impl Settlement {
@@ -124,13 +127,19 @@ impl Settlement {
     ) {
         word.when_counted(metric.clone(), amount);
         let inner = &self.registered().0;
+        // A batch's metrics (its rows, its bytes) wait on one word, one after the other: one
+        // batch.
+        let mut last = lock(&inner.last);
+        if last.as_ref().is_some_and(|w| w.same(word)) {
+            return;
+        }
+        *last = Some(word.clone());
+        *lock(&inner.batches) += 1;
         let mut waiting = lock(&inner.waiting);
-        // A batch's metrics (its rows, its bytes) wait on one word: one batch.
-        if !waiting.iter().any(|(w, _)| w.same(word)) {
-            *lock(&inner.batches) += 1;
-            if word.known().is_none() {
-                waiting.push((word.clone(), Arc::clone(stream)));
-            }
+        // Words read back since need no settling: the list holds only unread ones.
+        waiting.retain(|(w, _)| w.known().is_none());
+        if word.known().is_none() {
+            waiting.push((word.clone(), Arc::clone(stream)));
         }
     }
 }

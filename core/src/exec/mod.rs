@@ -465,6 +465,30 @@ pub(crate) fn per_batch_input(
     ))
 }
 
+/// [`device_input`] for an operator that collects its whole input before it works (a sort, a
+/// join build, a final aggregation): a GPU child's batches whose row count is on the device
+/// are merged (`batching::compact_device_counted`), so that the operator does not hold a
+/// filter's outputs at the size of the filter's input.
+pub(crate) fn collected_input(
+    input: &Arc<dyn ExecutionPlan>,
+    partition: usize,
+    context: &Arc<TaskContext>,
+    stream: &Arc<DeviceStream>,
+    metrics: &TransferMetrics,
+) -> DFResult<DeviceBatchStream> {
+    let batches = device_input(input, partition, context, stream, metrics)?;
+    if as_gpu_exec(input.as_ref()).is_none() {
+        return Ok(batches);
+    }
+    let target = SpateOptions::gpu_batch_bytes(context.session_config().options());
+    Ok(batching::compact_device_counted(
+        batches,
+        input.schema(),
+        target,
+        Arc::clone(stream),
+    ))
+}
+
 /// How many host batches a CPU input may produce ahead of the upload that consumes them.
 const HOST_BATCHES_AHEAD: usize = 2;
 

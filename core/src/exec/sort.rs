@@ -31,7 +31,7 @@ use spate_kernels::sort::{self as ks, SortKeySource};
 use spate_kernels::{DeviceBuffer, DeviceSlice, Stream as DeviceStream, gather};
 
 use super::{
-    DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, device_input, gpu_context,
+    DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, collected_input, gpu_context,
     rebuild_gpu, to_df,
 };
 use crate::column::{DeviceBatch, DeviceValues, Gather, concat_device_batches, gather_columns};
@@ -417,7 +417,7 @@ impl GpuExec for GpuSortExec {
             }
         };
         let transfer = TransferMetrics::new(&self.metrics, partition);
-        let input = device_input(self.cpu.input(), partition, &context, &stream, &transfer)?;
+        let input = collected_input(self.cpu.input(), partition, &context, &stream, &transfer)?;
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let keys = self.keys.clone();
         let fetch = self.cpu.fetch();

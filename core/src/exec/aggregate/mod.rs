@@ -59,7 +59,7 @@ use spate_kernels::{DeviceBuffer, Kernel, KernelArg, LaunchConfig, Stream as Dev
 
 use self::codegen::{AggProgram, AggSpec, Out, Slot, SlotKind};
 use super::{
-    DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, device_input, gpu_context,
+    DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, collected_input, gpu_context,
     per_batch_input, rebuild_gpu, to_df,
 };
 use crate::column::{
@@ -922,7 +922,7 @@ impl GpuExec for GpuAggregateExec {
         let input = if self.plan.per_batch {
             per_batch_input(self.cpu.input(), partition, &context, &stream, &transfer)?
         } else {
-            device_input(self.cpu.input(), partition, &context, &stream, &transfer)?
+            collected_input(self.cpu.input(), partition, &context, &stream, &transfer)?
         };
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let plan = Arc::clone(&self.plan);

@@ -50,7 +50,7 @@ use self::codegen::JoinProgram;
 use self::probe::ProbeState;
 use super::aggregate::Kernels;
 use super::{
-    DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, device_input, gpu_context,
+    DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, collected_input, gpu_context,
     per_batch_input, to_df,
 };
 use crate::column::{DeviceBatch, Gather, concat_device_batches, gather_columns};
@@ -404,7 +404,7 @@ impl GpuExec for GpuHashJoinExec {
         let track = emits_build_rows(join_type);
         let build = async move {
             let make = |stream: Arc<DeviceStream>, left_partition: usize| async move {
-                let input = device_input(
+                let input = collected_input(
                     &left,
                     left_partition,
                     &build_context,

@@ -136,7 +136,9 @@ impl ProbeState {
         let s = Arc::clone(&self.stream);
         let s = &s;
         // The probe kernel stops at a device row count, and the pair total it sums is read
-        // back anyway, so the count need not come to the host. Except where the probe rows
+        // back anyway, so the count need not come to the host. (Today the batch merge before
+        // the probe reads counts back, so no such batch arrives; this is the probe's half of
+        // the contract for when it does.) Except where the probe rows
         // without a match are selected later (right semi and anti joins, and right and full
         // joins with a filter, by flags), or a NULL key is looked for (NOT IN): those joins
         // resolve it first.
