@@ -422,9 +422,9 @@ impl DeviceCount {
         }
     }
 
-    /// True when both are the same word.
-    pub fn same(&self, other: &DeviceCount) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
+    /// A handle that names this word without keeping it (or its stream's memory) alive.
+    pub fn weak(&self) -> WeakCount {
+        WeakCount(Arc::downgrade(&self.0))
     }
 
     /// Records the count, `rows`, read back by another transfer, and pays the metrics
@@ -446,6 +446,17 @@ impl DeviceCount {
             .credits
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// A [`DeviceCount`] named but not kept alive (see [`DeviceCount::weak`]).
+#[derive(Debug, Clone)]
+pub struct WeakCount(std::sync::Weak<CountWord>);
+
+impl WeakCount {
+    /// True when this names `word`.
+    pub fn is(&self, word: &DeviceCount) -> bool {
+        std::ptr::eq(self.0.as_ptr(), Arc::as_ptr(&word.0))
     }
 }
 

@@ -26,7 +26,7 @@ use datafusion::physical_plan::metrics::{
 };
 use spate_kernels::Stream as DeviceStream;
 
-use crate::column::{DeviceBatch, DeviceCount, RowBytes, RowCount};
+use crate::column::{DeviceBatch, DeviceCount, RowBytes, RowCount, WeakCount};
 
 /// The custom metric holding an operator partition's settlement.
 const NAME: &str = "counted_on_device";
@@ -54,8 +54,8 @@ struct Inner {
     waiting: Mutex<Vec<(DeviceCount, Arc<DeviceStream>)>>,
     /// Batches whose count was on the device when they were counted (made or taken).
     batches: Mutex<usize>,
-    /// The word counted last.
-    last: Mutex<Option<DeviceCount>>,
+    /// The word counted last, not kept alive: a device buffer keeps its stream's resources.
+    last: Mutex<Option<WeakCount>>,
 }
 
 impl Settlement {
@@ -130,10 +130,10 @@ impl Settlement {
         // A batch's metrics (its rows, its bytes) wait on one word, one after the other: one
         // batch.
         let mut last = lock(&inner.last);
-        if last.as_ref().is_some_and(|w| w.same(word)) {
+        if last.as_ref().is_some_and(|w| w.is(word)) {
             return;
         }
-        *last = Some(word.clone());
+        *last = Some(word.weak());
         *lock(&inner.batches) += 1;
         let mut waiting = lock(&inner.waiting);
         // Words read back since need no settling: the list holds only unread ones.
