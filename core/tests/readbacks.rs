@@ -283,3 +283,25 @@ async fn device_counts_are_resolved_where_the_host_needs_them() {
         );
     }
 }
+
+/// A query's device memory is freed when it ends: nothing a finished plan's metrics hold (the
+/// count words they wait on, and the streams that wrote them) stays allocated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_queries_hold_no_device_memory() {
+    let gpu = engine(Backend::Emulated, 1);
+    let sql = "SELECT count(*), sum(b_v + p_v) FROM b JOIN p ON b_k = p_k WHERE p_v < 900";
+    let allocated = |e: &Engine| {
+        e.gpu()
+            .map(|g| g.device().memory_stats().allocated_bytes)
+            .unwrap()
+    };
+    gpu.collect(sql).await.unwrap();
+    let after_one = allocated(&gpu);
+    for _ in 0..3 {
+        gpu.collect(sql).await.unwrap();
+        gpu.collect(&format!("EXPLAIN ANALYZE {sql}"))
+            .await
+            .unwrap();
+    }
+    assert_eq!(allocated(&gpu), after_one);
+}

@@ -42,6 +42,7 @@ macro_rules! gpu_plan_methods {
         fn metrics(&self) -> Option<::datafusion::physical_plan::metrics::MetricsSet> {
             // Metrics that wait on counts left on the device are paid first.
             $crate::exec::device_counts::settle(&self.metrics);
+            $crate::exec::roofline::refresh(&self.metrics);
             Some(self.metrics.clone_inner())
         }
     };
@@ -198,7 +199,7 @@ fn execute_device_counted(
         // One roofline entry per operator: it reads the operator's totals over all partitions.
         MetricBuilder::new(metrics).build(MetricValue::Custom {
             name: "roofline".into(),
-            value: Arc::new(roofline::Roofline::new(metrics.clone(), bandwidth)),
+            value: Arc::new(roofline::Roofline::new(bandwidth)),
         });
     }
     let batches: DeviceBatchStream = Box::pin(batches.map(move |batch| {
@@ -231,7 +232,7 @@ pub mod roofline {
 
     use std::any::Any;
     use std::fmt;
-    use std::sync::Arc;
+    use std::sync::{Arc, Mutex, PoisonError};
 
     use datafusion::physical_plan::metrics::{
         CustomMetricValue, ExecutionPlanMetricsSet, MetricValue,
@@ -239,26 +240,37 @@ pub mod roofline {
 
     use crate::device::Bandwidth;
 
-    /// The `roofline` metric: reads its operator's byte counters and compute time when shown.
+    /// The `roofline` metric: its operator's byte counters and compute time, as of the last
+    /// time its metrics were read ([`refresh`]). It holds numbers, not the operator's metrics
+    /// set: a metric inside the set that held the set would keep it, and all it refers to,
+    /// alive forever.
     #[derive(Debug)]
     pub struct Roofline {
-        metrics: ExecutionPlanMetricsSet,
+        totals: Mutex<Totals>,
         bandwidth: Bandwidth,
     }
 
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    struct Totals {
+        bytes: u64,
+        compute_ns: u64,
+    }
+
     impl Roofline {
-        pub(crate) fn new(metrics: ExecutionPlanMetricsSet, bandwidth: Bandwidth) -> Self {
-            Roofline { metrics, bandwidth }
+        pub(crate) fn new(bandwidth: Bandwidth) -> Self {
+            Roofline {
+                totals: Mutex::new(Totals::default()),
+                bandwidth,
+            }
         }
 
-        /// Bytes read and written by the operator so far.
+        fn totals(&self) -> Totals {
+            *self.totals.lock().unwrap_or_else(PoisonError::into_inner)
+        }
+
+        /// Bytes read and written by the operator.
         pub fn bytes(&self) -> u64 {
-            let set = self.metrics.clone_inner();
-            let count = |name| match set.sum_by_name(name) {
-                Some(MetricValue::Count { count, .. }) => count.value() as u64,
-                _ => 0,
-            };
-            count(super::DEV_READ_BYTES) + count(super::DEV_WRITE_BYTES)
+            self.totals().bytes
         }
 
         /// The time the bytes take at the measured bandwidth.
@@ -267,10 +279,31 @@ pub mod roofline {
         }
     }
 
+    /// Brings the `roofline` metric of `metrics` up to date with its operator's counters.
+    pub(crate) fn refresh(metrics: &ExecutionPlanMetricsSet) {
+        let set = metrics.clone_inner();
+        let count = |name| match set.sum_by_name(name) {
+            Some(MetricValue::Count { count, .. }) => count.value() as u64,
+            _ => 0,
+        };
+        let totals = Totals {
+            bytes: count(super::DEV_READ_BYTES) + count(super::DEV_WRITE_BYTES),
+            compute_ns: set.elapsed_compute().unwrap_or(0) as u64,
+        };
+        for m in set.iter() {
+            if let MetricValue::Custom { name, value } = m.value()
+                && name == "roofline"
+                && let Some(r) = value.as_any().downcast_ref::<Roofline>()
+            {
+                *r.totals.lock().unwrap_or_else(PoisonError::into_inner) = totals;
+            }
+        }
+    }
+
     impl fmt::Display for Roofline {
         fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             let floor = self.floor();
-            let achieved = self.metrics.clone_inner().elapsed_compute().unwrap_or(0) as f64;
+            let achieved = self.totals().compute_ns as f64;
             write!(f, "floor {floor:.2?}")?;
             if floor.as_nanos() > 0 {
                 write!(
@@ -290,8 +323,10 @@ pub mod roofline {
 
     impl CustomMetricValue for Roofline {
         fn new_empty(&self) -> Arc<dyn CustomMetricValue> {
-            // The value reads the operator's totals, so an aggregate of it is itself.
-            Arc::new(Roofline::new(self.metrics.clone(), self.bandwidth.clone()))
+            // The value is the operator's totals, so an aggregate of it is itself.
+            let copy = Roofline::new(self.bandwidth.clone());
+            *copy.totals.lock().unwrap_or_else(PoisonError::into_inner) = self.totals();
+            Arc::new(copy)
         }
 
         fn aggregate(&self, _other: Arc<dyn CustomMetricValue + 'static>) {}
