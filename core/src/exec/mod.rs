@@ -487,17 +487,14 @@ pub(crate) fn per_batch_input(
     stream: &Arc<DeviceStream>,
     metrics: &TransferMetrics,
 ) -> DFResult<DeviceBatchStream> {
-    let batches = device_input(input, partition, context, stream, metrics)?;
-    if as_gpu_exec(input.as_ref()).is_none() {
-        return Ok(batches);
-    }
-    let target = SpateOptions::gpu_batch_bytes(context.session_config().options());
-    Ok(batching::merge_small_batches(
-        batches,
-        input.schema(),
-        target,
-        Arc::clone(stream),
-    ))
+    merged_input(
+        input,
+        partition,
+        context,
+        stream,
+        metrics,
+        batching::merge_small_batches,
+    )
 }
 
 /// [`device_input`] for an operator that collects its whole input before it works (a sort, a
@@ -511,17 +508,32 @@ pub(crate) fn collected_input(
     stream: &Arc<DeviceStream>,
     metrics: &TransferMetrics,
 ) -> DFResult<DeviceBatchStream> {
+    merged_input(
+        input,
+        partition,
+        context,
+        stream,
+        metrics,
+        batching::compact_device_counted,
+    )
+}
+
+/// [`device_input`], with a GPU child's batches passed through `merge` (one of `batching`'s
+/// merges) at `spate.gpu.batch_bytes`.
+fn merged_input(
+    input: &Arc<dyn ExecutionPlan>,
+    partition: usize,
+    context: &Arc<TaskContext>,
+    stream: &Arc<DeviceStream>,
+    metrics: &TransferMetrics,
+    merge: fn(DeviceBatchStream, SchemaRef, usize, Arc<DeviceStream>) -> DeviceBatchStream,
+) -> DFResult<DeviceBatchStream> {
     let batches = device_input(input, partition, context, stream, metrics)?;
     if as_gpu_exec(input.as_ref()).is_none() {
         return Ok(batches);
     }
     let target = SpateOptions::gpu_batch_bytes(context.session_config().options());
-    Ok(batching::compact_device_counted(
-        batches,
-        input.schema(),
-        target,
-        Arc::clone(stream),
-    ))
+    Ok(merge(batches, input.schema(), target, Arc::clone(stream)))
 }
 
 /// How many host batches a CPU input may produce ahead of the upload that consumes them.
