@@ -305,3 +305,63 @@ async fn finished_queries_hold_no_device_memory() {
     }
     assert_eq!(allocated(&gpu), after_one);
 }
+
+/// An inner join on unique build keys, without a filter, makes at most one output row per
+/// probe row: once the build side is known to be unique (its largest group comes back with the
+/// second probe batch's pair total), each probe batch leaves its output's count on the device
+/// and reads nothing back. So the join's readbacks do not grow with its probe batches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_of_unique_keys_reads_nothing_back_per_batch() {
+    for partitions in [1, 2] {
+        let (probes, syncs) = unique_probe(12, partitions).await;
+        let (more_probes, same_syncs) = unique_probe(36, partitions).await;
+        assert!(
+            probes >= 4 && more_probes > probes,
+            "{probes} then {more_probes}"
+        );
+        assert_eq!(syncs, same_syncs, "{partitions} partitions");
+    }
+}
+
+/// Joins 250 unique keys with `batches` probe batches of 400 rows (keys 0..400: 250 match), all
+/// in device memory and in small batches, checks the result against the CPU's, and returns
+/// the join's output batches and host synchronisations.
+async fn unique_probe(batches: usize, partitions: usize) -> (usize, usize) {
+    let sql = "SELECT count(*), sum(u_v + q_v) FROM u JOIN q ON u_k = q_k";
+    let setup = |backend| {
+        let e = engine(backend, partitions);
+        e.register_batches("u", vec![table("u", 250, 250)]).unwrap();
+        let probe: Vec<RecordBatch> = (0..batches).map(|_| table("q", 400, 500)).collect();
+        e.register_batches("q", probe).unwrap();
+        e
+    };
+    let (gpu, cpu) = (setup(Backend::Emulated), setup(Backend::Cpu));
+    for e in [&gpu, &cpu] {
+        // Small batches: the probe batches are not merged into one.
+        e.collect("SET spate.gpu.batch_bytes = 16384")
+            .await
+            .unwrap();
+    }
+    gpu.collect("SET spate.gpu.fallback = 'error'")
+        .await
+        .unwrap();
+    // In device memory, so that no upload counts as the join's.
+    for t in ["u", "q"] {
+        gpu.collect(&format!("CACHE TABLE {t}")).await.unwrap();
+    }
+    assert_eq!(
+        ordered(&gpu.collect(sql).await.unwrap()),
+        ordered(&cpu.collect(sql).await.unwrap()),
+        "{sql} ({partitions} partitions)"
+    );
+    let plan = ordered(
+        &gpu.collect(&format!("EXPLAIN ANALYZE {sql}"))
+            .await
+            .unwrap(),
+    )
+    .join("\n");
+    (
+        metric(&plan, "GpuHashJoinExec", "output_batches"),
+        metric(&plan, "GpuHashJoinExec", "host_syncs"),
+    )
+}

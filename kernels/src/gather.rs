@@ -247,6 +247,130 @@ pub fn copy_bitmap(
     }
 }
 
+/// Appends the first `*live` rows (all `n` without `live`) of `src`, `n` values of `width`
+/// bytes, to `dst` at row `*cursor`: one step of a concatenation whose counts stay on the
+/// device. Nothing waits. The caller's contract, which nothing checks on the host: `dst`
+/// holds as many rows as the bounds of every part appended to it, so no cursor passes its end.
+/// [`append_advance`] then moves the cursor past the part.
+pub fn append_bytes(
+    stream: &Stream,
+    src: DeviceSlice<'_, u8>,
+    width: usize,
+    live: Option<DeviceSlice<'_, u32>>,
+    n: usize,
+    cursor: DeviceSlice<'_, u32>,
+    dst: &mut DeviceBuffer<u8>,
+) -> Result<()> {
+    ensure_arg!(
+        src.len() >= n * width,
+        "an append of {n} rows of {width} bytes from {} bytes",
+        src.len()
+    );
+    ensure_arg!(
+        n * width <= dst.len(),
+        "an append of {n} rows of {width} bytes into {} bytes",
+        dst.len()
+    );
+    ensure_arg!(
+        cursor.len() == 1,
+        "an append cursor of {} words",
+        cursor.len()
+    );
+    if n * width == 0 {
+        return Ok(());
+    }
+    let kernel = stream.device().kernel("append_bytes")?;
+    // SAFETY: `src` holds the part's rows (checked); `dst` has room past every cursor (the
+    // caller's contract above).
+    unsafe {
+        stream.launch(
+            &kernel,
+            grid(stream, n * width),
+            &[
+                src.into(),
+                KernelArg::U64(width as u64),
+                live_arg(live),
+                KernelArg::U64(n as u64),
+                cursor.into(),
+                dst.into(),
+            ],
+        )
+    }
+}
+
+/// [`append_bytes`] for a bitmap: the first `*live` bits of `src` (`None`: all set) set at bit
+/// `*cursor` of `dst`, which must start zeroed and hold whole 32-bit words.
+pub fn append_bitmap(
+    stream: &Stream,
+    src: Option<DeviceBitmap<'_>>,
+    live: Option<DeviceSlice<'_, u32>>,
+    n: usize,
+    cursor: DeviceSlice<'_, u32>,
+    dst: &mut DeviceBuffer<u8>,
+) -> Result<()> {
+    ensure_arg!(
+        dst.len().is_multiple_of(4),
+        "append_bitmap needs whole 32-bit words"
+    );
+    ensure_arg!(
+        n <= dst.len() * 8,
+        "an append of {n} bits into a bitmap of {} bits",
+        dst.len() * 8
+    );
+    ensure_arg!(
+        cursor.len() == 1,
+        "an append cursor of {} words",
+        cursor.len()
+    );
+    if let Some(s) = src {
+        s.check_covers(n, "source")?;
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let kernel = stream.device().kernel("append_bitmap")?;
+    // SAFETY: `src` covers `n` bits (checked); `dst` has room past every cursor (the caller's
+    // contract of `append_bytes`).
+    unsafe {
+        stream.launch(
+            &kernel,
+            grid(stream, n),
+            &[
+                src.into(),
+                KernelArg::U64(src.map_or(0, |s| s.offset as u64)),
+                live_arg(live),
+                KernelArg::U64(n as u64),
+                cursor.into(),
+                dst.into(),
+            ],
+        )
+    }
+}
+
+/// Moves the append cursor past a part of `*live` rows (all `n` without `live`), after its
+/// columns were appended.
+pub fn append_advance(
+    stream: &Stream,
+    live: Option<DeviceSlice<'_, u32>>,
+    n: usize,
+    cursor: DeviceSlice<'_, u32>,
+) -> Result<()> {
+    ensure_arg!(
+        cursor.len() == 1,
+        "an append cursor of {} words",
+        cursor.len()
+    );
+    let kernel = stream.device().kernel("append_advance")?;
+    // SAFETY: one thread reads `live` (one u32, or null) and updates `cursor` (one u32).
+    unsafe {
+        stream.launch(
+            &kernel,
+            LaunchConfig::blocks(1),
+            &[live_arg(live), KernelArg::U64(n as u64), cursor.into()],
+        )
+    }
+}
+
 /// Copies string offsets into `dst` at `dst_offset`, adding `delta` to each.
 pub fn add_offsets<O: OffsetElem + Into<KernelArg>>(
     stream: &Stream,

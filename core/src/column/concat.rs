@@ -3,12 +3,16 @@
 
 use std::sync::Arc;
 
+use arrow::datatypes::DataType;
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use spate_kernels::gather::{self as kg, bitmap_bytes};
-use spate_kernels::{DeviceBitmap, Stream};
+use spate_kernels::{DeviceBitmap, DeviceBuffer, Stream};
 
-use super::{DeviceBatch, DeviceBytes, DeviceColumn, DeviceValidity, DeviceValues, upload_batch};
+use super::{
+    DeviceBatch, DeviceBytes, DeviceColumn, DeviceCount, DeviceValidity, DeviceValues, RowCount,
+    upload_batch,
+};
 use crate::error::{Result, SpateError};
 
 /// One device batch holding every row of `batches`, in order. One batch is returned as it is
@@ -33,6 +37,158 @@ pub fn concat_device_batches(
         })
         .collect::<Result<Vec<_>>>()?;
     DeviceBatch::try_new(Arc::clone(schema), columns, rows)
+}
+
+/// One device batch holding every row of `batches`, in order, without reading any count
+/// back: each part's live rows are appended at a cursor on the device (`append_*` in
+/// `gather.cu`), and the merged batch's count is the cursor, its bound the sum of the parts'
+/// bounds. For parts of fixed-width and boolean columns; `None` when a column holds strings
+/// (a string column's bytes past a device count would have no end the host knows: see
+/// `DeviceColumn::prefix`) or the parts store a column differently, and the caller reads the
+/// counts instead.
+pub fn append_device_batches(
+    stream: &Stream,
+    schema: &SchemaRef,
+    batches: &[DeviceBatch],
+) -> Result<Option<DeviceBatch>> {
+    let Some(first) = batches.first() else {
+        return Ok(None);
+    };
+    let appendable = (0..schema.fields().len()).all(|c| {
+        let kind = std::mem::discriminant(first.columns()[c].values());
+        batches.iter().all(|b| {
+            let v = b.columns()[c].values();
+            std::mem::discriminant(v) == kind
+                && matches!(v, DeviceValues::Fixed { .. } | DeviceValues::Bits { .. })
+        })
+    });
+    if !appendable {
+        return Ok(None);
+    }
+    let bound: usize = batches.iter().map(DeviceBatch::bound).sum();
+    if bound >= u32::MAX as usize {
+        // Past what the cursor counts.
+        return Ok(None);
+    }
+    let width = schema.fields().len();
+    // The merged columns, allocated for every part's bound: no cursor passes their end.
+    let mut outs: Vec<Appended> = (0..width)
+        .map(|c| Appended::new(stream, batches, c, bound))
+        .collect::<Result<_>>()?;
+    let cursor = DeviceCount::new(stream.alloc_zeroed::<u32>(1)?)?;
+    let at = cursor.as_slice();
+    // Part by part: the cursor moves once all of a part's columns are appended.
+    for b in batches {
+        let live = b.row_count().live();
+        let n = b.bound();
+        for (column, out) in b.columns().iter().zip(&mut outs) {
+            if let Some(bits) = &mut out.validity {
+                let src = column.validity().map(DeviceValidity::bitmap);
+                kg::append_bitmap(stream, src, live, n, at, bits)?;
+            }
+            match column.values() {
+                DeviceValues::Fixed { bytes, width } => kg::append_bytes(
+                    stream,
+                    bytes.as_slice(),
+                    *width,
+                    live,
+                    n,
+                    at,
+                    &mut out.values,
+                )?,
+                DeviceValues::Bits { bytes, offset } => {
+                    let src = DeviceBitmap::new(bytes.as_slice()).with_offset(*offset);
+                    kg::append_bitmap(stream, Some(src), live, n, at, &mut out.values)?
+                }
+                _ => return Err(mixed()),
+            }
+        }
+        kg::append_advance(stream, live, n, at)?;
+    }
+    let columns = outs
+        .into_iter()
+        .zip(schema.fields())
+        .map(|(out, field)| out.finish(field.data_type().clone(), bound))
+        .collect();
+    Ok(Some(DeviceBatch::try_new_counted(
+        Arc::clone(schema),
+        columns,
+        RowCount::Device {
+            bound,
+            word: cursor,
+        },
+    )?))
+}
+
+/// The kernel launches [`append_device_batches`] makes for `batches`: one per column and
+/// validity bitmap of each part, and one per part to move the cursor.
+pub fn append_launches(batches: &[DeviceBatch]) -> usize {
+    batches
+        .iter()
+        .map(|b| {
+            let bitmaps = b
+                .columns()
+                .iter()
+                .filter(|c| c.validity().is_some())
+                .count();
+            b.columns().len() + bitmaps + 1
+        })
+        .sum()
+}
+
+/// One column of [`append_device_batches`] while its parts are appended.
+struct Appended {
+    validity: Option<DeviceBuffer<u8>>,
+    values: DeviceBuffer<u8>,
+    /// `Some(width)` for fixed-width values, `None` for booleans.
+    width: Option<usize>,
+}
+
+impl Appended {
+    fn new(stream: &Stream, batches: &[DeviceBatch], c: usize, bound: usize) -> Result<Self> {
+        let validity = if batches.iter().any(|b| b.columns()[c].validity().is_some()) {
+            Some(stream.alloc_zeroed::<u8>(bitmap_bytes(bound))?)
+        } else {
+            None
+        };
+        Ok(match batches[0].columns()[c].values() {
+            DeviceValues::Fixed { width, .. } => Appended {
+                validity,
+                values: stream.alloc::<u8>((bound * width).max(1))?,
+                width: Some(*width),
+            },
+            _ => Appended {
+                validity,
+                values: stream.alloc_zeroed::<u8>(bitmap_bytes(bound))?,
+                width: None,
+            },
+        })
+    }
+
+    fn finish(self, data_type: DataType, bound: usize) -> DeviceColumn {
+        let values = match self.width {
+            Some(width) => DeviceValues::Fixed {
+                bytes: DeviceBytes::new(self.values),
+                width,
+            },
+            None => DeviceValues::Bits {
+                bytes: DeviceBytes::new(self.values),
+                offset: 0,
+            },
+        };
+        match self.validity {
+            Some(bits) => DeviceColumn::with_uncounted_nulls(
+                data_type,
+                bound,
+                Some(DeviceValidity {
+                    bytes: DeviceBytes::new(bits),
+                    offset: 0,
+                }),
+                values,
+            ),
+            None => DeviceColumn::new(data_type, bound, 0, None, values),
+        }
+    }
 }
 
 fn concat_column(stream: &Stream, parts: &[&DeviceColumn], rows: usize) -> Result<DeviceColumn> {

@@ -26,7 +26,7 @@ use spate_kernels::{DeviceBitmap, DeviceBuffer, DeviceSlice};
 
 use crate::error::{Result, SpateError};
 
-pub use concat::concat_device_batches;
+pub use concat::{append_device_batches, append_launches, concat_device_batches};
 pub use gather::{
     Gather, gather_batch, gather_column, gather_column_or_null, gather_columns, gather_counted,
 };

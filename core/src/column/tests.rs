@@ -276,3 +276,90 @@ fn fixed_width_values_view_exactly_their_rows() {
         assert_eq!(bytes.typed::<i64>().unwrap().len(), rows);
     }
 }
+
+/// `batch` uploaded and filtered on the device by `keep`, its count left there (a filter's
+/// output).
+fn device_filtered(
+    stream: &spate_kernels::Stream,
+    batch: &RecordBatch,
+    keep: &[u8],
+) -> DeviceBatch {
+    use spate_kernels::compact::{self, Mask};
+    let up = upload_batch(stream, batch).unwrap();
+    let n = batch.num_rows().max(1);
+    let mut mask = keep.to_vec();
+    mask.resize(n, 0);
+    let mask = stream.from_host(&mask).unwrap();
+    let word = DeviceCount::new(stream.alloc::<u32>(1).unwrap()).unwrap();
+    let kept = compact::select_indices_on_device(
+        stream,
+        Mask::Bytes(mask.as_slice()),
+        None,
+        batch.num_rows().max(1),
+        word.as_slice(),
+    )
+    .unwrap();
+    let gathers: Vec<Gather<'_>> = up
+        .columns()
+        .iter()
+        .map(|c| Gather::rows(c, kept.slice(..batch.num_rows()).unwrap()))
+        .collect();
+    let rows = RowCount::Device {
+        bound: batch.num_rows(),
+        word,
+    };
+    gather_batch(stream, batch.schema(), &gathers, &rows).unwrap()
+}
+
+/// Device-counted batches (and host-counted ones among them) append on the device into one
+/// batch whose count stays there: nothing is read back, NULLs and booleans keep their bits,
+/// and the rows are the parts' kept rows in order. String columns are not appended.
+#[test]
+fn device_counted_batches_append_without_a_readback() {
+    let stream = stream();
+    // Every fixed-width and boolean type; the three string types come last.
+    let mut full = arrays(400, 33);
+    let strings = full.split_off(full.len() - 3);
+    let cuts = [(0usize, 37usize), (37, 0), (37, 200), (237, 40), (277, 123)];
+    let (mut parts, mut want) = (Vec::new(), Vec::new());
+    for (k, (o, n)) in cuts.iter().enumerate() {
+        let piece = batch_of(full.iter().map(|a| a.slice(*o, *n)).collect());
+        if k == 3 {
+            // A host-counted part among them.
+            parts.push(upload_batch(&stream, &piece).unwrap());
+            want.push(piece);
+            continue;
+        }
+        // Part 2 keeps nothing; the others every row whose index is not a multiple of k + 2.
+        let keep: Vec<u8> = (0..*n)
+            .map(|i| u8::from(k != 2 && i % (k + 2) != 0))
+            .collect();
+        parts.push(device_filtered(&stream, &piece, &keep));
+        let mask = BooleanArray::from(keep.iter().map(|&b| b == 1).collect::<Vec<_>>());
+        want.push(arrow::compute::filter_record_batch(&piece, &mask).unwrap());
+    }
+    let schema = want[0].schema();
+    let before = stream.device().counters();
+    let joined = append_device_batches(&stream, &schema, &parts)
+        .unwrap()
+        .expect("fixed-width and boolean columns append");
+    assert_eq!((stream.device().counters() - before).host_syncs, 0);
+    assert!(joined.host_rows().is_none());
+    assert_eq!(joined.bound(), 400);
+    let back = download_batch(&stream, &joined).unwrap();
+    let want = arrow::compute::concat_batches(&schema, &want).unwrap();
+    assert_eq!(back.num_rows(), want.num_rows());
+    for (k, (a, b)) in want.columns().iter().zip(back.columns()).enumerate() {
+        assert_eq!(a.as_ref(), b.as_ref(), "column {k} ({})", a.data_type());
+    }
+    // With a string column, the caller reads the counts back instead.
+    let with_strings = batch_of(vec![Arc::clone(&full[0]), Arc::clone(&strings[0])]);
+    let keep = vec![1u8; 400];
+    let part = device_filtered(&stream, &with_strings, &keep);
+    let parts = [part.clone(), part];
+    assert!(
+        append_device_batches(&stream, &with_strings.schema(), &parts)
+            .unwrap()
+            .is_none()
+    );
+}

@@ -21,6 +21,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use arrow::datatypes::SchemaRef;
 use datafusion::error::Result as DFResult;
@@ -28,13 +29,46 @@ use futures::StreamExt;
 use spate_kernels::Stream as DeviceStream;
 
 use super::{DeviceBatchStream, to_df};
-use crate::column::{DeviceBatch, DeviceValues, concat_device_batches};
+use crate::column::{
+    DeviceBatch, DeviceValues, append_device_batches, append_launches, concat_device_batches,
+};
+use crate::model::{LAUNCH_SECONDS, SYNC_SECONDS};
 
 /// The most rows a merged batch holds: operators index rows with `u32`.
 const MAX_ROWS: usize = 1 << 31;
 
 /// The most batches whose counts are read back together.
 const MAX_UNCOUNTED: usize = 64;
+
+/// Whether the operator after a merge keeps a batch's row count on the device (a filter, a
+/// projection, an ungrouped aggregation, a probe of unique keys). Then device-counted batches
+/// are appended on the device, and nothing is read back. An operator that reads something back
+/// for every batch anyway (a probe that sums its matches) is better served by fewer, fuller
+/// batches: their counts are read back, and they merge exactly. A join knows which it is only
+/// once it has learnt whether its build keys are unique, after a probe batch or two, so this
+/// is a flag it can set then; the merge reads it at each group.
+#[derive(Debug, Clone)]
+pub(crate) struct KeepsCounts(Arc<AtomicBool>);
+
+impl KeepsCounts {
+    /// For an operator that always keeps counts on the device.
+    pub(crate) fn always() -> Self {
+        KeepsCounts(Arc::new(AtomicBool::new(true)))
+    }
+
+    /// For an operator that decides later ([`KeepsCounts::set`]); until then, it does not.
+    pub(crate) fn later() -> Self {
+        KeepsCounts(Arc::new(AtomicBool::new(false)))
+    }
+
+    pub(crate) fn set(&self, keeps: bool) {
+        self.0.store(keeps, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
 
 /// `input` with its small batches merged on `stream` into batches of up to `target_bytes`
 /// (see the module docs). Empty batches are dropped.
@@ -43,8 +77,9 @@ pub(crate) fn merge_small_batches(
     schema: SchemaRef,
     target_bytes: usize,
     stream: Arc<DeviceStream>,
+    keeps_counts: KeepsCounts,
 ) -> DeviceBatchStream {
-    merging(input, schema, target_bytes, stream, true)
+    merging(input, schema, target_bytes, stream, Some(keeps_counts))
 }
 
 /// `input` with only its device-counted batches merged, as [`merge_small_batches`] merges
@@ -57,7 +92,7 @@ pub(crate) fn compact_device_counted(
     target_bytes: usize,
     stream: Arc<DeviceStream>,
 ) -> DeviceBatchStream {
-    merging(input, schema, target_bytes, stream, false)
+    merging(input, schema, target_bytes, stream, None)
 }
 
 fn merging(
@@ -65,10 +100,11 @@ fn merging(
     schema: SchemaRef,
     target_bytes: usize,
     stream: Arc<DeviceStream>,
-    merge_host_counted: bool,
+    per_batch: Option<KeepsCounts>,
 ) -> DeviceBatchStream {
     let state = Merging {
-        merge_host_counted,
+        merge_host_counted: per_batch.is_some(),
+        keeps_counts: per_batch.unwrap_or_else(KeepsCounts::later),
         input,
         schema,
         target_bytes: target_bytes.max(1),
@@ -91,6 +127,8 @@ fn merging(
 struct Merging {
     /// False: batches that came with their count on the host pass through unmerged.
     merge_host_counted: bool,
+    /// Whether device-counted batches are appended on the device, their counts left there.
+    keeps_counts: KeepsCounts,
     input: DeviceBatchStream,
     schema: SchemaRef,
     target_bytes: usize,
@@ -186,23 +224,51 @@ impl Merging {
         }
     }
 
-    /// Reads the counts of the batches waiting for them back, in one transfer.
+    /// Merges the batches waiting for their counts. Before an operator that keeps counts on
+    /// the device they are appended there when that is cheaper than a readback, and the merged
+    /// batch keeps its count there; one alone passes as it is. Otherwise (or where a column
+    /// holds strings) their counts are read back, in one transfer, and they merge as
+    /// host-counted batches do.
     fn count(&mut self) -> DFResult<()> {
         let group = std::mem::take(&mut self.uncounted);
         self.uncounted_bytes = 0;
+        if self.keeps_counts.get() {
+            let appended = match group.as_slice() {
+                [one] => Some(one.clone()),
+                // Launches cost too (`crate::model`): an append dearer than the one readback
+                // it saves does not pay.
+                parts if append_launches(parts) as f64 * LAUNCH_SECONDS <= SYNC_SECONDS => {
+                    append_device_batches(&self.stream, &self.schema, parts).map_err(|e| {
+                        self.fail();
+                        to_df(e)
+                    })?
+                }
+                _ => None,
+            };
+            if let Some(batch) = appended {
+                // Merged as far as it goes: it passes through.
+                self.counted.push_back((batch, false));
+                return Ok(());
+            }
+        }
         match DeviceBatch::resolve_all(&self.stream, group) {
             Ok(counted) => {
                 self.counted.extend(counted.into_iter().map(|b| (b, true)));
                 Ok(())
             }
             Err(e) => {
-                // The query fails: what is pending goes with it.
-                self.done = true;
-                self.pending.clear();
-                self.counted.clear();
+                self.fail();
                 Err(to_df(e))
             }
         }
+    }
+
+    /// The query fails: what is pending goes with it.
+    fn fail(&mut self) {
+        self.done = true;
+        self.pending.clear();
+        self.uncounted.clear();
+        self.counted.clear();
     }
 
     /// Takes one batch whose count is on the host: merged with the pending ones (when `merge`
@@ -281,11 +347,16 @@ mod tests {
             .map(|b| Ok(upload_batch(&stream, b).unwrap()))
             .collect();
         let input: DeviceBatchStream = Box::pin(futures::stream::iter(on_device));
-        let out: Vec<DeviceBatch> =
-            merge_small_batches(input, Arc::clone(&schema), target, Arc::clone(&stream))
-                .try_collect()
-                .await
-                .unwrap();
+        let out: Vec<DeviceBatch> = merge_small_batches(
+            input,
+            Arc::clone(&schema),
+            target,
+            Arc::clone(&stream),
+            KeepsCounts::always(),
+        )
+        .try_collect()
+        .await
+        .unwrap();
         let back: Vec<RecordBatch> = out
             .iter()
             .map(|b| download_batch(&stream, b).unwrap())
@@ -415,11 +486,16 @@ mod tests {
         }
         let input: DeviceBatchStream = Box::pin(futures::stream::iter(inputs));
         let before = device.counters();
-        let out: Vec<DeviceBatch> =
-            merge_small_batches(input, Arc::clone(&schema), 64 * 1024, Arc::clone(&stream))
-                .try_collect()
-                .await
-                .unwrap();
+        let out: Vec<DeviceBatch> = merge_small_batches(
+            input,
+            Arc::clone(&schema),
+            64 * 1024,
+            Arc::clone(&stream),
+            KeepsCounts::later(),
+        )
+        .try_collect()
+        .await
+        .unwrap();
         assert_eq!(
             (device.counters() - before).host_syncs,
             1,
@@ -427,6 +503,57 @@ mod tests {
         );
         assert_eq!(out.len(), 1);
         assert_eq!(ints(&stream, &out), want);
+    }
+
+    /// Before an operator that keeps counts on the device, device-counted batches are
+    /// appended there when that costs fewer launches than the readback it saves: nothing is
+    /// read back, and the merged batch's count stays on the device. One alone passes as it
+    /// is; where appending costs more, the counts are read back as before.
+    #[tokio::test]
+    async fn device_counted_batches_are_appended_on_the_device_when_it_pays() {
+        let device = Device::emulated(DeviceOptions::default()).unwrap();
+        let stream = Arc::new(device.new_stream().unwrap());
+        let schema = int_schema();
+        let run = |parts: usize| {
+            let (device, stream, schema) = (device.clone(), Arc::clone(&stream), &schema);
+            async move {
+                let (mut inputs, mut want) = (Vec::new(), Vec::new());
+                for k in 0..parts as i64 {
+                    // No NULLs: one launch per part for the values, one for the cursor.
+                    let values: Vec<Option<i64>> = (0..40).map(|i| Some(100 * k + i)).collect();
+                    let keep: Vec<u8> = (0..40).map(|i| u8::from(i % (k + 2) == 0)).collect();
+                    want.extend(
+                        values
+                            .iter()
+                            .zip(&keep)
+                            .filter(|(_, k)| **k == 1)
+                            .map(|(v, _)| *v),
+                    );
+                    inputs.push(Ok(device_counted(&stream, schema, values, &keep)));
+                }
+                let input: DeviceBatchStream = Box::pin(futures::stream::iter(inputs));
+                let before = device.counters();
+                let out: Vec<DeviceBatch> = merge_small_batches(
+                    input,
+                    Arc::clone(schema),
+                    64 * 1024,
+                    Arc::clone(&stream),
+                    KeepsCounts::always(),
+                )
+                .try_collect()
+                .await
+                .unwrap();
+                let syncs = (device.counters() - before).host_syncs;
+                let on_device = out.iter().all(|b| b.host_rows().is_none());
+                assert_eq!(ints(&stream, &out), want, "{parts} parts");
+                (out.len(), syncs, on_device)
+            }
+        };
+        // Two parts: 4 launches, cheaper than a readback; one part passes as it is.
+        assert_eq!(run(2).await, (1, 0, true));
+        assert_eq!(run(1).await, (1, 0, true));
+        // Three parts: 6 launches cost more than the readback they would save.
+        assert_eq!(run(3).await, (1, 1, false));
     }
 
     /// For an operator that collects its input, only the device-counted batches merge: the

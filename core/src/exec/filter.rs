@@ -35,6 +35,7 @@ use futures::StreamExt;
 use spate_kernels::Stream as DeviceStream;
 use spate_kernels::compact::{self, Mask};
 
+use super::batching::KeepsCounts;
 use super::device_counts::Settlement;
 use super::{
     DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, gpu_context, per_batch_input,
@@ -273,7 +274,14 @@ impl GpuFilterExec {
             .generated_kernel(&self.kernel.source, &self.kernel.entry)
             .map_err(to_df)?;
         let transfer = TransferMetrics::new(&self.metrics, partition);
-        let input = per_batch_input(self.cpu.input(), partition, &context, &stream, &transfer)?;
+        let input = per_batch_input(
+            self.cpu.input(),
+            partition,
+            &context,
+            &stream,
+            &transfer,
+            KeepsCounts::always(),
+        )?;
         let state = FilterState {
             input,
             stream,

@@ -486,6 +486,7 @@ pub(crate) fn per_batch_input(
     context: &Arc<TaskContext>,
     stream: &Arc<DeviceStream>,
     metrics: &TransferMetrics,
+    keeps_counts: batching::KeepsCounts,
 ) -> DFResult<DeviceBatchStream> {
     merged_input(
         input,
@@ -493,7 +494,9 @@ pub(crate) fn per_batch_input(
         context,
         stream,
         metrics,
-        batching::merge_small_batches,
+        |input, schema, target, stream| {
+            batching::merge_small_batches(input, schema, target, stream, keeps_counts)
+        },
     )
 }
 
@@ -526,7 +529,7 @@ fn merged_input(
     context: &Arc<TaskContext>,
     stream: &Arc<DeviceStream>,
     metrics: &TransferMetrics,
-    merge: fn(DeviceBatchStream, SchemaRef, usize, Arc<DeviceStream>) -> DeviceBatchStream,
+    merge: impl FnOnce(DeviceBatchStream, SchemaRef, usize, Arc<DeviceStream>) -> DeviceBatchStream,
 ) -> DFResult<DeviceBatchStream> {
     let batches = device_input(input, partition, context, stream, metrics)?;
     if as_gpu_exec(input.as_ref()).is_none() {

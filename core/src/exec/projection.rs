@@ -25,6 +25,7 @@ use datafusion::physical_plan::{
 use futures::StreamExt;
 use spate_kernels::Stream as DeviceStream;
 
+use super::batching::KeepsCounts;
 use super::device_counts::Settlement;
 use super::filter::GpuFilterExec;
 use super::{
@@ -236,7 +237,14 @@ impl GpuExec for GpuProjectionExec {
             })));
         }
         let transfer = TransferMetrics::new(&self.metrics, partition);
-        let input = per_batch_input(self.cpu.input(), partition, &context, &stream, &transfer)?;
+        let input = per_batch_input(
+            self.cpu.input(),
+            partition,
+            &context,
+            &stream,
+            &transfer,
+            KeepsCounts::always(),
+        )?;
         Ok(Box::pin(input.map(move |batch| {
             let batch = batch?;
             let _timer = baseline.elapsed_compute().timer();

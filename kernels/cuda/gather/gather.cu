@@ -271,3 +271,54 @@ SPATE_EXPORT(copy_bitmap)
 
 SPATE_ADD_OFFSETS(i32)
 SPATE_ADD_OFFSETS(i64)
+
+/**
+ * @brief Appends the rows of one part to a batch being merged, at a row cursor on the device.
+ *
+ * append_bytes copies the part's first live_rows(live, n) rows of `width` bytes to row
+ * `*cursor` of `dst`; append_bitmap sets their bits (validity, or boolean values) at bit
+ * `*cursor` of `dst`; append_advance adds the part's row count to `*cursor`. Launched in that
+ * order on one stream, part after part, they concatenate parts whose counts the host never
+ * reads: the merged batch's count is the cursor.
+ *
+ * @param src         the part's values (bytes) or bitmap (null: every row set)
+ * @param src_offset  bit offset of row 0 in the source bitmap
+ * @param width       bytes per row
+ * @param live        the part's device row count (see live_rows), or null for `n` rows
+ * @param n           the part's bound
+ * @param cursor      the merged batch's row count so far (one u32)
+ * @param dst         the merged column, allocated for the sum of the parts' bounds; a bitmap
+ *                    must start zeroed
+ *
+ * Launch: SPATE_BLOCK_THREADS threads, grid-stride over the part's bound (in bytes for
+ *         append_bytes); append_advance runs one thread. No shared memory; append_bitmap uses
+ *         atomicOr, since parts meet inside a word.
+ * Memory: caller allocates `dst` for the sum of the bounds, so no cursor passes it.
+ * Nulls:  validity travels as a bitmap through append_bitmap.
+ * Stream: asynchronous; each launch reads `*cursor` as the one before it left it.
+ */
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) append_bytes(const u8* src, u64 width, const u32* live, u64 n,
+                                                                             const u32* cursor, u8* dst) {
+    const u64 m = spate::live_rows(live, n) * width;
+    const u64 at = (u64)*cursor * width;
+    for (u64 b = spate::global_thread_index(); b < m; b += spate::grid_stride()) dst[at + b] = src[b];
+}
+SPATE_EXPORT(append_bytes)
+
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) append_bitmap(const u8* src, u64 src_offset, const u32* live, u64 n,
+                                                                              const u32* cursor, u32* dst) {
+    const u64 m = spate::live_rows(live, n);
+    const u64 at = (u64)*cursor;
+    for (u64 i = spate::global_thread_index(); i < m; i += spate::grid_stride()) {
+        if (spate::row_is_valid(src, src_offset, i)) {
+            const u64 b = at + i;
+            atomicOr(&dst[b >> 5], 1u << (b & 31));
+        }
+    }
+}
+SPATE_EXPORT(append_bitmap)
+
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) append_advance(const u32* live, u64 n, u32* cursor) {
+    if (spate::global_thread_index() == 0) *cursor += (u32)spate::live_rows(live, n);
+}
+SPATE_EXPORT(append_advance)

@@ -58,6 +58,7 @@ use spate_kernels::gather::bitmap_bytes;
 use spate_kernels::{DeviceBuffer, Kernel, KernelArg, LaunchConfig, Stream as DeviceStream};
 
 use self::codegen::{AggProgram, AggSpec, Out, Slot, SlotKind};
+use super::batching::KeepsCounts;
 use super::{
     DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, collected_input, gpu_context,
     per_batch_input, rebuild_gpu, to_df,
@@ -920,7 +921,14 @@ impl GpuExec for GpuAggregateExec {
         let kernels = Arc::new(kernels);
         let transfer = TransferMetrics::new(&self.metrics, partition);
         let input = if self.plan.per_batch {
-            per_batch_input(self.cpu.input(), partition, &context, &stream, &transfer)?
+            per_batch_input(
+                self.cpu.input(),
+                partition,
+                &context,
+                &stream,
+                &transfer,
+                KeepsCounts::always(),
+            )?
         } else {
             collected_input(self.cpu.input(), partition, &context, &stream, &transfer)?
         };

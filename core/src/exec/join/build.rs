@@ -11,7 +11,7 @@
 //! an event recorded when the build side was complete: building it costs the host no wait.
 
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use spate_kernels::{DeviceBuffer, Event, KernelArg, Stream as DeviceStream};
 
@@ -28,6 +28,13 @@ pub(super) struct BuildSide {
     pub(super) sizes: DeviceBuffer<u32>,
     pub(super) group_start: DeviceBuffer<u32>,
     pub(super) rows_by_group: DeviceBuffer<u32>,
+    /// The largest group's size, on the device, when the join could use it (see
+    /// `ProbeState::probes_unique`).
+    pub(super) largest: Option<DeviceBuffer<u32>>,
+    /// Whether every group is one build row, once a probe read `largest` back (with a pair
+    /// total: no readback of its own). A probe row then matches at most one, so a probe's
+    /// output is no larger than its input and its count can stay on the device.
+    pub(super) unique: OnceLock<bool>,
     /// Per group (per build row with a residual filter), set when a probe row matched it
     /// (left, full, left semi and anti joins).
     pub(super) matched: Option<DeviceBuffer<u32>>,
@@ -113,6 +120,7 @@ pub(super) fn build_side(
     plan: &JoinPlan,
     batch: DeviceBatch,
     track_matches: bool,
+    check_unique: bool,
 ) -> Result<BuildSide> {
     // The grouping kernels size the table by the row count: it must be on the host.
     let batch = batch.resolve(stream)?;
@@ -138,6 +146,12 @@ pub(super) fn build_side(
     )?;
     let groups = grouping.groups.capacity();
     let sizes = stream.alloc_zeroed::<u32>(groups.max(1))?;
+    // Only for a join whose probe could use it (`ProbeState::probes_unique`).
+    let largest = if check_unique {
+        Some(stream.alloc_zeroed::<u32>(1)?)
+    } else {
+        None
+    };
     launch(
         stream,
         kernels.get("bcount")?,
@@ -146,6 +160,7 @@ pub(super) fn build_side(
             (&grouping.gid).into(),
             KernelArg::U64(n as u64),
             (&sizes).into(),
+            largest.as_ref().into(),
         ],
     )?;
     let group_start = spate_kernels::scan::exclusive_sum(stream, sizes.as_slice())?;
@@ -178,6 +193,8 @@ pub(super) fn build_side(
         sizes,
         group_start,
         rows_by_group,
+        largest,
+        unique: OnceLock::new(),
         matched,
         probe_has_null: AtomicBool::new(false),
         probe_non_empty: AtomicBool::new(false),

@@ -4,7 +4,8 @@
 //! are the build side's keys, `p` columns the probe side's):
 //! - `hash`, `build`, `flags`, `assign`: the build side's table and its groups of equal keys,
 //!   as for aggregation (see `exec::aggregate::codegen`).
-//! - `bcount(const u32* gid, u64 n, u32* sizes)`: rows per group.
+//! - `bcount(const u32* gid, u64 n, u32* sizes, u32* largest)`: rows per group, and the
+//!   largest group's size (`largest` starts at 0; null: not wanted).
 //! - `bscatter(const u32* gid, u64 n, const u32* group_start, u32* fill, u32* rows_by_group)`:
 //!   the build rows listed group by group (CSR), `group_start` being the scan of `sizes`.
 //! - `probe(p…, k…, const u32* live, u64 n, const u64* bhashes, const u32* table, u64 mask,
@@ -22,6 +23,10 @@
 //!   over the whole grid instead of one thread (load-balanced expansion, as in ModernGPU's
 //!   "load-balancing search"). An unmatched probe row of an outer join (a count of one)
 //!   pairs with `SPATE_NULL_INDEX`.
+//! - `ubuild(const u32* probe_rows, const u32* live, u64 n, const u32* pgroup,
+//!   const u32* group_start, const u32* rows_by_group, u32* out_build)`: for a build side whose
+//!   groups are single rows, the build row of each matched probe row in `probe_rows` (the first
+//!   `*live` of `n`; the rest are not written).
 //! - `cuts(const u64* offsets, u64 row_lo, u64 row_hi, u64 pairs_hi, u64 pairs_lo, u64 step,
 //!   u64 cuts, u64* out)`: where chunks of about `step` pairs start, at whole probe rows:
 //!   for cut `c`, the first row whose pairs start at or after `pairs_lo + (c + 1) * step`,
@@ -50,8 +55,12 @@ pub(super) struct JoinProgram {
 
 const FIXED: &str = r#"#define SPATE_JOIN_NONE 0xFFFFFFFFu
 
-extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_bcount(const u32* gid, u64 n, u32* sizes) {
-    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) atomicAdd(&sizes[gid[i]], 1u);
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_bcount(const u32* gid, u64 n, u32* sizes, u32* largest) {
+    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {
+        const u32 size = atomicAdd(&sizes[gid[i]], 1u) + 1u;
+        // Sizes only grow, so the last add to a group raises `largest` to its size.
+        if (largest != nullptr) atomicMax(largest, size);
+    }
 }
 SPATE_EXPORT(ENTRY_bcount)
 
@@ -79,6 +88,13 @@ extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_pairs(co
     }
 }
 SPATE_EXPORT(ENTRY_pairs)
+
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_ubuild(const u32* probe_rows, const u32* live, u64 n, const u32* pgroup, const u32* group_start, const u32* rows_by_group, u32* out_build) {
+    const u64 m = spate::live_rows(live, n);
+    for (u64 j = spate::global_thread_index(); j < m; j += spate::grid_stride())
+        out_build[j] = rows_by_group[group_start[pgroup[probe_rows[j]]]];
+}
+SPATE_EXPORT(ENTRY_ubuild)
 
 extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_cuts(const u64* offsets, u64 row_lo, u64 row_hi, u64 pairs_hi, u64 pairs_lo, u64 step, u64 cuts, u64* out) {
     for (u64 c = spate::global_thread_index(); c < cuts; c += spate::grid_stride()) {
@@ -185,8 +201,8 @@ SPATE_EXPORT(ENTRY_probe)
 "#
     );
     let names: Vec<String> = [
-        "hash", "build", "flags", "assign", "bcount", "bscatter", "probe", "pairs", "cuts",
-        "shift", "pmask", "bmask", "mark", "fmask",
+        "hash", "build", "flags", "assign", "bcount", "bscatter", "probe", "pairs", "ubuild",
+        "cuts", "shift", "pmask", "bmask", "mark", "fmask",
     ]
     .iter()
     .map(|n| n.to_string())

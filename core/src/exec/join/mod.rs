@@ -49,11 +49,12 @@ use self::build::{BuildSide, build_side};
 use self::codegen::JoinProgram;
 use self::probe::ProbeState;
 use super::aggregate::Kernels;
+use super::batching::KeepsCounts;
 use super::{
     DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, collected_input, gpu_context,
     per_batch_input, to_df,
 };
-use crate::column::{DeviceBatch, Gather, concat_device_batches, gather_columns};
+use crate::column::{DeviceBatch, Gather, RowCount, concat_device_batches, gather_batch};
 use crate::config::SpateOptions;
 use crate::error::{Result, SpateError};
 use crate::expr::{DevType, PredicateKernel, Unsupported, predicate_kernel};
@@ -273,6 +274,14 @@ impl GpuHashJoinExec {
     }
 }
 
+/// Whether a probe of unique build keys makes at most one output row per probe row, and only
+/// for a matched one (inner and left joins without a filter): then the probe leaves its
+/// output's count on the device (`ProbeState::probe_unique`), and the build checks whether
+/// its keys are unique.
+fn may_probe_unique(join_type: JoinType, plan: &JoinPlan) -> bool {
+    plan.filter.is_none() && matches!(join_type, JoinType::Inner | JoinType::Left)
+}
+
 /// The join's output columns from the build rows `build` and probe rows `probe` (either side
 /// absent for semi and anti joins), with the embedded projection applied.
 #[allow(clippy::too_many_arguments)]
@@ -283,6 +292,27 @@ fn assemble(
     build: Option<(&DeviceBatch, DeviceSlice<'_, u32>, bool)>,
     probe: Option<(&DeviceBatch, DeviceSlice<'_, u32>, bool)>,
     rows: usize,
+) -> Result<DeviceBatch> {
+    assemble_counted(
+        stream,
+        schema,
+        projection,
+        build,
+        probe,
+        &RowCount::Host(rows),
+    )
+}
+
+/// [`assemble`] for pairs whose count is `rows`: the indices are `rows.bound()` long, and only
+/// the first `rows` of them are pairs. A device count stays on the device unless string
+/// columns read their totals back (see `column::gather_counted`).
+fn assemble_counted(
+    stream: &DeviceStream,
+    schema: &SchemaRef,
+    projection: Option<&[usize]>,
+    build: Option<(&DeviceBatch, DeviceSlice<'_, u32>, bool)>,
+    probe: Option<(&DeviceBatch, DeviceSlice<'_, u32>, bool)>,
+    rows: &RowCount,
 ) -> Result<DeviceBatch> {
     let build_width = build.map_or(0, |(b, _, _)| b.columns().len());
     let probe_width = probe.map_or(0, |(p, _, _)| p.columns().len());
@@ -308,9 +338,8 @@ fn assemble(
             Gather::rows(column, indices)
         });
     }
-    // One readback for the byte totals of all the string columns.
-    let columns = gather_columns(stream, &gathers)?;
-    DeviceBatch::try_new(Arc::clone(schema), columns, rows)
+    // One readback for the byte totals of all the string columns (and a device count).
+    gather_batch(stream, Arc::clone(schema), &gathers, rows)
 }
 
 impl DisplayAs for GpuHashJoinExec {
@@ -402,6 +431,7 @@ impl GpuExec for GpuHashJoinExec {
         let build_stream = Arc::clone(&stream);
         let build_transfer = transfer.clone();
         let track = emits_build_rows(join_type);
+        let check_unique = may_probe_unique(join_type, &self.plan);
         let build = async move {
             let make = |stream: Arc<DeviceStream>, left_partition: usize| async move {
                 let input = collected_input(
@@ -413,8 +443,15 @@ impl GpuExec for GpuHashJoinExec {
                 )?;
                 let batches: Vec<DeviceBatch> = input.try_collect().await?;
                 let all = concat_device_batches(&stream, &left_schema, batches).map_err(to_df)?;
-                let side =
-                    build_side(&stream, &build_kernels, &build_plan, all, track).map_err(to_df)?;
+                let side = build_side(
+                    &stream,
+                    &build_kernels,
+                    &build_plan,
+                    all,
+                    track,
+                    check_unique,
+                )
+                .map_err(to_df)?;
                 DFResult::Ok(Arc::new(side))
             };
             if collect_left {
@@ -427,7 +464,17 @@ impl GpuExec for GpuHashJoinExec {
                 make(build_stream, partition).await
             }
         };
-        let probe = per_batch_input(self.right(), partition, &context, &stream, &transfer)?;
+        // Whether the probe keeps its input's counts on the device is known once the build
+        // keys are known to be unique (or not).
+        let keeps_counts = KeepsCounts::later();
+        let probe = per_batch_input(
+            self.right(),
+            partition,
+            &context,
+            &stream,
+            &transfer,
+            keeps_counts.clone(),
+        )?;
         let pending = collect_left.then(|| Arc::clone(&self.pending));
         let state = (
             ProbeState {
@@ -449,6 +496,9 @@ impl GpuExec for GpuHashJoinExec {
                 batch_bytes: SpateOptions::gpu_batch_bytes(context.session_config().options()),
                 chunks: None,
                 wide_probe_strings: Vec::new(),
+                settlement: crate::exec::device_counts::Settlement::of(&self.metrics, partition),
+                keeps_counts,
+                totals_read: 0,
             },
             Some(Box::pin(build)
                 as std::pin::Pin<
@@ -467,7 +517,7 @@ impl GpuExec for GpuHashJoinExec {
                         side.order_before(&s.stream).map_err(to_df)?;
                         Ok(side)
                     }) {
-                        Ok(side) => s.build = Some(side),
+                        Ok(side) => s.set_build(side),
                         Err(e) => return Some((Err(e), (s, None, probe, true))),
                     }
                 }

@@ -14,6 +14,14 @@
 //! readback of all the gathered string columns' byte totals, when there are string columns
 //! (`column::gather_columns`; with a residual filter, one for the filter's input columns and
 //! one for the output).
+//!
+//! Except for inner and left joins without a filter on unique build keys: a probe row then
+//! makes at most one output row, so a probe batch's output fits its own bound, and it is
+//! compacted on the device as a filter's is, its count left there (`probe_unique`): no
+//! readback at all, unless string columns bring the count back with their totals. Whether
+//! the keys are unique is learnt without a readback of its own: the build side keeps its
+//! largest group's size on the device, and the second probe batch reads it back with its pair
+//! total (most probes have one batch, and would only pay the bytes).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -26,12 +34,15 @@ use spate_kernels::compact::{self, Mask};
 use spate_kernels::{DeviceBuffer, DeviceSlice, KernelArg, Stream as DeviceStream};
 
 use super::build::BuildSide;
-use super::{JoinPlan, assemble};
+use super::{JoinPlan, assemble, assemble_counted};
 use crate::column::{
-    DeviceBatch, DeviceBytes, DeviceColumn, DeviceValues, Gather, gather_columns, upload_batch,
+    DeviceBatch, DeviceBytes, DeviceColumn, DeviceCount, DeviceValues, Gather, RowCount,
+    gather_columns, upload_batch,
 };
 use crate::error::{Result, SpateError};
 use crate::exec::aggregate::{Kernels, launch};
+use crate::exec::batching::KeepsCounts;
+use crate::exec::device_counts::Settlement;
 use crate::expr::{column_args, evaluate_predicate};
 
 pub(super) struct ProbeState {
@@ -56,6 +67,13 @@ pub(super) struct ProbeState {
     pub(super) batch_bytes: usize,
     /// The rest of the current probe batch's output.
     pub(super) chunks: Option<Chunks>,
+    /// Where `output_rows` waits for the counts of outputs left on the device.
+    pub(super) settlement: Settlement,
+    /// Set with the build side: whether the probe input's merge may leave counts on the
+    /// device (the probe of unique keys keeps them there).
+    pub(super) keeps_counts: KeepsCounts,
+    /// Probe batches whose pair total was read back.
+    pub(super) totals_read: usize,
     /// The probe columns that came as strings with 64-bit offsets (computed strings do, even
     /// for a `Utf8` field): the all-NULL probe side of unmatched build rows takes the same
     /// layout, so that every output batch stores a column alike.
@@ -112,6 +130,59 @@ fn row_bytes<'a>(columns: impl Iterator<Item = &'a DeviceColumn>) -> usize {
 }
 
 impl ProbeState {
+    /// Takes the build side, once it is ready, before the first probe batch.
+    pub(super) fn set_build(&mut self, side: Arc<BuildSide>) {
+        self.build = Some(side);
+        self.keeps_counts.set(self.probes_unique());
+    }
+
+    /// The pair total of a probe batch's match `counts` and their exclusive scan. From the
+    /// second probe batch on, while the build side's uniqueness is not known, its largest
+    /// group size comes back in the same transfer, and once it is unique the probes after this
+    /// one leave their counts on the device. (Not with the first: most probes have one batch,
+    /// and those would only pay the bytes.)
+    fn pair_total(
+        &self,
+        build: &BuildSide,
+        counts: DeviceSlice<'_, u64>,
+    ) -> Result<(DeviceBuffer<u64>, u64)> {
+        let s = &self.stream;
+        let largest = match &build.largest {
+            Some(l)
+                if self.totals_read > 0 && build.unique.get().is_none() && !counts.is_empty() =>
+            {
+                l
+            }
+            _ => return Ok(spate_kernels::scan::exclusive_sum_with_total(s, counts)?),
+        };
+        let total = s.alloc::<u64>(1)?;
+        let offsets =
+            spate_kernels::scan::exclusive_sum_total_on_device(s, counts, total.as_slice())?;
+        let mut staging = s.device().pinned(12)?;
+        s.download_pinned_at(total.as_slice(), &mut staging, 0)?;
+        s.download_pinned_at(largest.as_slice(), &mut staging, 8)?;
+        let host = staging.as_bytes()?;
+        let word = |at: usize, n: usize| {
+            host[at..at + n]
+                .iter()
+                .rev()
+                .fold(0u64, |v, &b| (v << 8) | u64::from(b))
+        };
+        let _ = build.unique.set(word(8, 4) <= 1);
+        self.keeps_counts.set(self.probes_unique());
+        Ok((offsets, word(0, 8)))
+    }
+
+    /// Whether each probe row makes at most one output row, and only a matched one: inner and
+    /// left joins on unique build keys, without a filter. Such a probe leaves its output's
+    /// count on the device (`probe_unique`).
+    fn probes_unique(&self) -> bool {
+        self.build
+            .as_ref()
+            .is_some_and(|b| b.unique.get() == Some(&true))
+            && super::may_probe_unique(self.join_type, &self.plan)
+    }
+
     pub(super) fn build(&self) -> Result<&BuildSide> {
         self.build.as_deref().ok_or_else(|| SpateError::Internal {
             message: "a GPU join probed before its build side was ready".into(),
@@ -135,13 +206,11 @@ impl ProbeState {
         let _timer = compute.timer();
         let s = Arc::clone(&self.stream);
         let s = &s;
-        // The probe kernel stops at a device row count, and the pair total it sums is read
-        // back anyway, so the count need not come to the host. (Today the batch merge before
-        // the probe reads counts back, so no such batch arrives; this is the probe's half of
-        // the contract for when it does.) Except where the probe rows
-        // without a match are selected later (right semi and anti joins, and right and full
-        // joins with a filter, by flags), or a NULL key is looked for (NOT IN): those joins
-        // resolve it first.
+        // The probe kernel stops at a device row count (a probe of unique keys gets such
+        // batches from its merge), and the pair total it sums is read back anyway, so the
+        // count need not come to the host. Except where the probe rows without a match are
+        // selected later (right semi and anti joins, and right and full joins with a filter,
+        // by flags), or a NULL key is looked for (NOT IN): those joins resolve it first.
         let resolve = self.null_aware
             || match self.join_type {
                 JoinType::RightSemi | JoinType::RightAnti => true,
@@ -207,6 +276,11 @@ impl ProbeState {
             },
         ]);
         launch(s, self.kernels.get("probe")?, n, &args)?;
+        // A probe row makes at most one pair, and only matched rows make one: the output is
+        // the matched rows, compacted on the device like a filter's.
+        if self.probes_unique() {
+            return self.probe_unique(batch, &pgroup, &build);
+        }
         if !filtered {
             match self.join_type {
                 JoinType::LeftSemi | JoinType::LeftAnti => return Ok(None),
@@ -216,8 +290,8 @@ impl ProbeState {
                 _ => {}
             }
         }
-        let (offsets, total) =
-            spate_kernels::scan::exclusive_sum_with_total(s, counts.slice(..n)?)?;
+        let (offsets, total) = self.pair_total(&build, counts.slice(..n)?)?;
+        self.totals_read += 1;
         let total = total as usize;
         let needs_flags = filtered
             && matches!(
@@ -549,6 +623,78 @@ impl ProbeState {
         }
     }
 
+    /// Inner and left joins on a build side of unique keys, without a filter: each matched
+    /// probe row with its one build row. The pair count stays on the device (nothing waits),
+    /// unless string columns read their byte totals back with it.
+    fn probe_unique(
+        &self,
+        batch: &DeviceBatch,
+        pgroup: &DeviceBuffer<u32>,
+        build: &BuildSide,
+    ) -> Result<Option<DeviceBatch>> {
+        let s = &self.stream;
+        let n = batch.bound();
+        if n == 0 {
+            return Ok(None);
+        }
+        // Rows past the batch's device count have no group, so they are not kept.
+        let mask = s.alloc::<u8>(n)?;
+        launch(
+            s,
+            self.kernels.get("pmask")?,
+            n,
+            &[
+                pgroup.into(),
+                KernelArg::U64(n as u64),
+                KernelArg::U32(1),
+                (&mask).into(),
+            ],
+        )?;
+        let word = DeviceCount::new(s.alloc::<u32>(1)?)?;
+        let probe_rows = compact::select_indices_on_device(
+            s,
+            Mask::Bytes(mask.as_slice()),
+            None,
+            n,
+            word.as_slice(),
+        )?;
+        let build_rows = s.alloc::<u32>(n)?;
+        launch(
+            s,
+            self.kernels.get("ubuild")?,
+            n,
+            &[
+                (&probe_rows).into(),
+                word.as_slice().into(),
+                KernelArg::U64(n as u64),
+                pgroup.into(),
+                (&build.group_start).into(),
+                (&build.rows_by_group).into(),
+                (&build_rows).into(),
+            ],
+        )?;
+        let rows = RowCount::Device { bound: n, word };
+        let out = assemble_counted(
+            s,
+            &self.schema,
+            self.projection.as_deref(),
+            Some((&build.batch, build_rows.as_slice(), false)),
+            Some((batch, probe_rows.as_slice(), false)),
+            &rows,
+        )?;
+        match out.row_count() {
+            // The string totals brought the count back.
+            RowCount::Host(0) => Ok(None),
+            RowCount::Host(_) => Ok(Some(out)),
+            RowCount::Device { word, .. } => {
+                // Whoever reads the count back adds it to `output_rows`.
+                self.settlement
+                    .count_rows(word, self.baseline.output_rows(), &self.stream);
+                Ok(Some(out))
+            }
+        }
+    }
+
     /// Right semi and anti joins without a filter: the probe rows that did (not) match.
     fn probe_semi(
         &self,
@@ -721,7 +867,10 @@ impl ProbeState {
 
     /// Counts an output batch.
     pub(super) fn record(&self, batch: &DeviceBatch) {
-        self.baseline.record_output(batch.bound());
+        // A count on the device is added when it is read (`probe_unique`).
+        if let Some(rows) = batch.host_rows() {
+            self.baseline.record_output(rows);
+        }
         self.baseline.output_batches().add(1);
         self.largest_output_bytes.set_max(batch.device_bytes());
     }
@@ -731,7 +880,8 @@ impl ProbeState {
         let Some(remaining) = self.remaining.as_mut() else {
             return Ok(Some(batch));
         };
-        // A probe's output has its count on the host (its pair total).
+        // Under a fetch the host counts, to stop at it.
+        let batch = batch.resolve(&self.stream)?;
         let rows = batch.bound().min(*remaining);
         *remaining -= rows;
         if rows == 0 {
