@@ -41,7 +41,7 @@ const MAX_ROWS: usize = 1 << 31;
 const MAX_UNCOUNTED: usize = 64;
 
 /// Whether the operator after a merge keeps a batch's row count on the device (a filter, a
-/// projection, an ungrouped aggregation, a probe of unique keys). Then device-counted batches
+/// projection, a probe of unique keys). Then device-counted batches
 /// are appended on the device, and nothing is read back. An operator that reads something back
 /// for every batch anyway (a probe that sums its matches) is better served by fewer, fuller
 /// batches: their counts are read back, and they merge exactly. A join knows which it is only
@@ -59,6 +59,12 @@ impl KeepsCounts {
     /// For an operator that decides later ([`KeepsCounts::set`]); until then, it does not.
     pub(crate) fn later() -> Self {
         KeepsCounts(Arc::new(AtomicBool::new(false)))
+    }
+
+    /// For an operator that reads every batch's count back (a partial aggregation sizes its
+    /// table by it): the merge reads a group's counts together instead.
+    pub(crate) fn never() -> Self {
+        Self::later()
     }
 
     pub(crate) fn set(&self, keeps: bool) {

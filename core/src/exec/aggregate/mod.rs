@@ -927,7 +927,7 @@ impl GpuExec for GpuAggregateExec {
                 &context,
                 &stream,
                 &transfer,
-                KeepsCounts::always(),
+                KeepsCounts::never(),
             )?
         } else {
             collected_input(self.cpu.input(), partition, &context, &stream, &transfer)?
