@@ -365,3 +365,60 @@ async fn unique_probe(batches: usize, partitions: usize) -> (usize, usize) {
         metric(&plan, "GpuHashJoinExec", "host_syncs"),
     )
 }
+
+/// A join whose probe keeps its output's count on the device counts that output's rows once,
+/// also under a LIMIT, which reads the count back to stop at it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unique_probe_under_a_limit_counts_its_rows_once() {
+    let setup = |backend| {
+        let e = engine(backend, 1);
+        e.register_batches("u", vec![table("u", 250, 250)]).unwrap();
+        // The first three probe batches match nothing, so the limit is not reached before the
+        // join knows its keys are unique; each later one matches 250 rows.
+        let probe: Vec<RecordBatch> = (0..8)
+            .map(|b| {
+                let t = table("q", 400, 500);
+                let offset = if b < 3 { 10_000 } else { 0 };
+                let keys = Int64Array::from_iter_values((0..400).map(|i| i + offset));
+                let mut columns = t.columns().to_vec();
+                columns[0] = Arc::new(keys);
+                RecordBatch::try_new(t.schema(), columns).unwrap()
+            })
+            .collect();
+        e.register_batches("q", probe).unwrap();
+        e
+    };
+    let gpu = setup(Backend::Emulated);
+    for sql in [
+        "SET spate.gpu.batch_bytes = 16384",
+        "SET spate.gpu.fallback = 'error'",
+        "CACHE TABLE u",
+        "CACHE TABLE q",
+    ] {
+        gpu.collect(sql).await.unwrap();
+    }
+    let sql = "SELECT u_v, q_v FROM u JOIN q ON u_k = q_k LIMIT 600";
+    let rows: usize = gpu
+        .collect(sql)
+        .await
+        .unwrap()
+        .iter()
+        .map(RecordBatch::num_rows)
+        .sum();
+    assert_eq!(rows, 600);
+    let plan = ordered(
+        &gpu.collect(&format!("EXPLAIN ANALYZE {sql}"))
+            .await
+            .unwrap(),
+    )
+    .join("\n");
+    assert!(
+        plan.contains("fetch=600"),
+        "the limit is the join's: {plan}"
+    );
+    assert_eq!(
+        metric(&plan, "GpuHashJoinExec", "output_rows"),
+        600,
+        "{plan}"
+    );
+}

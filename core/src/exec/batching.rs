@@ -11,7 +11,12 @@
 //! to its bound, so its size is known only once its count is read back. Such batches wait,
 //! up to the target's worth of their bounds (or 64 of them), and their counts come back in one
 //! transfer: one host synchronisation for the group, not one per batch. Then they merge as
-//! the others do.
+//! the others do. Before an operator that keeps counts on the device ([`KeepsCounts`]) nothing
+//! need come back: a lone one passes as it is, and a group is appended on the device into room
+//! for all their bounds (`column::append_device_batches`), its count left there, where the
+//! append's launches cost less than the readback it saves. (The bound is the price: such a
+//! merged batch holds its parts' allocations' worth until its consumer drops it, which the
+//! launch limit keeps to a few narrow parts.)
 //!
 //! Batches of at least a quarter of the target pass through as they are (a device-counted one
 //! as a view of its first rows), since they are worth a launch, and copying them would cost
@@ -243,7 +248,10 @@ impl Merging {
                 [one] => Some(one.clone()),
                 // Launches cost too (`crate::model`): an append dearer than the one readback
                 // it saves does not pay.
-                parts if append_launches(parts) as f64 * LAUNCH_SECONDS <= SYNC_SECONDS => {
+                parts
+                    if append_launches(parts) as f64 * LAUNCH_SECONDS <= SYNC_SECONDS
+                        && parts.iter().map(DeviceBatch::bound).sum::<usize>() <= MAX_ROWS =>
+                {
                     append_device_batches(&self.stream, &self.schema, parts).map_err(|e| {
                         self.fail();
                         to_df(e)

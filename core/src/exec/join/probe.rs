@@ -279,6 +279,8 @@ impl ProbeState {
         // A probe row makes at most one pair, and only matched rows make one: the output is
         // the matched rows, compacted on the device like a filter's.
         if self.probes_unique() {
+            // Another partition may have learnt it: this one's merge keeps counts from now on.
+            self.keeps_counts.set(true);
             return self.probe_unique(batch, &pgroup, &build);
         }
         if !filtered {
@@ -682,17 +684,8 @@ impl ProbeState {
             Some((batch, probe_rows.as_slice(), false)),
             &rows,
         )?;
-        match out.row_count() {
-            // The string totals brought the count back.
-            RowCount::Host(0) => Ok(None),
-            RowCount::Host(_) => Ok(Some(out)),
-            RowCount::Device { word, .. } => {
-                // Whoever reads the count back adds it to `output_rows`.
-                self.settlement
-                    .count_rows(word, self.baseline.output_rows(), &self.stream);
-                Ok(Some(out))
-            }
-        }
+        // The string totals may have brought the count back.
+        Ok((out.host_rows() != Some(0)).then_some(out))
     }
 
     /// Right semi and anti joins without a filter: the probe rows that did (not) match.
@@ -867,9 +860,13 @@ impl ProbeState {
 
     /// Counts an output batch.
     pub(super) fn record(&self, batch: &DeviceBatch) {
-        // A count on the device is added when it is read (`probe_unique`).
-        if let Some(rows) = batch.host_rows() {
-            self.baseline.record_output(rows);
+        match batch.row_count() {
+            RowCount::Host(rows) => self.baseline.record_output(*rows),
+            // Whoever reads the count back adds it (`probe_unique`'s output).
+            RowCount::Device { word, .. } => {
+                self.settlement
+                    .count_rows(word, self.baseline.output_rows(), &self.stream)
+            }
         }
         self.baseline.output_batches().add(1);
         self.largest_output_bytes.set_max(batch.device_bytes());
