@@ -120,20 +120,17 @@ pub fn append_device_batches(
     )?))
 }
 
-/// The kernel launches [`append_device_batches`] makes for `batches`: one per column and
-/// validity bitmap of each part, and one per part to move the cursor.
+/// The kernel launches [`append_device_batches`] makes for `batches`: for each part, one per
+/// column, one per column with a validity bitmap in any part, and one to move the cursor.
 pub fn append_launches(batches: &[DeviceBatch]) -> usize {
-    batches
-        .iter()
-        .map(|b| {
-            let bitmaps = b
-                .columns()
-                .iter()
-                .filter(|c| c.validity().is_some())
-                .count();
-            b.columns().len() + bitmaps + 1
-        })
-        .sum()
+    let Some(first) = batches.first() else {
+        return 0;
+    };
+    let columns = first.columns().len();
+    let bitmaps = (0..columns)
+        .filter(|&c| batches.iter().any(|b| b.columns()[c].validity().is_some()))
+        .count();
+    batches.len() * (columns + bitmaps + 1)
 }
 
 /// One column of [`append_device_batches`] while its parts are appended.

@@ -69,8 +69,8 @@ pub(super) struct ProbeState {
     pub(super) chunks: Option<Chunks>,
     /// Where `output_rows` waits for the counts of outputs left on the device.
     pub(super) settlement: Settlement,
-    /// Set with the build side: whether the probe input's merge may leave counts on the
-    /// device (the probe of unique keys keeps them there).
+    /// Whether the probe input's merge may leave counts on the device: set once the probe
+    /// knows its build keys are unique (a probe of unique keys keeps them there).
     pub(super) keeps_counts: KeepsCounts,
     /// Probe batches whose pair total was read back.
     pub(super) totals_read: usize,
