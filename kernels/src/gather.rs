@@ -247,128 +247,113 @@ pub fn copy_bitmap(
     }
 }
 
-/// Appends the first `*live` rows (all `n` without `live`) of `src`, `n` values of `width`
-/// bytes, to `dst` at row `*cursor`: one step of a concatenation whose counts stay on the
-/// device. Nothing waits. The caller's contract, which nothing checks on the host: `dst`
-/// holds as many rows as the bounds of every part appended to it, so no cursor passes its end.
-/// [`append_advance`] then moves the cursor past the part.
-pub fn append_bytes(
-    stream: &Stream,
-    src: DeviceSlice<'_, u8>,
-    width: usize,
-    live: Option<DeviceSlice<'_, u32>>,
-    n: usize,
-    cursor: DeviceSlice<'_, u32>,
-    dst: &mut DeviceBuffer<u8>,
-) -> Result<()> {
-    ensure_arg!(
-        src.len() >= n * width,
-        "an append of {n} rows of {width} bytes from {} bytes",
-        src.len()
-    );
-    ensure_arg!(
-        n * width <= dst.len(),
-        "an append of {n} rows of {width} bytes into {} bytes",
-        dst.len()
-    );
-    ensure_arg!(
-        cursor.len() == 1,
-        "an append cursor of {} words",
-        cursor.len()
-    );
-    if n * width == 0 {
-        return Ok(());
-    }
-    let kernel = stream.device().kernel("append_bytes")?;
-    // SAFETY: `src` holds the part's rows (checked); `dst` has room past every cursor (the
-    // caller's contract above).
-    unsafe {
-        stream.launch(
-            &kernel,
-            grid(stream, n * width),
-            &[
-                src.into(),
-                KernelArg::U64(width as u64),
-                live_arg(live),
-                KernelArg::U64(n as u64),
-                cursor.into(),
-                dst.into(),
-            ],
-        )
-    }
+/// The most parts one [`append_parts`] launch takes (`SPATE_APPEND_PARTS` in `gather.cu`).
+pub const APPEND_PARTS: usize = 16;
+
+/// One part of an [`append_parts`] launch: a column's rows in one batch.
+#[derive(Debug, Clone, Copy)]
+pub struct AppendPart<'a> {
+    /// The part's values (`width` bytes a row), or, for a bitmap, its bitmap (`None`: every
+    /// row set).
+    pub src: Option<DeviceSlice<'a, u8>>,
+    /// For a bitmap, the bit offset of row 0 in `src`.
+    pub src_offset: usize,
+    /// The part's device row count, or `None` when all `n` rows are rows.
+    pub live: Option<DeviceSlice<'a, u32>>,
+    /// The part's bound: the rows `src` holds.
+    pub n: usize,
 }
 
-/// [`append_bytes`] for a bitmap: the first `*live` bits of `src` (`None`: all set) set at bit
-/// `*cursor` of `dst`, which must start zeroed and hold whole 32-bit words.
-pub fn append_bitmap(
+/// Appends the live rows of `parts` (at most [`APPEND_PARTS`]), in order, to `dst` with one
+/// launch: part k lands after the live rows of the parts before it, which the kernel sums from
+/// their count words, so no count comes to the host. `width` is the bytes a row (`None`: the
+/// parts are bitmaps, and `dst` must start zeroed). `dst`, when given, must hold the sum of the
+/// parts' bounds; `count`, when given, gets the merged row count (one u32). Nothing waits.
+pub fn append_parts(
     stream: &Stream,
-    src: Option<DeviceBitmap<'_>>,
-    live: Option<DeviceSlice<'_, u32>>,
-    n: usize,
-    cursor: DeviceSlice<'_, u32>,
-    dst: &mut DeviceBuffer<u8>,
+    width: Option<usize>,
+    parts: &[AppendPart<'_>],
+    dst: Option<&mut DeviceBuffer<u8>>,
+    count: Option<DeviceSlice<'_, u32>>,
 ) -> Result<()> {
     ensure_arg!(
-        dst.len().is_multiple_of(4),
-        "append_bitmap needs whole 32-bit words"
+        parts.len() <= APPEND_PARTS,
+        "an append of {} parts (at most {APPEND_PARTS} a launch)",
+        parts.len()
     );
-    ensure_arg!(
-        n <= dst.len() * 8,
-        "an append of {n} bits into a bitmap of {} bits",
-        dst.len() * 8
-    );
-    ensure_arg!(
-        cursor.len() == 1,
-        "an append cursor of {} words",
-        cursor.len()
-    );
-    if let Some(s) = src {
-        s.check_covers(n, "source")?;
+    let bound: usize = parts.iter().map(|p| p.n).sum();
+    for p in parts {
+        match (width, p.src) {
+            (Some(w), Some(src)) => ensure_arg!(
+                src.len() >= p.n * w,
+                "an append part of {} rows of {w} bytes from {} bytes",
+                p.n,
+                src.len()
+            ),
+            (Some(_), None) if dst.is_some() => ensure_arg!(false, "an append part without values"),
+            (None, Some(src)) => DeviceBitmap::new(src)
+                .with_offset(p.src_offset)
+                .check_covers(p.n, "append part")?,
+            _ => {}
+        }
+        if let Some(live) = p.live {
+            ensure_arg!(
+                live.len() == 1,
+                "an append part's count of {} words",
+                live.len()
+            );
+        }
     }
-    if n == 0 {
+    if let Some(d) = &dst {
+        match width {
+            Some(w) => ensure_arg!(
+                bound * w <= d.len(),
+                "an append of {bound} rows of {w} bytes into {} bytes",
+                d.len()
+            ),
+            None => ensure_arg!(
+                d.len().is_multiple_of(4) && bound <= d.len() * 8,
+                "an append of {bound} bits into {} bytes (whole 32-bit words needed)",
+                d.len()
+            ),
+        }
+    }
+    if let Some(c) = count {
+        ensure_arg!(c.len() == 1, "an append count of {} words", c.len());
+    }
+    if dst.is_none() && count.is_none() {
         return Ok(());
     }
-    let kernel = stream.device().kernel("append_bitmap")?;
-    // SAFETY: `src` covers `n` bits (checked); `dst` has room past every cursor (the caller's
-    // contract of `append_bytes`).
-    unsafe {
-        stream.launch(
-            &kernel,
-            grid(stream, n),
-            &[
-                src.into(),
-                KernelArg::U64(src.map_or(0, |s| s.offset as u64)),
-                live_arg(live),
-                KernelArg::U64(n as u64),
-                cursor.into(),
-                dst.into(),
-            ],
-        )
+    let kernel = stream.device().kernel("append_parts")?;
+    let mut args = Vec::with_capacity(4 + 4 * APPEND_PARTS);
+    args.push(KernelArg::U64(width.unwrap_or(0) as u64));
+    args.push(KernelArg::U32(parts.len() as u32));
+    for k in 0..APPEND_PARTS {
+        match parts.get(k) {
+            Some(p) => args.extend([
+                p.src.map_or_else(KernelArg::null, Into::into),
+                KernelArg::U64(p.src_offset as u64),
+                live_arg(p.live),
+                KernelArg::U64(p.n as u64),
+            ]),
+            None => args.extend([
+                KernelArg::null(),
+                KernelArg::U64(0),
+                KernelArg::null(),
+                KernelArg::U64(0),
+            ]),
+        }
     }
-}
-
-/// Moves the append cursor past a part of `*live` rows (all `n` without `live`), after its
-/// columns were appended.
-pub fn append_advance(
-    stream: &Stream,
-    live: Option<DeviceSlice<'_, u32>>,
-    n: usize,
-    cursor: DeviceSlice<'_, u32>,
-) -> Result<()> {
-    ensure_arg!(
-        cursor.len() == 1,
-        "an append cursor of {} words",
-        cursor.len()
-    );
-    let kernel = stream.device().kernel("append_advance")?;
-    // SAFETY: one thread reads `live` (one u32, or null) and updates `cursor` (one u32).
-    unsafe {
-        stream.launch(
-            &kernel,
-            LaunchConfig::blocks(1),
-            &[live_arg(live), KernelArg::U64(n as u64), cursor.into()],
-        )
-    }
+    args.push(dst.as_deref().map_or_else(KernelArg::null, Into::into));
+    args.push(count.map_or_else(KernelArg::null, Into::into));
+    let largest = parts
+        .iter()
+        .map(|p| p.n * width.unwrap_or(1))
+        .max()
+        .unwrap_or(0);
+    // SAFETY: every part's source covers its bound (checked), and `dst` holds the sum of the
+    // bounds (checked), past which no live count reaches.
+    unsafe { stream.launch(&kernel, grid(stream, largest.max(1)), &args) }
 }
 
 /// Copies string offsets into `dst` at `dst_offset`, adding `delta` to each.

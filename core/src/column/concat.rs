@@ -3,11 +3,10 @@
 
 use std::sync::Arc;
 
-use arrow::datatypes::DataType;
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use spate_kernels::gather::{self as kg, bitmap_bytes};
-use spate_kernels::{DeviceBitmap, DeviceBuffer, Stream};
+use spate_kernels::{DeviceBitmap, Stream};
 
 use super::{
     DeviceBatch, DeviceBytes, DeviceColumn, DeviceCount, DeviceValidity, DeviceValues, RowCount,
@@ -40,12 +39,13 @@ pub fn concat_device_batches(
 }
 
 /// One device batch holding every row of `batches`, in order, without reading any count
-/// back: each part's live rows are appended at a cursor on the device (`append_*` in
-/// `gather.cu`), and the merged batch's count is the cursor, its bound the sum of the parts'
-/// bounds. For parts of fixed-width and boolean columns; `None` when a column holds strings
-/// (a string column's bytes past a device count would have no end the host knows: see
-/// `DeviceColumn::prefix`) or the parts store a column differently, and the caller reads the
-/// counts instead.
+/// back: each column's parts are appended with one launch (`append_parts` in `gather.cu`),
+/// part k after the live rows of the parts before it, and the merged batch's count stays on
+/// the device, its bound the sum of the parts' bounds. For at most
+/// [`kg::APPEND_PARTS`] parts of fixed-width and boolean columns; `None` when a column holds
+/// strings (a string column's bytes past a device count would have no end the host knows:
+/// see `DeviceColumn::prefix`), the parts store a column differently, or there are too many
+/// parts or rows, and the caller reads the counts instead.
 pub fn append_device_batches(
     stream: &Stream,
     schema: &SchemaRef,
@@ -62,66 +62,109 @@ pub fn append_device_batches(
                 && matches!(v, DeviceValues::Fixed { .. } | DeviceValues::Bits { .. })
         })
     });
-    if !appendable {
+    if !appendable || batches.len() > kg::APPEND_PARTS {
         return Ok(None);
     }
     let bound: usize = batches.iter().map(DeviceBatch::bound).sum();
     if bound >= u32::MAX as usize {
-        // Past what the cursor counts.
+        // Past what a u32 count holds.
         return Ok(None);
     }
-    let width = schema.fields().len();
-    // The merged columns, allocated for every part's bound: no cursor passes their end.
-    let mut outs: Vec<Appended> = (0..width)
-        .map(|c| Appended::new(stream, batches, c, bound))
-        .collect::<Result<_>>()?;
-    let cursor = DeviceCount::new(stream.alloc_zeroed::<u32>(1)?)?;
-    let at = cursor.as_slice();
-    // Part by part: the cursor moves once all of a part's columns are appended.
-    for b in batches {
-        let live = b.row_count().live();
-        let n = b.bound();
-        for (column, out) in b.columns().iter().zip(&mut outs) {
-            if let Some(bits) = &mut out.validity {
-                let src = column.validity().map(DeviceValidity::bitmap);
-                kg::append_bitmap(stream, src, live, n, at, bits)?;
-            }
-            match column.values() {
-                DeviceValues::Fixed { bytes, width } => kg::append_bytes(
-                    stream,
-                    bytes.as_slice(),
-                    *width,
-                    live,
-                    n,
-                    at,
-                    &mut out.values,
-                )?,
-                DeviceValues::Bits { bytes, offset } => {
-                    let src = DeviceBitmap::new(bytes.as_slice()).with_offset(*offset);
-                    kg::append_bitmap(stream, Some(src), live, n, at, &mut out.values)?
+    let count = DeviceCount::new(stream.alloc::<u32>(1)?)?;
+    // The first launch writes the merged count (a batch of no columns launches for it alone).
+    let mut count_to = Some(count.as_slice());
+    let mut columns = Vec::with_capacity(schema.fields().len());
+    for (c, field) in schema.fields().iter().enumerate() {
+        let validity = if batches.iter().any(|b| b.columns()[c].validity().is_some()) {
+            let mut bits = stream.alloc_zeroed::<u8>(bitmap_bytes(bound))?;
+            let parts: Vec<kg::AppendPart<'_>> = batches
+                .iter()
+                .map(|b| {
+                    let v = b.columns()[c].validity();
+                    part(b, v.map(|v| v.bytes.as_slice()), v.map_or(0, |v| v.offset))
+                })
+                .collect();
+            kg::append_parts(stream, None, &parts, Some(&mut bits), count_to.take())?;
+            Some(DeviceValidity {
+                bytes: DeviceBytes::new(bits),
+                offset: 0,
+            })
+        } else {
+            None
+        };
+        let values = match first.columns()[c].values() {
+            DeviceValues::Fixed { width, .. } => {
+                let width = *width;
+                let mut out = stream.alloc::<u8>((bound * width).max(1))?;
+                let parts = batches
+                    .iter()
+                    .map(|b| match b.columns()[c].values() {
+                        DeviceValues::Fixed { bytes, .. } => Ok(part(b, Some(bytes.as_slice()), 0)),
+                        _ => Err(mixed()),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                kg::append_parts(stream, Some(width), &parts, Some(&mut out), count_to.take())?;
+                DeviceValues::Fixed {
+                    bytes: DeviceBytes::new(out),
+                    width,
                 }
-                _ => return Err(mixed()),
             }
-        }
-        kg::append_advance(stream, live, n, at)?;
+            _ => {
+                let mut out = stream.alloc_zeroed::<u8>(bitmap_bytes(bound))?;
+                let parts = batches
+                    .iter()
+                    .map(|b| match b.columns()[c].values() {
+                        DeviceValues::Bits { bytes, offset } => {
+                            Ok(part(b, Some(bytes.as_slice()), *offset))
+                        }
+                        _ => Err(mixed()),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                kg::append_parts(stream, None, &parts, Some(&mut out), count_to.take())?;
+                DeviceValues::Bits {
+                    bytes: DeviceBytes::new(out),
+                    offset: 0,
+                }
+            }
+        };
+        columns.push(match validity {
+            Some(v) => DeviceColumn::with_uncounted_nulls(
+                field.data_type().clone(),
+                bound,
+                Some(v),
+                values,
+            ),
+            None => DeviceColumn::new(field.data_type().clone(), bound, 0, None, values),
+        });
     }
-    let columns = outs
-        .into_iter()
-        .zip(schema.fields())
-        .map(|(out, field)| out.finish(field.data_type().clone(), bound))
-        .collect();
+    if let Some(count_to) = count_to {
+        let parts: Vec<kg::AppendPart<'_>> = batches.iter().map(|b| part(b, None, 0)).collect();
+        kg::append_parts(stream, None, &parts, None, Some(count_to))?;
+    }
     Ok(Some(DeviceBatch::try_new_counted(
         Arc::clone(schema),
         columns,
-        RowCount::Device {
-            bound,
-            word: cursor,
-        },
+        RowCount::Device { bound, word: count },
     )?))
 }
 
-/// The kernel launches [`append_device_batches`] makes for `batches`: for each part, one per
-/// column, one per column with a validity bitmap in any part, and one to move the cursor.
+/// Part `b` of an append: `src` (values or a bitmap at bit `src_offset`), up to its count.
+fn part<'a>(
+    b: &'a DeviceBatch,
+    src: Option<spate_kernels::DeviceSlice<'a, u8>>,
+    src_offset: usize,
+) -> kg::AppendPart<'a> {
+    kg::AppendPart {
+        src,
+        src_offset,
+        live: b.row_count().live(),
+        n: b.bound(),
+    }
+}
+
+/// The kernel launches [`append_device_batches`] makes for `batches`: one per column, one
+/// per column with a validity bitmap in any part, and one for the count alone when there are
+/// no columns.
 pub fn append_launches(batches: &[DeviceBatch]) -> usize {
     let Some(first) = batches.first() else {
         return 0;
@@ -130,62 +173,7 @@ pub fn append_launches(batches: &[DeviceBatch]) -> usize {
     let bitmaps = (0..columns)
         .filter(|&c| batches.iter().any(|b| b.columns()[c].validity().is_some()))
         .count();
-    batches.len() * (columns + bitmaps + 1)
-}
-
-/// One column of [`append_device_batches`] while its parts are appended.
-struct Appended {
-    validity: Option<DeviceBuffer<u8>>,
-    values: DeviceBuffer<u8>,
-    /// `Some(width)` for fixed-width values, `None` for booleans.
-    width: Option<usize>,
-}
-
-impl Appended {
-    fn new(stream: &Stream, batches: &[DeviceBatch], c: usize, bound: usize) -> Result<Self> {
-        let validity = if batches.iter().any(|b| b.columns()[c].validity().is_some()) {
-            Some(stream.alloc_zeroed::<u8>(bitmap_bytes(bound))?)
-        } else {
-            None
-        };
-        Ok(match batches[0].columns()[c].values() {
-            DeviceValues::Fixed { width, .. } => Appended {
-                validity,
-                values: stream.alloc::<u8>((bound * width).max(1))?,
-                width: Some(*width),
-            },
-            _ => Appended {
-                validity,
-                values: stream.alloc_zeroed::<u8>(bitmap_bytes(bound))?,
-                width: None,
-            },
-        })
-    }
-
-    fn finish(self, data_type: DataType, bound: usize) -> DeviceColumn {
-        let values = match self.width {
-            Some(width) => DeviceValues::Fixed {
-                bytes: DeviceBytes::new(self.values),
-                width,
-            },
-            None => DeviceValues::Bits {
-                bytes: DeviceBytes::new(self.values),
-                offset: 0,
-            },
-        };
-        match self.validity {
-            Some(bits) => DeviceColumn::with_uncounted_nulls(
-                data_type,
-                bound,
-                Some(DeviceValidity {
-                    bytes: DeviceBytes::new(bits),
-                    offset: 0,
-                }),
-                values,
-            ),
-            None => DeviceColumn::new(data_type, bound, 0, None, values),
-        }
-    }
+    (columns + bitmaps).max(1)
 }
 
 fn concat_column(stream: &Stream, parts: &[&DeviceColumn], rows: usize) -> Result<DeviceColumn> {

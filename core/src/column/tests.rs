@@ -343,7 +343,11 @@ fn device_counted_batches_append_without_a_readback() {
     let joined = append_device_batches(&stream, &schema, &parts)
         .unwrap()
         .expect("fixed-width and boolean columns append");
-    assert_eq!((stream.device().counters() - before).host_syncs, 0);
+    let spent = stream.device().counters() - before;
+    assert_eq!(spent.host_syncs, 0);
+    // One launch per column and per bitmap, whatever the parts.
+    assert_eq!(spent.launches, append_launches(&parts) as u64);
+    assert!(append_launches(&parts) <= 2 * schema.fields().len());
     assert!(joined.host_rows().is_none());
     assert_eq!(joined.bound(), 400);
     let back = download_batch(&stream, &joined).unwrap();
@@ -352,7 +356,14 @@ fn device_counted_batches_append_without_a_readback() {
     for (k, (a, b)) in want.columns().iter().zip(back.columns()).enumerate() {
         assert_eq!(a.as_ref(), b.as_ref(), "column {k} ({})", a.data_type());
     }
-    // With a string column, the caller reads the counts back instead.
+    // Past what one launch takes, the caller reads the counts back instead.
+    let many = vec![parts[0].clone(); spate_kernels::gather::APPEND_PARTS + 1];
+    assert!(
+        append_device_batches(&stream, &schema, &many)
+            .unwrap()
+            .is_none()
+    );
+    // With a string column, the same.
     let with_strings = batch_of(vec![Arc::clone(&full[0]), Arc::clone(&strings[0])]);
     let keep = vec![1u8; 400];
     let part = device_filtered(&stream, &with_strings, &keep);

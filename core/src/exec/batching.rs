@@ -12,11 +12,11 @@
 //! up to the target's worth of their bounds (or 64 of them), and their counts come back in one
 //! transfer: one host synchronisation for the group, not one per batch. Then they merge as
 //! the others do. Before an operator that keeps counts on the device ([`KeepsCounts`]) nothing
-//! need come back: a lone one passes as it is, and a group is appended on the device into room
-//! for all their bounds (`column::append_device_batches`), its count left there, where the
-//! append's launches cost less than the readback it saves. (The bound is the price: such a
-//! merged batch holds its parts' allocations' worth until its consumer drops it, which the
-//! launch limit keeps to a few narrow parts.)
+//! need come back: a lone one passes as it is, and a group (of at most 16, what one launch
+//! takes) is appended on the device into room for all their bounds
+//! (`column::append_device_batches`: one launch per column), its count left there. (The
+//! bound is the price: such a merged batch is allocated for its parts' bounds, at most the
+//! target's worth, until its consumer drops it.)
 //!
 //! Batches of at least a quarter of the target pass through as they are (a device-counted one
 //! as a view of its first rows), since they are worth a launch, and copying them would cost
@@ -34,10 +34,9 @@ use futures::StreamExt;
 use spate_kernels::Stream as DeviceStream;
 
 use super::{DeviceBatchStream, to_df};
-use crate::column::{
-    DeviceBatch, DeviceValues, append_device_batches, append_launches, concat_device_batches,
-};
-use crate::model::{LAUNCH_SECONDS, SYNC_SECONDS};
+use spate_kernels::gather::APPEND_PARTS;
+
+use crate::column::{DeviceBatch, DeviceValues, append_device_batches, concat_device_batches};
 
 /// The most rows a merged batch holds: operators index rows with `u32`.
 const MAX_ROWS: usize = 1 << 31;
@@ -215,7 +214,7 @@ impl Merging {
                 self.uncounted_bytes += batch.device_bytes();
                 self.uncounted.push(batch);
                 let group_full = self.uncounted_bytes >= self.target_bytes
-                    || self.uncounted.len() >= MAX_UNCOUNTED;
+                    || self.uncounted.len() >= self.group_limit();
                 if group_full && let Err(e) = self.count() {
                     return Some(Err(e));
                 }
@@ -235,23 +234,31 @@ impl Merging {
         }
     }
 
+    /// The most device-counted batches that wait together: as many as one append launch
+    /// takes before an operator that keeps counts, else as many as one readback reads.
+    fn group_limit(&self) -> usize {
+        if self.keeps_counts.get() {
+            APPEND_PARTS
+        } else {
+            MAX_UNCOUNTED
+        }
+    }
+
     /// Merges the batches waiting for their counts. Before an operator that keeps counts on
-    /// the device they are appended there when that is cheaper than a readback, and the merged
-    /// batch keeps its count there; one alone passes as it is. Otherwise (or where a column
-    /// holds strings) their counts are read back, in one transfer, and they merge as
-    /// host-counted batches do.
+    /// the device they are appended there, and the merged batch keeps its count there; one
+    /// alone passes as it is. Otherwise (or where a column holds strings) their counts are
+    /// read back, in one transfer, and they merge as host-counted batches do.
+    ///
+    /// The append makes one launch per column and bitmap (`column::append_launches`); the
+    /// readback it saves would cost a synchronisation and then a copy per column and part to
+    /// merge them, so it pays whenever there are parts to merge.
     fn count(&mut self) -> DFResult<()> {
         let group = std::mem::take(&mut self.uncounted);
         self.uncounted_bytes = 0;
         if self.keeps_counts.get() {
             let appended = match group.as_slice() {
                 [one] => Some(one.clone()),
-                // Launches cost too (`crate::model`): an append dearer than the one readback
-                // it saves does not pay.
-                parts
-                    if append_launches(parts) as f64 * LAUNCH_SECONDS <= SYNC_SECONDS
-                        && parts.iter().map(DeviceBatch::bound).sum::<usize>() <= MAX_ROWS =>
-                {
+                parts if parts.iter().map(DeviceBatch::bound).sum::<usize>() <= MAX_ROWS => {
                     append_device_batches(&self.stream, &self.schema, parts).map_err(|e| {
                         self.fail();
                         to_df(e)
@@ -524,7 +531,7 @@ mod tests {
     /// read back, and the merged batch's count stays on the device. One alone passes as it
     /// is; where appending costs more, the counts are read back as before.
     #[tokio::test]
-    async fn device_counted_batches_are_appended_on_the_device_when_it_pays() {
+    async fn device_counted_batches_are_appended_on_the_device() {
         let device = Device::emulated(DeviceOptions::default()).unwrap();
         let stream = Arc::new(device.new_stream().unwrap());
         let schema = int_schema();
@@ -533,7 +540,6 @@ mod tests {
             async move {
                 let (mut inputs, mut want) = (Vec::new(), Vec::new());
                 for k in 0..parts as i64 {
-                    // No NULLs: one launch per part for the values, one for the cursor.
                     let values: Vec<Option<i64>> = (0..40).map(|i| Some(100 * k + i)).collect();
                     let keep: Vec<u8> = (0..40).map(|i| u8::from(i % (k + 2) == 0)).collect();
                     want.extend(
@@ -557,17 +563,19 @@ mod tests {
                 .try_collect()
                 .await
                 .unwrap();
-                let syncs = (device.counters() - before).host_syncs;
+                let spent = device.counters() - before;
                 let on_device = out.iter().all(|b| b.host_rows().is_none());
                 assert_eq!(ints(&stream, &out), want, "{parts} parts");
-                (out.len(), syncs, on_device)
+                (out.len(), spent.host_syncs, spent.launches, on_device)
             }
         };
-        // Two parts: 4 launches, cheaper than a readback; one part passes as it is.
-        assert_eq!(run(2).await, (1, 0, true));
-        assert_eq!(run(1).await, (1, 0, true));
-        // Three parts: 6 launches cost more than the readback they would save.
-        assert_eq!(run(3).await, (1, 1, false));
+        // One part passes as it is; a group appends with one launch for its one column (no
+        // NULLs), however many parts it has, and reads nothing back.
+        assert_eq!(run(1).await, (1, 0, 0, true));
+        assert_eq!(run(2).await, (1, 0, 1, true));
+        assert_eq!(run(APPEND_PARTS).await, (1, 0, 1, true));
+        // Past what one launch takes, a second group.
+        assert_eq!(run(APPEND_PARTS + 3).await, (2, 0, 2, true));
     }
 
     /// For an operator that collects its input, only the device-counted batches merge: the

@@ -13,6 +13,10 @@
 //! the last running query that still holds one) first waits for every stream on the device.
 //! The allocations are charged to the device's memory pool like any other, so the GPU memory
 //! budget sees the cache and a cache that does not fit fails with an out-of-memory error.
+//!
+//! While the rows are still on the host, the load also learns what the planner may rely on
+//! later: which columns are unique and how long each string column's longest value is
+//! (`column_facts`).
 
 use std::fmt;
 use std::sync::Arc;
@@ -39,6 +43,7 @@ use datafusion::physical_plan::{
 };
 use spate_kernels::Stream as DeviceStream;
 
+use super::column_facts::{ColumnFacts, column_facts};
 use super::{DeviceBatchStream, GpuExec};
 use crate::column::{DeviceBatch, upload_batch};
 use crate::device::GpuContext;
@@ -50,6 +55,8 @@ pub struct DeviceTable {
     partitions: Vec<Vec<DeviceBatch>>,
     num_rows: usize,
     device_bytes: usize,
+    /// What was learnt of each column at load (see [`column_facts`]).
+    facts: Vec<ColumnFacts>,
 }
 
 impl fmt::Debug for DeviceTable {
@@ -76,6 +83,10 @@ impl DeviceTable {
                 message: format!("cannot cache the table in GPU memory: {}", unsupported.0),
             });
         }
+        let facts = column_facts(
+            schema.fields().len(),
+            &partitions.iter().flatten().collect::<Vec<_>>(),
+        );
         let stream = gpu.device().new_stream()?;
         let mut device_partitions = Vec::with_capacity(partitions.len().max(1));
         let (mut num_rows, mut device_bytes) = (0, 0);
@@ -104,7 +115,13 @@ impl DeviceTable {
             partitions: device_partitions,
             num_rows,
             device_bytes,
+            facts,
         })
+    }
+
+    /// What is known of column `column` (none of it for a column out of range).
+    pub fn column_facts(&self, column: usize) -> ColumnFacts {
+        self.facts.get(column).copied().unwrap_or_default()
     }
 
     /// The table's schema.
@@ -245,6 +262,15 @@ impl GpuCachedScanExec {
     /// The cached table.
     pub fn table(&self) -> &Arc<DeviceTable> {
         &self.table
+    }
+
+    /// What is known of output column `column` (see [`column_facts`]).
+    pub fn column_facts(&self, column: usize) -> ColumnFacts {
+        let at = match &self.projection {
+            Some(p) => p.get(column).copied().unwrap_or(usize::MAX),
+            None => column,
+        };
+        self.table.column_facts(at)
     }
 
     fn project(&self, batch: &DeviceBatch) -> DFResult<DeviceBatch> {

@@ -131,6 +131,10 @@ impl GpuExec for GpuCoalescePartitionsExec {
         &self.metrics
     }
 
+    fn replaces(&self) -> Option<&dyn ExecutionPlan> {
+        Some(self.cpu.as_ref())
+    }
+
     fn device_metrics(&self) -> Option<&ExecutionPlanMetricsSet> {
         // It passes batches through: no device traffic of its own.
         None

@@ -74,6 +74,7 @@ pub mod aggregate;
 mod batching;
 pub mod cache;
 pub mod coalesce;
+pub mod column_facts;
 pub mod counted;
 pub(crate) mod device_counts;
 pub mod filter;
@@ -143,6 +144,12 @@ pub trait GpuExec: ExecutionPlan {
 
     /// The operator's metrics set, where its runtime calls are counted (see [`counted`]).
     fn plan_metrics(&self) -> &ExecutionPlanMetricsSet;
+
+    /// The CPU node whose rows this operator computes, over the same children, when it
+    /// replaced one: what the planner knows of that node's output holds for this one.
+    fn replaces(&self) -> Option<&dyn ExecutionPlan> {
+        None
+    }
 }
 
 /// The GPU operator behind a plan node, if it is one.

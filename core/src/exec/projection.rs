@@ -149,6 +149,10 @@ impl GpuExec for GpuProjectionExec {
         &self.metrics
     }
 
+    fn replaces(&self) -> Option<&dyn ExecutionPlan> {
+        Some(self.cpu.as_ref())
+    }
+
     fn device_metrics(&self) -> Option<&ExecutionPlanMetricsSet> {
         Some(&self.metrics)
     }

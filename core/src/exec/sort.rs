@@ -390,6 +390,10 @@ impl GpuExec for GpuSortExec {
         &self.metrics
     }
 
+    fn replaces(&self) -> Option<&dyn ExecutionPlan> {
+        Some(self.cpu.as_ref())
+    }
+
     fn device_metrics(&self) -> Option<&ExecutionPlanMetricsSet> {
         Some(&self.metrics)
     }

@@ -9,6 +9,7 @@
 
 pub mod offload;
 pub mod regions;
+pub mod unique;
 
 use std::sync::Arc;
 

@@ -272,53 +272,87 @@ SPATE_EXPORT(copy_bitmap)
 SPATE_ADD_OFFSETS(i32)
 SPATE_ADD_OFFSETS(i64)
 
-/**
- * @brief Appends the rows of one part to a batch being merged, at a row cursor on the device.
- *
- * append_bytes copies the part's first live_rows(live, n) rows of `width` bytes to row
- * `*cursor` of `dst`; append_bitmap sets their bits (validity, or boolean values) at bit
- * `*cursor` of `dst`; append_advance adds the part's row count to `*cursor`. Launched in that
- * order on one stream, part after part, they concatenate parts whose counts the host never
- * reads: the merged batch's count is the cursor.
- *
- * @param src         the part's values (bytes) or bitmap (null: every row set)
- * @param src_offset  bit offset of row 0 in the source bitmap
- * @param width       bytes per row
- * @param live        the part's device row count (see live_rows), or null for `n` rows
- * @param n           the part's bound
- * @param cursor      the merged batch's row count so far (one u32)
- * @param dst         the merged column, allocated for the sum of the parts' bounds; a bitmap
- *                    must start zeroed
- *
- * Launch: SPATE_BLOCK_THREADS threads, grid-stride over the part's bound (in bytes for
- *         append_bytes); append_advance runs one thread. No shared memory; append_bitmap uses
- *         atomicOr, since parts meet inside a word.
- * Memory: caller allocates `dst` for the sum of the bounds, so no cursor passes it.
- * Nulls:  validity travels as a bitmap through append_bitmap.
- * Stream: asynchronous; each launch reads `*cursor` as the one before it left it.
- */
-extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) append_bytes(const u8* src, u64 width, const u32* live, u64 n,
-                                                                             const u32* cursor, u8* dst) {
-    const u64 m = spate::live_rows(live, n) * width;
-    const u64 at = (u64)*cursor * width;
-    for (u64 b = spate::global_thread_index(); b < m; b += spate::grid_stride()) dst[at + b] = src[b];
-}
-SPATE_EXPORT(append_bytes)
+// The most parts one append_parts launch takes (each part is four parameters).
+#define SPATE_APPEND_PARTS 16
 
-extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) append_bitmap(const u8* src, u64 src_offset, const u32* live, u64 n,
-                                                                              const u32* cursor, u32* dst) {
-    const u64 m = spate::live_rows(live, n);
-    const u64 at = (u64)*cursor;
-    for (u64 i = spate::global_thread_index(); i < m; i += spate::grid_stride()) {
-        if (spate::row_is_valid(src, src_offset, i)) {
-            const u64 b = at + i;
-            atomicOr(&dst[b >> 5], 1u << (b & 31));
+namespace spate {
+
+// One part of an append: its values or bitmap, and its row count.
+struct AppendPart {
+    const u8* src;
+    u64 src_offset;
+    const u32* live;
+    u64 n;
+};
+
+__device__ void append_parts(u64 width, u32 parts, const AppendPart* part, u8* dst, u32* count) {
+    // Each part lands after the live rows of the parts before it: every thread sums them
+    // (at most SPATE_APPEND_PARTS words), so no cursor is kept between launches.
+    u64 start[SPATE_APPEND_PARTS];
+    u64 rows[SPATE_APPEND_PARTS];
+    u64 total = 0;
+    for (u32 k = 0; k < parts; ++k) {
+        rows[k] = live_rows(part[k].live, part[k].n);
+        start[k] = total;
+        total += rows[k];
+    }
+    if (count != nullptr && global_thread_index() == 0) *count = (u32)total;
+    if (dst == nullptr) return;
+    for (u32 k = 0; k < parts; ++k) {
+        if (width > 0) {
+            const u64 m = rows[k] * width;
+            u8* out = dst + start[k] * width;
+            for (u64 b = global_thread_index(); b < m; b += grid_stride()) out[b] = part[k].src[b];
+        } else {
+            u32* words = (u32*)dst;
+            for (u64 i = global_thread_index(); i < rows[k]; i += grid_stride()) {
+                if (row_is_valid(part[k].src, part[k].src_offset, i)) {
+                    const u64 b = start[k] + i;
+                    atomicOr(&words[b >> 5], 1u << (b & 31));
+                }
+            }
         }
     }
 }
-SPATE_EXPORT(append_bitmap)
 
-extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) append_advance(const u32* live, u64 n, u32* cursor) {
-    if (spate::global_thread_index() == 0) *cursor += (u32)spate::live_rows(live, n);
+}  // namespace spate
+
+#define SPATE_APPEND_PART_PARAMS(k) const u8 *src##k, u64 off##k, const u32 *live##k, u64 n##k
+#define SPATE_APPEND_PART(k) {src##k, off##k, live##k, n##k}
+
+/**
+ * @brief Appends the live rows of up to SPATE_APPEND_PARTS parts, in order, to one column of a
+ *        batch being merged, without any count coming to the host: part k lands after the
+ *        live rows of parts 0..k-1, which every thread sums from their `live` words.
+ *
+ * @param width   bytes per row, or 0 for a bitmap (validity, or boolean values)
+ * @param parts   how many of the part parameters are used (at most SPATE_APPEND_PARTS)
+ * @param srcK    part K's values, or its bitmap (null: every row set)
+ * @param offK    bit offset of row 0 in part K's bitmap (0 for values)
+ * @param liveK   part K's device row count (see live_rows), or null for `nK` rows
+ * @param nK      part K's bound
+ * @param dst     the merged column, allocated for the sum of the parts' bounds (a bitmap must
+ *                start zeroed and hold whole words), or null to write only `count`
+ * @param count   where the merged row count goes (one u32), or null
+ *
+ * Launch: SPATE_BLOCK_THREADS threads, grid-stride over each part's rows (in bytes for
+ *         values); no shared memory; bitmaps use atomicOr, since parts meet inside a word.
+ * Memory: caller allocates `dst` for the sum of the bounds, so no part passes its end.
+ * Nulls:  validity travels as a bitmap, appended with width 0.
+ * Stream: asynchronous; the parts' counts must be written earlier on the stream.
+ */
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS)
+    append_parts(u64 width, u32 parts, SPATE_APPEND_PART_PARAMS(0), SPATE_APPEND_PART_PARAMS(1),
+                 SPATE_APPEND_PART_PARAMS(2), SPATE_APPEND_PART_PARAMS(3), SPATE_APPEND_PART_PARAMS(4),
+                 SPATE_APPEND_PART_PARAMS(5), SPATE_APPEND_PART_PARAMS(6), SPATE_APPEND_PART_PARAMS(7),
+                 SPATE_APPEND_PART_PARAMS(8), SPATE_APPEND_PART_PARAMS(9), SPATE_APPEND_PART_PARAMS(10),
+                 SPATE_APPEND_PART_PARAMS(11), SPATE_APPEND_PART_PARAMS(12), SPATE_APPEND_PART_PARAMS(13),
+                 SPATE_APPEND_PART_PARAMS(14), SPATE_APPEND_PART_PARAMS(15), u8* dst, u32* count) {
+    const spate::AppendPart part[SPATE_APPEND_PARTS] = {
+        SPATE_APPEND_PART(0),  SPATE_APPEND_PART(1),  SPATE_APPEND_PART(2),  SPATE_APPEND_PART(3),
+        SPATE_APPEND_PART(4),  SPATE_APPEND_PART(5),  SPATE_APPEND_PART(6),  SPATE_APPEND_PART(7),
+        SPATE_APPEND_PART(8),  SPATE_APPEND_PART(9),  SPATE_APPEND_PART(10), SPATE_APPEND_PART(11),
+        SPATE_APPEND_PART(12), SPATE_APPEND_PART(13), SPATE_APPEND_PART(14), SPATE_APPEND_PART(15)};
+    spate::append_parts(width, parts < SPATE_APPEND_PARTS ? parts : SPATE_APPEND_PARTS, part, dst, count);
 }
-SPATE_EXPORT(append_advance)
+SPATE_EXPORT(append_parts)

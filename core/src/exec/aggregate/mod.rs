@@ -899,6 +899,10 @@ impl GpuExec for GpuAggregateExec {
         &self.metrics
     }
 
+    fn replaces(&self) -> Option<&dyn ExecutionPlan> {
+        Some(self.cpu.as_ref())
+    }
+
     fn device_metrics(&self) -> Option<&ExecutionPlanMetricsSet> {
         Some(&self.metrics)
     }

@@ -90,6 +90,9 @@ pub struct GpuHashJoinExec {
     projection: Option<Vec<usize>>,
     fetch: Option<usize>,
     plan: Arc<JoinPlan>,
+    /// The build keys are unique, as the plan shows (`plan::unique`): an inner or left join
+    /// without a filter then probes unique keys from its first batch.
+    build_unique: bool,
     /// The build side in `CollectLeft` mode, built once for every probe partition.
     shared: Arc<tokio::sync::OnceCell<Arc<BuildSide>>>,
     /// Probe partitions of a shared build side still running: the last one to finish emits
@@ -154,7 +157,9 @@ impl GpuHashJoinExec {
             .downcast_ref::<HashJoinExec>()
             .ok_or_else(|| Unsupported(format!("{} is not a hash join", plan.name())))?;
         let (collect_left, join_plan) = Self::plan_for(join)?;
+        let build_unique = crate::plan::unique::is_unique(join.left(), &join_plan.build_keys);
         Ok(GpuHashJoinExec {
+            build_unique,
             join_type: *join.join_type(),
             collect_left,
             null_equal: join.null_equality() == NullEquality::NullEqualsNull,
@@ -269,6 +274,12 @@ impl GpuHashJoinExec {
         self.cpu.children()[0]
     }
 
+    /// Whether the plan shows the build keys unique and the join can use it: its probe then
+    /// keeps counts on the device from the first batch.
+    fn probes_unique_keys(&self) -> bool {
+        self.build_unique && may_probe_unique(self.join_type, &self.plan)
+    }
+
     fn right(&self) -> &Arc<dyn ExecutionPlan> {
         self.cpu.children()[1]
     }
@@ -344,7 +355,14 @@ fn assemble_counted(
 
 impl DisplayAs for GpuHashJoinExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        crate::exec::display_gpu(self.cpu.as_ref(), t, f)
+        crate::exec::display_gpu(self.cpu.as_ref(), t, f)?;
+        if self.probes_unique_keys() {
+            match t {
+                DisplayFormatType::TreeRender => writeln!(f, "build_keys=unique")?,
+                _ => f.write_str(", build_keys=unique")?,
+            }
+        }
+        Ok(())
     }
 }
 
@@ -397,6 +415,10 @@ impl GpuExec for GpuHashJoinExec {
         &self.metrics
     }
 
+    fn replaces(&self) -> Option<&dyn ExecutionPlan> {
+        Some(self.cpu.as_ref())
+    }
+
     fn device_metrics(&self) -> Option<&ExecutionPlanMetricsSet> {
         Some(&self.metrics)
     }
@@ -431,7 +453,9 @@ impl GpuExec for GpuHashJoinExec {
         let build_stream = Arc::clone(&stream);
         let build_transfer = transfer.clone();
         let track = emits_build_rows(join_type);
-        let check_unique = may_probe_unique(join_type, &self.plan);
+        let known_unique = self.probes_unique_keys();
+        // Known from the plan, or checked on the device while building.
+        let check_unique = may_probe_unique(join_type, &self.plan) && !known_unique;
         let build = async move {
             let make = |stream: Arc<DeviceStream>, left_partition: usize| async move {
                 let input = collected_input(
@@ -452,6 +476,9 @@ impl GpuExec for GpuHashJoinExec {
                     check_unique,
                 )
                 .map_err(to_df)?;
+                if known_unique {
+                    let _ = side.unique.set(true);
+                }
                 DFResult::Ok(Arc::new(side))
             };
             if collect_left {
@@ -465,8 +492,12 @@ impl GpuExec for GpuHashJoinExec {
             }
         };
         // Whether the probe keeps its input's counts on the device is known once the build
-        // keys are known to be unique (or not).
-        let keeps_counts = KeepsCounts::later();
+        // keys are known to be unique (or not): from the plan, or after a probe batch or two.
+        let keeps_counts = if known_unique {
+            KeepsCounts::always()
+        } else {
+            KeepsCounts::later()
+        };
         let probe = per_batch_input(
             self.right(),
             partition,
