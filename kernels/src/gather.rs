@@ -522,7 +522,8 @@ pub fn start_string_gather<O: OffsetElem>(
 /// - `strings`, `indices` and `live` must be the ones `gather` was started with, unchanged
 ///   since: the copy reads each row's bytes at lengths the start computed from them.
 /// - `total` must be the value [`start_string_gather`] wrote to its `total`, read back after
-///   the stream got there: the copy writes that many bytes.
+///   the stream got there, or a bound of it known otherwise: the bytes are allocated for
+///   `total`, and the copy writes the value the start wrote (the rest is never written).
 pub unsafe fn finish_string_gather<O: OffsetElem>(
     stream: &Stream,
     gather: StringGather,

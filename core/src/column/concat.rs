@@ -243,10 +243,17 @@ fn concat_column(stream: &Stream, parts: &[&DeviceColumn], rows: usize) -> Resul
         }
     };
     let data_type = first.data_type().clone();
+    // Known when every part's is.
+    let longest = parts
+        .iter()
+        .map(|p| p.longest_string())
+        .collect::<Option<Vec<_>>>()
+        .and_then(|l| l.into_iter().max());
     Ok(match null_count {
         Some(nulls) => DeviceColumn::new(data_type, rows, nulls, validity, values),
         None => DeviceColumn::with_uncounted_nulls(data_type, rows, validity, values),
-    })
+    }
+    .with_longest_string(longest))
 }
 
 fn mixed() -> SpateError {

@@ -9,12 +9,15 @@
 //! the kernels stop at the count, and the batch keeps it there unless it has string columns,
 //! whose totals come back anyway; the count then comes back in the same transfer.
 
+use std::sync::Arc;
+
 use arrow::datatypes::SchemaRef;
 use spate_kernels::gather::{self as kg, DeviceStrings};
 use spate_kernels::{DeviceBitmap, DeviceSlice, Stream};
 
 use super::{
     DeviceBatch, DeviceBytes, DeviceColumn, DeviceCount, DeviceValidity, DeviceValues, RowCount,
+    UsedBytes,
 };
 use crate::error::{Result, SpateError};
 
@@ -53,6 +56,9 @@ pub struct Gather<'a> {
     indices: DeviceSlice<'a, u32>,
     /// Indices may be `NULL_INDEX`, which gives NULL.
     may_be_null: bool,
+    /// No source row is taken twice (a filter's kept rows, the probe side of a probe of
+    /// unique keys): a string column's output then holds no more bytes than its source.
+    once: bool,
 }
 
 impl<'a> Gather<'a> {
@@ -62,6 +68,7 @@ impl<'a> Gather<'a> {
             column,
             indices,
             may_be_null: false,
+            once: false,
         }
     }
 
@@ -71,7 +78,29 @@ impl<'a> Gather<'a> {
             column,
             indices,
             may_be_null: true,
+            once: false,
         }
+    }
+
+    /// The same gather, whose indices the caller knows to be distinct.
+    pub fn each_row_once(self) -> Self {
+        Gather { once: true, ..self }
+    }
+
+    /// The most bytes a string gather can write, when known without the device: the
+    /// source's bytes when no row is taken twice, and the indices times the longest string
+    /// when the column knows it; `None` when neither is known, or the bound is past what
+    /// offsets of `max` bytes address.
+    fn byte_bound(&self, source_bytes: usize, max: u64) -> Option<u64> {
+        let once = self.once.then_some(source_bytes as u64);
+        let by_longest = self
+            .column
+            .longest_string()
+            .map(|l| (l as u64).saturating_mul(self.indices.len() as u64));
+        once.into_iter()
+            .chain(by_longest)
+            .min()
+            .filter(|&b| b <= max)
     }
 }
 
@@ -80,6 +109,23 @@ enum Values {
     Done(DeviceValues),
     Utf8(kg::StringGather, usize),
     LargeUtf8(kg::StringGather, usize),
+}
+
+/// The byte bounds of `gathers`' string columns, in order, when every one has one
+/// ([`Gather::byte_bound`]); `None` when one does not.
+fn string_bounds(gathers: &[Gather<'_>]) -> Option<Vec<u64>> {
+    gathers
+        .iter()
+        .filter_map(|g| match g.column.values() {
+            DeviceValues::Utf8 { bytes, .. } => {
+                Some(g.byte_bound(bytes.len(), <i32 as kg::OffsetElem>::MAX_BYTES))
+            }
+            DeviceValues::LargeUtf8 { bytes, .. } => {
+                Some(g.byte_bound(bytes.len(), <i64 as kg::OffsetElem>::MAX_BYTES))
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// Gathers several columns. The string columns' byte totals (which size their outputs) come
@@ -143,10 +189,16 @@ fn gather_up_to(
             )
         })
         .count();
-    // Only a gather with string columns allocates their totals (and waits for them).
+    // Only a gather with string columns allocates their totals. It waits for them, unless
+    // the row count stays on the device and every string column's bytes have a bound: then
+    // each is allocated for its bound, and its total stays on the device as its used bytes.
     let totals = match strings {
         0 => None,
-        k => Some(stream.alloc::<u64>(k)?),
+        k => Some(Arc::new(stream.alloc::<u64>(k)?)),
+    };
+    let bounds = match live {
+        Some(_) if strings > 0 => string_bounds(gathers),
+        _ => None,
     };
     let total_at = |at: usize| -> Result<DeviceSlice<'_, u64>> {
         let totals = totals.as_ref().ok_or_else(|| SpateError::Internal {
@@ -190,17 +242,29 @@ fn gather_up_to(
         started.push((validity, values));
     }
     // The one wait: every string column's byte total, and the row count with them when it is
-    // on the device.
-    let (totals, read) = match (&totals, live) {
-        (Some(totals), None) => (stream.to_vec(totals)?, None),
-        (Some(totals), Some(live)) => {
+    // on the device. None with bounds: the totals stay where they are.
+    let (capacities, read) = match (&totals, live, &bounds) {
+        (Some(_), Some(_), Some(bounds)) => (bounds.clone(), None),
+        (Some(totals), None, _) => (stream.to_vec(totals.as_ref())?, None),
+        (Some(totals), Some(live), None) => {
             let (totals, count) = read_totals_and_count(stream, totals, live)?;
             (totals, Some(count))
         }
-        (None, _) => (Vec::new(), None),
+        (None, _, _) => (Vec::new(), None),
+    };
+    let used_at = |slot: usize| -> Result<Option<UsedBytes>> {
+        match (&totals, &bounds, live) {
+            (Some(totals), Some(_), Some(live)) => {
+                let used = UsedBytes::new(totals, slot)?;
+                live.accompany(&used);
+                Ok(Some(used))
+            }
+            _ => Ok(None),
+        }
     };
     let mut out = Vec::with_capacity(gathers.len());
     for (g, (validity, values)) in gathers.iter().zip(started) {
+        let mut used = None;
         let values = match (values, g.column.values()) {
             (Values::Done(values), _) => values,
             (Values::Utf8(start, slot), DeviceValues::Utf8 { offsets, bytes }) => {
@@ -208,7 +272,9 @@ fn gather_up_to(
                     offsets: offsets.typed::<i32>()?,
                     bytes: bytes.as_slice(),
                 };
-                // SAFETY: `totals[slot]` is what this start wrote, read back above.
+                used = used_at(slot)?;
+                // SAFETY: `capacities[slot]` is what this start wrote, read back above, or a
+                // bound of it (`Gather::byte_bound`).
                 let out = unsafe {
                     kg::finish_string_gather(
                         stream,
@@ -216,7 +282,7 @@ fn gather_up_to(
                         strings,
                         g.indices,
                         live_slice,
-                        totals[slot],
+                        capacities[slot],
                     )?
                 };
                 DeviceValues::Utf8 {
@@ -229,6 +295,7 @@ fn gather_up_to(
                     offsets: offsets.typed::<i64>()?,
                     bytes: bytes.as_slice(),
                 };
+                used = used_at(slot)?;
                 // SAFETY: as above.
                 let out = unsafe {
                     kg::finish_string_gather(
@@ -237,7 +304,7 @@ fn gather_up_to(
                         strings,
                         g.indices,
                         live_slice,
-                        totals[slot],
+                        capacities[slot],
                     )?
                 };
                 DeviceValues::LargeUtf8 {
@@ -251,12 +318,17 @@ fn gather_up_to(
                 });
             }
         };
-        out.push(DeviceColumn::with_uncounted_nulls(
+        let column = DeviceColumn::with_uncounted_nulls(
             g.column.data_type().clone(),
             g.indices.len(),
             validity,
             values,
-        ));
+        )
+        .with_longest_string(g.column.longest_string());
+        out.push(match used {
+            Some(used) => column.with_used_bytes(used),
+            None => column,
+        });
     }
     Ok((out, read))
 }

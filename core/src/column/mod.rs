@@ -146,6 +146,12 @@ pub struct DeviceColumn {
     null_count: Option<usize>,
     validity: Option<DeviceValidity>,
     values: DeviceValues,
+    /// For strings whose bytes were allocated for a bound: the bytes the rows use, on the
+    /// device (see [`UsedBytes`]). `None`: the bytes are exactly the rows'.
+    used_bytes: Option<UsedBytes>,
+    /// For strings: no value is longer than this many bytes, when known (see
+    /// [`DeviceColumn::longest_string`]).
+    longest_string: Option<usize>,
 }
 
 impl DeviceColumn {
@@ -189,7 +195,69 @@ impl DeviceColumn {
             null_count: validity.is_none().then_some(0),
             validity,
             values,
+            used_bytes: None,
+            longest_string: None,
         }
+    }
+
+    /// The column, its string bytes allocated for a bound and the bytes its rows use in
+    /// `used`, on the device (a gather that did not wait for its byte total).
+    pub fn with_used_bytes(mut self, used: UsedBytes) -> Self {
+        self.used_bytes = Some(used);
+        self
+    }
+
+    /// The bytes the rows of a string column use, when they are on the device: the column's
+    /// bytes were allocated for a bound, and only this many are the rows'. `None` when the
+    /// bytes are exactly the rows' (or the column holds no strings). Such a column is only in
+    /// a batch whose row count is on the device, and resolving the batch cuts its bytes.
+    pub fn used_bytes(&self) -> Option<&UsedBytes> {
+        self.used_bytes.as_ref()
+    }
+
+    /// The column, its strings known to be at most `longest` bytes each (`None`: not known).
+    pub fn with_longest_string(mut self, longest: Option<usize>) -> Self {
+        self.longest_string = longest;
+        self
+    }
+
+    /// The most bytes one value of this string column holds, when known: a cached table's
+    /// columns know it (`exec::column_facts`), and gathers of them keep it. A gather that may
+    /// take a row many times sizes its bytes by it, without waiting for their total.
+    pub fn longest_string(&self) -> Option<usize> {
+        self.longest_string
+    }
+
+    /// The column with its bytes cut to the `used` its rows use (a view, no copy), when its
+    /// used bytes were on the device.
+    fn cut_to_used(&self, used: usize) -> Result<DeviceColumn> {
+        let cut = |bytes: &DeviceBytes| -> Result<DeviceBytes> {
+            if used > bytes.len() {
+                return Err(SpateError::Internal {
+                    message: format!(
+                        "a string column using {used} bytes of the {} allocated",
+                        bytes.len()
+                    ),
+                });
+            }
+            Ok(DeviceBytes::range(&bytes.buffer, bytes.offset, used))
+        };
+        let values = match &self.values {
+            DeviceValues::Utf8 { offsets, bytes } => DeviceValues::Utf8 {
+                offsets: offsets.clone(),
+                bytes: cut(bytes)?,
+            },
+            DeviceValues::LargeUtf8 { offsets, bytes } => DeviceValues::LargeUtf8 {
+                offsets: offsets.clone(),
+                bytes: cut(bytes)?,
+            },
+            other => other.clone(),
+        };
+        Ok(DeviceColumn {
+            values,
+            used_bytes: None,
+            ..self.clone()
+        })
     }
 
     /// The Arrow type the column downloads as.
@@ -294,6 +362,8 @@ impl DeviceColumn {
         if self.null_count == Some(0) {
             column.null_count = Some(0);
         }
+        column.used_bytes = self.used_bytes.clone();
+        column.longest_string = self.longest_string;
         Ok(column)
     }
 
@@ -345,6 +415,8 @@ pub struct DeviceCount(Arc<CountWord>);
 struct CountWord {
     word: DeviceBuffer<u32>,
     credits: Mutex<Credits>,
+    /// The used-bytes words of string columns gathered under this count: read back with it.
+    companions: Mutex<Vec<UsedBytes>>,
 }
 
 /// The count once read, and the metrics waiting for it.
@@ -355,13 +427,16 @@ struct Credits {
 }
 
 /// What a batch of `r` rows adds to a metric: `per_row * r + bitmaps * ceil(r / 8) + fixed`
-/// (its fixed-width values, its bitmaps, and its string offsets and bytes), or, for a row
-/// count, just `r` ([`RowBytes::ROWS`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// (its fixed-width values, its bitmaps, and its string offsets and bytes), plus the bytes of
+/// its strings whose use is on the device (read back with the count, or else their
+/// allocation), or, for a row count, just `r` ([`RowBytes::ROWS`]).
+#[derive(Debug, Clone)]
 pub struct RowBytes {
     per_row: usize,
     bitmaps: usize,
     fixed: usize,
+    /// String bytes whose use is on the device, with their allocation.
+    used: Vec<(UsedBytes, usize)>,
 }
 
 impl RowBytes {
@@ -370,11 +445,17 @@ impl RowBytes {
         per_row: 1,
         bitmaps: 0,
         fixed: 0,
+        used: Vec::new(),
     };
 
     /// The amount for `rows` rows.
     pub fn at(&self, rows: usize) -> usize {
-        self.per_row * rows + self.bitmaps * rows.div_ceil(8) + self.fixed
+        let used: usize = self
+            .used
+            .iter()
+            .map(|(u, allocated)| u.known().map_or(*allocated, |b| b as usize))
+            .sum();
+        self.per_row * rows + self.bitmaps * rows.div_ceil(8) + self.fixed + used
     }
 }
 
@@ -389,6 +470,7 @@ impl DeviceCount {
         Ok(DeviceCount(Arc::new(CountWord {
             word,
             credits: Mutex::new(Credits::default()),
+            companions: Mutex::new(Vec::new()),
         })))
     }
 
@@ -397,15 +479,30 @@ impl DeviceCount {
         self.0.word.as_slice()
     }
 
-    /// Reads the count back (one host synchronisation, 4 bytes).
+    /// Reads the count back (one host synchronisation, 4 bytes), with the used bytes of the
+    /// string columns gathered under it (8 bytes each) in the same transfer.
     pub fn read(&self, stream: &spate_kernels::Stream) -> Result<usize> {
         if let Some(rows) = self.known() {
             return Ok(rows);
         }
-        let host = stream.to_vec(&self.0.word)?;
-        let rows = host.first().copied().unwrap_or(0) as usize;
-        self.credit(rows);
-        Ok(rows)
+        read_words(stream, std::slice::from_ref(self), &[])?;
+        self.known().ok_or_else(|| SpateError::Internal {
+            message: "a device row count read back without a value".into(),
+        })
+    }
+
+    /// Reads `used` back whenever this count is (see [`DeviceCount::read`]).
+    pub(crate) fn accompany(&self, used: &UsedBytes) {
+        lock(&self.0.companions).push(used.clone());
+    }
+
+    /// The companions not read yet.
+    fn unread_companions(&self) -> Vec<UsedBytes> {
+        lock(&self.0.companions)
+            .iter()
+            .filter(|u| u.known().is_none())
+            .cloned()
+            .collect()
     }
 
     /// The count, when it was read back already.
@@ -447,6 +544,105 @@ impl DeviceCount {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding the lock leaves plain values behind: still usable.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The bytes a string column's rows use, as a u64 on the device: a gather that knows a bound
+/// for its bytes (each source row taken at most once, or a longest string) allocates for it
+/// and leaves the exact total where its scan wrote it, so nothing waits. Read back when the
+/// batch's row count is (the count's companions), and then the bytes are cut to it.
+#[derive(Debug, Clone)]
+pub struct UsedBytes(Arc<UsedWord>);
+
+#[derive(Debug)]
+struct UsedWord {
+    words: Arc<DeviceBuffer<u64>>,
+    at: usize,
+    known: std::sync::OnceLock<u64>,
+}
+
+impl UsedBytes {
+    /// Word `at` of `words` (checked).
+    pub fn new(words: &Arc<DeviceBuffer<u64>>, at: usize) -> Result<Self> {
+        if at >= words.len() {
+            return Err(SpateError::Internal {
+                message: format!("used-bytes word {at} of {}", words.len()),
+            });
+        }
+        Ok(UsedBytes(Arc::new(UsedWord {
+            words: Arc::clone(words),
+            at,
+            known: std::sync::OnceLock::new(),
+        })))
+    }
+
+    /// The word, as kernels and copies take it.
+    pub fn as_slice(&self) -> DeviceSlice<'_, u64> {
+        // In range: checked when made.
+        self.0
+            .words
+            .slice(self.0.at..self.0.at + 1)
+            .unwrap_or_else(|_| self.0.words.as_slice())
+    }
+
+    /// The bytes, once read back.
+    pub fn known(&self) -> Option<u64> {
+        self.0.known.get().copied()
+    }
+
+    fn record(&self, bytes: u64) {
+        let _ = self.0.known.set(bytes);
+    }
+
+    fn same(&self, other: &UsedBytes) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+/// Reads `counts` and `used` back in one transfer (with the counts' unread companions), and
+/// records them: used bytes first, so that metrics paid when a count is credited see them.
+/// Words read already are skipped; nothing is read when none is left.
+pub(crate) fn read_words(
+    stream: &spate_kernels::Stream,
+    counts: &[DeviceCount],
+    used: &[UsedBytes],
+) -> Result<()> {
+    let counts: Vec<&DeviceCount> = counts.iter().filter(|c| c.known().is_none()).collect();
+    let mut words: Vec<UsedBytes> = Vec::new();
+    for u in used
+        .iter()
+        .cloned()
+        .chain(counts.iter().flat_map(|c| c.unread_companions()))
+    {
+        if u.known().is_none() && !words.iter().any(|w| w.same(&u)) {
+            words.push(u);
+        }
+    }
+    if counts.is_empty() && words.is_empty() {
+        return Ok(());
+    }
+    // u64s first (aligned), then the u32 counts.
+    let at = 8 * words.len();
+    let mut staging = stream.device().pinned(at + 4 * counts.len())?;
+    for (k, w) in words.iter().enumerate() {
+        stream.download_pinned_at(w.as_slice(), &mut staging, 8 * k)?;
+    }
+    for (k, c) in counts.iter().enumerate() {
+        stream.download_pinned_at(c.as_slice(), &mut staging, at + 4 * k)?;
+    }
+    let host = staging.as_bytes()?;
+    let word = |c: &[u8]| c.iter().rev().fold(0u64, |v, &b| (v << 8) | u64::from(b));
+    for (c, w) in host[..at].chunks_exact(8).zip(&words) {
+        w.record(word(c));
+    }
+    for (c, count) in host[at..].chunks_exact(4).zip(&counts) {
+        count.credit(word(c) as usize);
+    }
+    Ok(())
 }
 
 /// A [`DeviceCount`] named but not kept alive (see [`DeviceCount::weak`]).
@@ -523,6 +719,15 @@ impl DeviceBatch {
             });
         }
         let bound = rows.bound();
+        if matches!(rows, RowCount::Host(_))
+            && columns
+                .iter()
+                .any(|c| c.used_bytes().is_some_and(|u| u.known().is_none()))
+        {
+            return Err(SpateError::Internal {
+                message: "a host-counted device batch with string bytes of unknown use".into(),
+            });
+        }
         for (field, column) in schema.fields().iter().zip(&columns) {
             if field.data_type() != column.data_type() || column.len() != bound {
                 return Err(SpateError::Internal {
@@ -576,44 +781,44 @@ impl DeviceBatch {
     }
 
     /// The same rows with their count on the host: the batch itself when it is, otherwise the
-    /// count read back (one 4-byte readback) and every column cut to it (a view, no copy).
+    /// count read back (one readback of 4 bytes, and 8 for each string column whose used bytes
+    /// are on the device) and every column cut to it (a view, no copy).
     pub fn resolve(&self, stream: &spate_kernels::Stream) -> Result<DeviceBatch> {
-        let RowCount::Device { word, .. } = &self.rows else {
-            return Ok(self.clone());
-        };
-        let rows = word.read(stream)?;
-        self.with_host_rows(rows)
+        Ok(Self::resolve_all(stream, vec![self.clone()])?.remove(0))
     }
 
     /// [`DeviceBatch::resolve`] for many batches, with one readback for all the device counts
-    /// not read yet (none when there are none).
+    /// and used bytes not read yet (none when there are none).
     pub fn resolve_all(
         stream: &spate_kernels::Stream,
         batches: Vec<DeviceBatch>,
     ) -> Result<Vec<DeviceBatch>> {
-        let unread: Vec<DeviceCount> = batches
+        let counts: Vec<DeviceCount> = batches
             .iter()
             .filter_map(|b| match &b.rows {
-                RowCount::Device { word, .. } if word.known().is_none() => Some(word.clone()),
-                _ => None,
+                RowCount::Device { word, .. } => Some(word.clone()),
+                RowCount::Host(_) => None,
             })
             .collect();
-        if unread.len() > 1 {
-            let mut staging = stream.device().pinned(4 * unread.len())?;
-            for (k, word) in unread.iter().enumerate() {
-                stream.download_pinned_at(word.as_slice(), &mut staging, 4 * k)?;
-            }
-            let host = staging.as_bytes()?;
-            for (c, word) in host.chunks_exact(4).zip(&unread) {
-                word.credit(u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize);
-            }
-        }
-        // Every count is known now, but for a single one, which `resolve` reads.
-        batches.iter().map(|b| b.resolve(stream)).collect()
+        let used: Vec<UsedBytes> = batches
+            .iter()
+            .flat_map(|b| b.columns.iter().filter_map(|c| c.used_bytes.clone()))
+            .collect();
+        read_words(stream, &counts, &used)?;
+        batches.iter().map(DeviceBatch::with_counts_read).collect()
     }
 
-    /// The batch with its count on the host, `rows` (at most the bound): the columns cut to it.
-    fn with_host_rows(&self, rows: usize) -> Result<DeviceBatch> {
+    /// The batch with its count on the host, once every word it needs was read back: the
+    /// columns cut to the count, and string bytes to what the rows use.
+    fn with_counts_read(&self) -> Result<DeviceBatch> {
+        let rows = match &self.rows {
+            RowCount::Host(_) => return Ok(self.clone()),
+            RowCount::Device { word, .. } => word.known(),
+        };
+        let unread = || SpateError::Internal {
+            message: "a device batch resolved before its words were read back".into(),
+        };
+        let rows = rows.ok_or_else(unread)?;
         let bound = self.bound();
         if rows > bound {
             return Err(SpateError::Internal {
@@ -623,7 +828,13 @@ impl DeviceBatch {
         let columns = self
             .columns
             .iter()
-            .map(|c| c.prefix(rows))
+            .map(|c| {
+                let c = c.prefix(rows)?;
+                match c.used_bytes() {
+                    None => Ok(c),
+                    Some(u) => c.cut_to_used(u.known().ok_or_else(unread)? as usize),
+                }
+            })
             .collect::<Result<Vec<_>>>()?;
         DeviceBatch::try_new(Arc::clone(&self.schema), columns, rows)
     }
@@ -647,20 +858,28 @@ impl DeviceBatch {
             per_row: 0,
             bitmaps: 0,
             fixed: 0,
+            used: Vec::new(),
         };
         for c in &self.columns {
+            // A producer that keeps its count on the device writes no bytes for the rows past
+            // it: the bytes are all rows' bytes, or, allocated for a bound, what the used-bytes
+            // word says.
+            let mut strings = |b: &DeviceBytes| match c.used_bytes() {
+                Some(u) => bytes.used.push((u.clone(), b.len())),
+                None => bytes.fixed += b.len(),
+            };
             match c.values() {
                 DeviceValues::Fixed { width, .. } => bytes.per_row += width,
                 DeviceValues::Bits { .. } => bytes.bitmaps += 1,
-                // A producer that keeps its count on the device writes no bytes for the rows
-                // past it: the bytes are all rows' bytes.
                 DeviceValues::Utf8 { bytes: b, .. } => {
+                    strings(b);
                     bytes.per_row += 4;
-                    bytes.fixed += 4 + b.len();
+                    bytes.fixed += 4;
                 }
                 DeviceValues::LargeUtf8 { bytes: b, .. } => {
+                    strings(b);
                     bytes.per_row += 8;
-                    bytes.fixed += 8 + b.len();
+                    bytes.fixed += 8;
                 }
             }
             if c.validity().is_some() {

@@ -98,6 +98,15 @@ impl DeviceTable {
                     continue;
                 }
                 let batch = upload_batch(&stream, &host)?;
+                // Gathers of its string columns size their bytes by the longest value.
+                let columns = batch
+                    .columns()
+                    .iter()
+                    .zip(&facts)
+                    .map(|(c, f)| c.clone().with_longest_string(f.longest_string))
+                    .collect();
+                let batch =
+                    DeviceBatch::try_new(Arc::clone(batch.schema()), columns, batch.bound())?;
                 batch.share_across_streams();
                 num_rows += batch.bound();
                 device_bytes += batch.device_bytes();

@@ -180,7 +180,7 @@ impl Selected {
                     .batch
                     .columns()
                     .iter()
-                    .map(|c| Gather::rows(c, indices))
+                    .map(|c| Gather::rows(c, indices).each_row_once())
                     .collect();
                 gather_batch(stream, schema, &gathers, &self.rows)
             }

@@ -194,14 +194,17 @@ impl GpuExec for GpuProjectionExec {
                 };
                 // The kept rows of the input columns, gathered together: one readback for
                 // all their string byte totals, which brings a device count back too (the
-                // computed columns are then cut to it).
+                // computed columns are then cut to it), unless each string column's bytes
+                // are bounded by its source's (the filter keeps each row at most once).
                 let inputs = selected.batch.columns();
                 let (gathered, count) = match rows {
                     Some(rows) => {
                         let gathers: Vec<Gather<'_>> = sources
                             .iter()
                             .filter_map(|s| match s {
-                                Source::Input(i) => Some(Gather::rows(&inputs[*i], rows)),
+                                Source::Input(i) => {
+                                    Some(Gather::rows(&inputs[*i], rows).each_row_once())
+                                }
                                 Source::Computed(_) => None,
                             })
                             .collect();

@@ -15,7 +15,8 @@
 //!   scan numbers the groups.
 //! - `assign(const u32* table, const u32* group_of_slot, u64 cap, const u32* slot_of_row,
 //!   u64 n, u32* gid, u32* reps)`: each row's group, and each group's first row.
-//! - `update(args…, u64 n, const u32* gid, u64 groups, u64* acc, u32* seen)`: folds each row
+//! - `update(args…, const u32* live, u64 n, const u32* gid, u64 groups, u64* acc, u32* seen)`:
+//!   folds each row (up to a device row count `live`, when not null)
 //!   into its group's accumulators with atomics. With at most [`SMALL_GROUPS`] groups, each block
 //!   first folds into shared memory and then adds its partial results to `acc` once, so a
 //!   handful of hot groups does not serialise every thread on the same global words.
@@ -332,8 +333,9 @@ fn wide_kernel(spec: &AggSpec, lay: &Layout, args: &str) -> Option<String> {
     }
     (!rows.is_empty()).then(|| {
         format!(
-            r#"extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_wide({args}u64 n, const u32* gid, u64 groups, u64* acc) {{
-    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{
+            r#"extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_wide({args}const u32* live, u64 n, const u32* gid, u64 groups, u64* acc) {{
+    const u64 m = spate::live_rows(live, n);
+    for (u64 i = spate::global_thread_index(); i < m; i += spate::grid_stride()) {{
         const u64 g = gid != nullptr ? (u64)gid[i] : 0ull;
 {rows}    }}
 }}
@@ -581,7 +583,7 @@ SPATE_EXPORT(ENTRY_canon)
         for (u32 t = threadIdx.x; t < {sw}u; t += blockDim.x) sacc[t] = 0ull;
         for (u32 t = threadIdx.x; t < {ss}u; t += blockDim.x) sseen[t] = 0u;
         __syncthreads();
-        for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{
+        for (u64 i = spate::global_thread_index(); i < m; i += spate::grid_stride()) {{
             const u64 g = gid != nullptr ? (u64)gid[i] : 0ull;
 {rows}        }}
         __syncthreads();
@@ -598,8 +600,9 @@ SPATE_EXPORT(ENTRY_canon)
     };
     let _ = write!(
         body,
-        r#"extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_update({args}u64 n, const u32* gid, u64 groups, u64* acc, u32* seen) {{
-{privatized}    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{
+        r#"extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_update({args}const u32* live, u64 n, const u32* gid, u64 groups, u64* acc, u32* seen) {{
+    const u64 m = spate::live_rows(live, n);
+{privatized}    for (u64 i = spate::global_thread_index(); i < m; i += spate::grid_stride()) {{
         const u64 g = gid != nullptr ? (u64)gid[i] : 0ull;
 {global_rows}    }}
 }}

@@ -60,11 +60,11 @@ use spate_kernels::{DeviceBuffer, Kernel, KernelArg, LaunchConfig, Stream as Dev
 use self::codegen::{AggProgram, AggSpec, Out, Slot, SlotKind};
 use super::batching::KeepsCounts;
 use super::{
-    DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, collected_input, gpu_context,
-    per_batch_input, rebuild_gpu, to_df,
+    DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, collected_input, device_input,
+    gpu_context, per_batch_input, rebuild_gpu, to_df,
 };
 use crate::column::{
-    DeviceBatch, DeviceBytes, DeviceColumn, DeviceValidity, DeviceValues, Gather,
+    DeviceBatch, DeviceBytes, DeviceColumn, DeviceValidity, DeviceValues, Gather, RowCount,
     concat_device_batches, gather_columns,
 };
 use crate::error::{Result, SpateError};
@@ -670,6 +670,69 @@ pub(super) fn build_table(
     })
 }
 
+impl AggPlan {
+    /// Whether the whole input folds batch by batch into one row of accumulators, with no
+    /// batch concatenated and no row count read back: an aggregation of every row (no group
+    /// keys, not partial) whose slots fold in one pass. A wide MIN/MAX's second pass needs the
+    /// final high words, and COUNT(DISTINCT) a table over all rows, so those concatenate.
+    fn folds(&self) -> bool {
+        self.keys.is_empty()
+            && !self.per_batch
+            && !self.program.entries.iter().any(|(name, _)| name == "wide")
+            && !self
+                .spec
+                .slots
+                .iter()
+                .any(|s| matches!(s.kind, SlotKind::CountDistinct))
+    }
+}
+
+/// An aggregation without group keys ([`AggPlan::folds`]): each input batch is folded into the
+/// accumulators as it comes, up to its row count, which may stay on the device; the one
+/// output row is finished after the last.
+fn fold(
+    input: DeviceBatchStream,
+    stream: Arc<DeviceStream>,
+    kernels: Arc<Kernels>,
+    plan: Arc<AggPlan>,
+    schema: SchemaRef,
+    baseline: BaselineMetrics,
+) -> DeviceBatchStream {
+    Box::pin(futures::stream::once(async move {
+        let acc = Accumulators::new(&stream, &plan, 1).map_err(to_df)?;
+        let mut input = input;
+        while let Some(batch) = input.next().await {
+            let batch = batch?;
+            let _timer = baseline.elapsed_compute().timer();
+            if batch.is_certainly_empty() {
+                continue;
+            }
+            let computed = match (&plan.computed, &kernels.computed) {
+                (Some(values), Some(kernel)) => {
+                    evaluate_values(&stream, kernel, values, &batch).map_err(to_df)?
+                }
+                _ => Vec::new(),
+            };
+            let args: Vec<DeviceColumn> = plan
+                .args
+                .iter()
+                .map(|o| match *o {
+                    Operand::Input(i) => batch.columns()[i].clone(),
+                    Operand::Computed(k) => computed[k].clone(),
+                })
+                .collect();
+            acc.update(&stream, &kernels, &args, batch.row_count(), None, 1)
+                .map_err(to_df)?;
+        }
+        let _timer = baseline.elapsed_compute().timer();
+        let columns = finish_outputs(&stream, &kernels, &plan, &schema, 1, &acc.acc, &acc.seen)
+            .map_err(to_df)?;
+        let out = DeviceBatch::try_new(schema, columns, 1).map_err(to_df)?;
+        baseline.record_output(1);
+        Ok(out)
+    }))
+}
+
 /// Aggregates one device batch into one batch of groups.
 fn aggregate_batch(
     stream: &DeviceStream,
@@ -708,29 +771,18 @@ fn aggregate_batch(
         (Some(gid), Some(reps), groups)
     };
 
-    let slots = plan.spec.slots.len();
-    let acc = stream.alloc_zeroed::<u64>((plan.program.words * groups).max(1))?;
-    let seen = stream.alloc_zeroed::<u32>((slots * groups).max(1))?;
-    if slots > 0 && groups > 0 {
-        let mut a = Vec::with_capacity(args.len() * 5 + 5);
-        for c in &args {
-            column_args(c, &mut a);
-        }
-        a.extend([
-            KernelArg::U64(n as u64),
-            gid.as_ref().into(),
-            KernelArg::U64(groups as u64),
-            (&acc).into(),
-            (&seen).into(),
-        ]);
-        launch(stream, kernels.get("update")?, n, &a)?;
-        if kernels.program.contains_key("wide") {
-            // The same arguments, without `seen`: the low words of wide MIN/MAX, once every
-            // high word is final.
-            a.pop();
-            launch(stream, kernels.get("wide")?, n, &a)?;
-        }
+    let acc = Accumulators::new(stream, plan, groups)?;
+    if groups > 0 {
+        acc.update(
+            stream,
+            kernels,
+            &args,
+            batch.row_count(),
+            gid.as_ref(),
+            groups,
+        )?;
     }
+    let Accumulators { acc, seen } = acc;
     for (j, slot) in plan.spec.slots.iter().enumerate() {
         let (SlotKind::CountDistinct, Some(arg)) = (slot.kind, slot.arg) else {
             continue;
@@ -766,35 +818,7 @@ fn aggregate_batch(
         )?;
     }
 
-    let mut outputs = Vec::with_capacity(plan.spec.outputs.len());
-    let mut a = vec![KernelArg::U64(groups as u64), (&acc).into(), (&seen).into()];
-    for (j, (_, ty)) in plan.spec.outputs.iter().enumerate() {
-        let field = schema.field(plan.keys.len() + j);
-        let width = match ty {
-            DevType::Int { bits, .. } => usize::from(*bits) / 8,
-            DevType::F32 => 4,
-            DevType::F64 => 8,
-            DevType::Dec { .. } => 16,
-            DevType::Bool | DevType::Str => {
-                return Err(SpateError::Internal {
-                    message: format!("a GPU aggregate output is {}", field.data_type()),
-                });
-            }
-        };
-        let data = stream.alloc::<u8>((groups * width).max(16))?;
-        // No bitmap for an output that cannot be null (COUNT); the kernel skips a null one.
-        let valid = match plan.program.nullable.get(j) {
-            Some(false) => None,
-            _ => Some(stream.alloc::<u8>(bitmap_bytes(groups).max(4))?),
-        };
-        a.push((&data).into());
-        a.push(valid.as_ref().into());
-        outputs.push((data, valid, width, field.data_type().clone()));
-    }
-    // No readback: the null counts stay on the device until a host consumer asks for them.
-    launch(stream, kernels.get("finish")?, groups, &a)?;
-
-    let mut columns = Vec::with_capacity(keys.len() + outputs.len());
+    let mut columns = Vec::with_capacity(keys.len() + plan.spec.outputs.len());
     match &reps {
         Some(reps) => {
             let reps = reps.slice(..groups)?;
@@ -822,6 +846,105 @@ fn aggregate_batch(
         }
         None => debug_assert!(keys.is_empty()),
     }
+    columns.extend(finish_outputs(
+        stream, kernels, plan, schema, groups, &acc, &seen,
+    )?);
+    DeviceBatch::try_new(Arc::clone(schema), columns, groups)
+}
+
+/// The accumulators of an aggregation: `acc` words and `seen` flags for `groups` groups,
+/// zeroed (see `codegen`'s module docs).
+struct Accumulators {
+    acc: DeviceBuffer<u64>,
+    seen: DeviceBuffer<u32>,
+}
+
+impl Accumulators {
+    fn new(stream: &DeviceStream, plan: &AggPlan, groups: usize) -> Result<Self> {
+        Ok(Accumulators {
+            acc: stream.alloc_zeroed::<u64>((plan.program.words * groups).max(1))?,
+            seen: stream.alloc_zeroed::<u32>((plan.spec.slots.len() * groups).max(1))?,
+        })
+    }
+
+    /// Folds the rows of `args` (up to `rows`, whose count may be on the device) into the
+    /// accumulators, row `i` into group `gid[i]` (all into group 0 without `gid`).
+    fn update(
+        &self,
+        stream: &DeviceStream,
+        kernels: &Kernels,
+        args: &[DeviceColumn],
+        rows: &RowCount,
+        gid: Option<&DeviceBuffer<u32>>,
+        groups: usize,
+    ) -> Result<()> {
+        if self.seen.len() == 0 || args.iter().any(|a| a.len() != rows.bound()) {
+            return Err(SpateError::Internal {
+                message: "aggregate arguments of another length than their rows".into(),
+            });
+        }
+        let n = rows.bound();
+        let mut a = Vec::with_capacity(args.len() * 5 + 6);
+        for c in args {
+            column_args(c, &mut a);
+        }
+        a.extend([
+            rows.live_arg(),
+            KernelArg::U64(n as u64),
+            gid.into(),
+            KernelArg::U64(groups as u64),
+            (&self.acc).into(),
+            (&self.seen).into(),
+        ]);
+        launch(stream, kernels.get("update")?, n, &a)?;
+        if kernels.program.contains_key("wide") {
+            // The same arguments, without `seen`: the low words of wide MIN/MAX, once every
+            // high word is final.
+            a.pop();
+            launch(stream, kernels.get("wide")?, n, &a)?;
+        }
+        Ok(())
+    }
+}
+
+/// The aggregate output columns of `groups` groups, from their accumulators (no readback: the
+/// null counts stay on the device until a host consumer asks for them).
+fn finish_outputs(
+    stream: &DeviceStream,
+    kernels: &Kernels,
+    plan: &AggPlan,
+    schema: &SchemaRef,
+    groups: usize,
+    acc: &DeviceBuffer<u64>,
+    seen: &DeviceBuffer<u32>,
+) -> Result<Vec<DeviceColumn>> {
+    let mut outputs = Vec::with_capacity(plan.spec.outputs.len());
+    let mut a = vec![KernelArg::U64(groups as u64), acc.into(), seen.into()];
+    for (j, (_, ty)) in plan.spec.outputs.iter().enumerate() {
+        let field = schema.field(plan.keys.len() + j);
+        let width = match ty {
+            DevType::Int { bits, .. } => usize::from(*bits) / 8,
+            DevType::F32 => 4,
+            DevType::F64 => 8,
+            DevType::Dec { .. } => 16,
+            DevType::Bool | DevType::Str => {
+                return Err(SpateError::Internal {
+                    message: format!("a GPU aggregate output is {}", field.data_type()),
+                });
+            }
+        };
+        let data = stream.alloc::<u8>((groups * width).max(16))?;
+        // No bitmap for an output that cannot be null (COUNT); the kernel skips a null one.
+        let valid = match plan.program.nullable.get(j) {
+            Some(false) => None,
+            _ => Some(stream.alloc::<u8>(bitmap_bytes(groups).max(4))?),
+        };
+        a.push((&data).into());
+        a.push(valid.as_ref().into());
+        outputs.push((data, valid, width, field.data_type().clone()));
+    }
+    launch(stream, kernels.get("finish")?, groups, &a)?;
+    let mut columns = Vec::with_capacity(outputs.len());
     for (data, valid, width, data_type) in outputs {
         let validity = valid.map(|valid| DeviceValidity {
             bytes: DeviceBytes::new(valid),
@@ -837,7 +960,7 @@ fn aggregate_batch(
             },
         ));
     }
-    DeviceBatch::try_new(Arc::clone(schema), columns, groups)
+    Ok(columns)
 }
 
 impl DisplayAs for GpuAggregateExec {
@@ -924,6 +1047,17 @@ impl GpuExec for GpuAggregateExec {
         };
         let kernels = Arc::new(kernels);
         let transfer = TransferMetrics::new(&self.metrics, partition);
+        if self.plan.folds() {
+            let input = device_input(self.cpu.input(), partition, &context, &stream, &transfer)?;
+            return Ok(fold(
+                input,
+                stream,
+                kernels,
+                Arc::clone(&self.plan),
+                self.schema(),
+                BaselineMetrics::new(&self.metrics, partition),
+            ));
+        }
         let input = if self.plan.per_batch {
             per_batch_input(
                 self.cpu.input(),

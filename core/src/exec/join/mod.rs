@@ -311,6 +311,7 @@ fn assemble(
         build,
         probe,
         &RowCount::Host(rows),
+        false,
     )
 }
 
@@ -324,6 +325,7 @@ fn assemble_counted(
     build: Option<(&DeviceBatch, DeviceSlice<'_, u32>, bool)>,
     probe: Option<(&DeviceBatch, DeviceSlice<'_, u32>, bool)>,
     rows: &RowCount,
+    probe_once: bool,
 ) -> Result<DeviceBatch> {
     let build_width = build.map_or(0, |(b, _, _)| b.columns().len());
     let probe_width = probe.map_or(0, |(p, _, _)| p.columns().len());
@@ -331,25 +333,27 @@ fn assemble_counted(
     let wanted = projection.unwrap_or(&all);
     let mut gathers = Vec::with_capacity(wanted.len());
     for &c in wanted {
-        let (batch, indices, may_be_null, index) = if c < build_width {
+        let (batch, indices, may_be_null, index, once) = if c < build_width {
             let (b, i, null) = build.ok_or_else(|| SpateError::Internal {
                 message: "a join output column from a missing build side".into(),
             })?;
-            (b, i, null, c)
+            (b, i, null, c, false)
         } else {
             let (p, i, null) = probe.ok_or_else(|| SpateError::Internal {
                 message: "a join output column from a missing probe side".into(),
             })?;
-            (p, i, null, c - build_width)
+            (p, i, null, c - build_width, probe_once)
         };
         let column = &batch.columns()[index];
-        gathers.push(if may_be_null {
+        let gather = if may_be_null {
             Gather::rows_or_null(column, indices)
         } else {
             Gather::rows(column, indices)
-        });
+        };
+        gathers.push(if once { gather.each_row_once() } else { gather });
     }
-    // One readback for the byte totals of all the string columns (and a device count).
+    // One readback for the byte totals of all the string columns (and a device count), or
+    // none when the count is on the device and every string column's bytes have a bound.
     gather_batch(stream, Arc::clone(schema), &gathers, rows)
 }
 

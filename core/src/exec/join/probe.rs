@@ -683,6 +683,7 @@ impl ProbeState {
             Some((&build.batch, build_rows.as_slice(), false)),
             Some((batch, probe_rows.as_slice(), false)),
             &rows,
+            true,
         )?;
         // The string totals may have brought the count back.
         Ok((out.host_rows() != Some(0)).then_some(out))
