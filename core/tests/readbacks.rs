@@ -204,7 +204,11 @@ async fn a_projection_over_a_filter_gathers_its_strings_without_waiting() {
     // One input batch: the value kernel's error word (4 bytes), and nothing for the strings.
     assert_eq!(metric(line, "GpuProjectionExec", "d2h_bytes"), 4, "{plan}");
     assert_eq!(metric(line, "GpuProjectionExec", "host_syncs"), 1, "{plan}");
-    assert_eq!(metric(line, "GpuProjectionExec", "counted_on_device"), 1, "{plan}");
+    assert_eq!(
+        metric(line, "GpuProjectionExec", "counted_on_device"),
+        1,
+        "{plan}"
+    );
 }
 
 /// A filter leaves its kept count on the device, and nothing waits for it. The join's input,

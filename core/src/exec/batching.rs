@@ -89,20 +89,22 @@ pub(crate) fn merge_small_batches(
     stream: Arc<DeviceStream>,
     keeps_counts: KeepsCounts,
 ) -> DeviceBatchStream {
-    merging(input, schema, target_bytes, stream, Some(keeps_counts))
+    merging(input, schema, target_bytes, stream, true, keeps_counts)
 }
 
 /// `input` with only its device-counted batches merged, as [`merge_small_batches`] merges
 /// them; the others pass through. For an operator that collects its whole input (a sort, a
 /// join build, a final aggregation): a filter's output is allocated for all its input rows,
-/// and holding those allocations until the end would hold the unfiltered input.
+/// and holding those allocations until the end would hold the unfiltered input. `keeps_counts`
+/// as for [`merge_small_batches`]: a join build keeps them on the device.
 pub(crate) fn compact_device_counted(
     input: DeviceBatchStream,
     schema: SchemaRef,
     target_bytes: usize,
     stream: Arc<DeviceStream>,
+    keeps_counts: KeepsCounts,
 ) -> DeviceBatchStream {
-    merging(input, schema, target_bytes, stream, None)
+    merging(input, schema, target_bytes, stream, false, keeps_counts)
 }
 
 fn merging(
@@ -110,11 +112,12 @@ fn merging(
     schema: SchemaRef,
     target_bytes: usize,
     stream: Arc<DeviceStream>,
-    per_batch: Option<KeepsCounts>,
+    merge_host_counted: bool,
+    keeps_counts: KeepsCounts,
 ) -> DeviceBatchStream {
     let state = Merging {
-        merge_host_counted: per_batch.is_some(),
-        keeps_counts: per_batch.unwrap_or_else(KeepsCounts::later),
+        merge_host_counted,
+        keeps_counts,
         input,
         schema,
         target_bytes: target_bytes.max(1),
@@ -608,11 +611,16 @@ mod tests {
         want.extend((200..230).step_by(2).map(Some));
         want.extend((300..310).chain(400..410).map(Some));
         let input: DeviceBatchStream = Box::pin(futures::stream::iter(inputs));
-        let out: Vec<DeviceBatch> =
-            compact_device_counted(input, Arc::clone(&schema), 64 * 1024, Arc::clone(&stream))
-                .try_collect()
-                .await
-                .unwrap();
+        let out: Vec<DeviceBatch> = compact_device_counted(
+            input,
+            Arc::clone(&schema),
+            64 * 1024,
+            Arc::clone(&stream),
+            KeepsCounts::never(),
+        )
+        .try_collect()
+        .await
+        .unwrap();
         let rows: Vec<usize> = out.iter().map(DeviceBatch::bound).collect();
         assert_eq!(rows, vec![10, 30, 10, 10]);
         assert_eq!(ints(&stream, &out), want);

@@ -510,13 +510,15 @@ pub(crate) fn per_batch_input(
 /// [`device_input`] for an operator that collects its whole input before it works (a sort, a
 /// join build, a final aggregation): a GPU child's batches whose row count is on the device
 /// are merged (`batching::compact_device_counted`), so that the operator does not hold a
-/// filter's outputs at the size of the filter's input.
+/// filter's outputs at the size of the filter's input. `keeps_counts`: whether the operator
+/// takes a row count on the device (a join build does), so that the merge need not read it.
 pub(crate) fn collected_input(
     input: &Arc<dyn ExecutionPlan>,
     partition: usize,
     context: &Arc<TaskContext>,
     stream: &Arc<DeviceStream>,
     metrics: &TransferMetrics,
+    keeps_counts: batching::KeepsCounts,
 ) -> DFResult<DeviceBatchStream> {
     merged_input(
         input,
@@ -524,7 +526,9 @@ pub(crate) fn collected_input(
         context,
         stream,
         metrics,
-        batching::compact_device_counted,
+        |input, schema, target, stream| {
+            batching::compact_device_counted(input, schema, target, stream, keeps_counts)
+        },
     )
 }
 

@@ -30,6 +30,7 @@ use futures::TryStreamExt;
 use spate_kernels::sort::{self as ks, SortKeySource};
 use spate_kernels::{DeviceBuffer, DeviceSlice, Stream as DeviceStream, gather};
 
+use super::batching::KeepsCounts;
 use super::{
     DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, collected_input, gpu_context,
     rebuild_gpu, to_df,
@@ -421,7 +422,14 @@ impl GpuExec for GpuSortExec {
             }
         };
         let transfer = TransferMetrics::new(&self.metrics, partition);
-        let input = collected_input(self.cpu.input(), partition, &context, &stream, &transfer)?;
+        let input = collected_input(
+            self.cpu.input(),
+            partition,
+            &context,
+            &stream,
+            &transfer,
+            KeepsCounts::never(),
+        )?;
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let keys = self.keys.clone();
         let fetch = self.cpu.fetch();

@@ -3,10 +3,12 @@
 //! from an [`AggSpec`].
 //!
 //! Kernel parameters (every column is the five-parameter layout of
-//! `crate::expr::column_args`):
-//! - `hash(keys…, u64 n, u64* hashes)`: XXH64 of each key (a NULL hashes to `SPATE_NULL_HASH`),
-//!   combined left to right.
-//! - `build(keys…, u64 n, const u64* hashes, u32* table, u64 mask, u32* slot_of_row)`: inserts
+//! `crate::expr::column_args`; `live` is a device row count the rows stop at, or null for `n`,
+//! see `spate::live_rows`):
+//! - `hash(keys…, const u32* live, u64 n, u64* hashes)`: XXH64 of each key (a NULL hashes to
+//!   `SPATE_NULL_HASH`), combined left to right.
+//! - `build(keys…, const u32* live, u64 n, const u64* hashes, u32* table, u64 mask,
+//!   u32* slot_of_row)`: inserts
 //!   every row into an open-addressing table of `mask + 1` slots (linear probing). A slot holds
 //!   `row + 1` of the first row of its group (0 is empty) and is claimed with `atomicCAS`; a row
 //!   whose key equals a slot's row (NULL equals NULL, floats by bit pattern, strings by bytes)
@@ -14,7 +16,8 @@
 //! - `flags(const u32* table, u64 cap, u32* flags)`: 1 for an occupied slot; their exclusive
 //!   scan numbers the groups.
 //! - `assign(const u32* table, const u32* group_of_slot, u64 cap, const u32* slot_of_row,
-//!   u64 n, u32* gid, u32* reps)`: each row's group, and each group's first row.
+//!   const u32* live, u64 n, u32* gid, u32* reps)`: each row's group, and each group's first
+//!   row.
 //! - `update(args…, const u32* live, u64 n, const u32* gid, u64 groups, u64* acc, u32* seen)`:
 //!   folds each row (up to a device row count `live`, when not null)
 //!   into its group's accumulators with atomics. With at most [`SMALL_GROUPS`] groups, each block
@@ -37,7 +40,8 @@
 //! MIN/MAX as an order-preserving `u64` key (MIN stores the key's complement), so both are one
 //! `atomicMax`. MIN/MAX of a Decimal128 above 18 digits take two words and two passes, which
 //! are exact without a 128-bit atomic: `update` takes the `atomicMax` of the high 64 bits'
-//! order key, then `wide(args…, u64 n, const u32* gid, u64 groups, u64* acc)` takes the
+//! order key, then `wide(args…, const u32* live, u64 n, const u32* gid, u64 groups, u64* acc)`
+//! takes the
 //! `atomicMax` of the low 64 bits (unsigned) over the rows whose high key equals the winner.
 //! `seen[slot * groups + g]` is set once a non-null value reached the slot.
 
@@ -458,8 +462,9 @@ pub(crate) const NUMBERING: &str = r#"extern "C" __global__ void __launch_bounds
 }
 SPATE_EXPORT(ENTRY_flags)
 
-extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_assign(const u32* table, const u32* group_of_slot, u64 cap, const u32* slot_of_row, u64 n, u32* gid, u32* reps) {
-    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) gid[i] = group_of_slot[slot_of_row[i]];
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_assign(const u32* table, const u32* group_of_slot, u64 cap, const u32* slot_of_row, const u32* live, u64 n, u32* gid, u32* reps) {
+    const u64 m = spate::live_rows(live, n);
+    for (u64 i = spate::global_thread_index(); i < m; i += spate::grid_stride()) gid[i] = group_of_slot[slot_of_row[i]];
     for (u64 s = spate::global_thread_index(); s < cap; s += spate::grid_stride()) {
         const u32 row = table[s];
         if (row != 0u) reps[group_of_slot[s]] = row - 1u;
@@ -518,15 +523,17 @@ pub(crate) fn hash_and_build(keys: &[DevType], hash_name: &str, build_name: &str
         .map(|(k, ty)| key_equal("k", "k", k, *ty))
         .collect();
     format!(
-        r#"extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_{hash_name}({params}u64 n, u64* hashes) {{
-    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{
+        r#"extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_{hash_name}({params}const u32* live, u64 n, u64* hashes) {{
+    const u64 m = spate::live_rows(live, n);
+    for (u64 i = spate::global_thread_index(); i < m; i += spate::grid_stride()) {{
 {hash}        hashes[i] = h;
     }}
 }}
 SPATE_EXPORT(ENTRY_{hash_name})
 
-extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_{build_name}({params}u64 n, const u64* hashes, u32* table, u64 mask, u32* slot_of_row) {{
-    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_{build_name}({params}const u32* live, u64 n, const u64* hashes, u32* table, u64 mask, u32* slot_of_row) {{
+    const u64 m = spate::live_rows(live, n);
+    for (u64 i = spate::global_thread_index(); i < m; i += spate::grid_stride()) {{
         const u64 h = hashes[i];
         u64 s = h & mask;
         for (;;) {{

@@ -538,7 +538,14 @@ pub(super) fn group_rows(
     keys: &[DeviceColumn],
     n: usize,
 ) -> Result<(DeviceBuffer<u32>, DeviceBuffer<u32>, usize)> {
-    let g = build_table(stream, kernels, names, keys, n, GroupCount::ReadBack)?;
+    let g = build_table(
+        stream,
+        kernels,
+        names,
+        keys,
+        &RowCount::Host(n),
+        GroupCount::ReadBack,
+    )?;
     let groups = match g.groups {
         Groups::Exact(groups) => groups,
         Groups::AtMost(_) => {
@@ -594,23 +601,25 @@ pub(super) struct Grouping {
     pub(super) group_of_slot: DeviceBuffer<u32>,
 }
 
-/// Builds the table over `keys` (n rows) with the `hash` and `build` kernels named, and numbers
-/// its groups; `count` says whether the host learns how many there are.
+/// Builds the table over `keys` (`rows`: n rows, or up to a device count of at most n, when
+/// the table is sized by the bound) with the `hash` and `build` kernels named, and numbers its
+/// groups; `count` says whether the host learns how many there are.
 pub(super) fn build_table(
     stream: &DeviceStream,
     kernels: &Kernels,
     (hash, build): (&str, &str),
     keys: &[DeviceColumn],
-    n: usize,
+    rows: &RowCount,
     count: GroupCount,
 ) -> Result<Grouping> {
+    let n = rows.bound();
     let mut key_args = Vec::with_capacity(keys.len() * 5 + 6);
     for k in keys {
         column_args(k, &mut key_args);
     }
     let hashes = stream.alloc::<u64>(n.max(1))?;
     let mut args = key_args.clone();
-    args.extend([KernelArg::U64(n as u64), (&hashes).into()]);
+    args.extend([rows.live_arg(), KernelArg::U64(n as u64), (&hashes).into()]);
     launch(stream, kernels.get(hash)?, n, &args)?;
 
     let cap = (2 * n).max(64).next_power_of_two();
@@ -618,6 +627,7 @@ pub(super) fn build_table(
     let slot_of_row = stream.alloc::<u32>(n.max(1))?;
     let mut args = key_args;
     args.extend([
+        rows.live_arg(),
         KernelArg::U64(n as u64),
         (&hashes).into(),
         (&table).into(),
@@ -655,6 +665,7 @@ pub(super) fn build_table(
             (&group_of_slot).into(),
             KernelArg::U64(cap as u64),
             (&slot_of_row).into(),
+            rows.live_arg(),
             KernelArg::U64(n as u64),
             (&gid).into(),
             (&reps).into(),
@@ -1068,7 +1079,14 @@ impl GpuExec for GpuAggregateExec {
                 KeepsCounts::never(),
             )?
         } else {
-            collected_input(self.cpu.input(), partition, &context, &stream, &transfer)?
+            collected_input(
+                self.cpu.input(),
+                partition,
+                &context,
+                &stream,
+                &transfer,
+                KeepsCounts::never(),
+            )?
         };
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let plan = Arc::clone(&self.plan);

@@ -122,9 +122,10 @@ pub(super) fn build_side(
     track_matches: bool,
     check_unique: bool,
 ) -> Result<BuildSide> {
-    // The grouping kernels size the table by the row count: it must be on the host.
-    let batch = batch.resolve(stream)?;
+    // A row count on the device stays there: the table and the per-row and per-group buffers
+    // are sized by the bound, and the kernels stop at the count.
     let n = batch.bound();
+    let live = batch.row_count().live_arg();
     if n >= u32::MAX as usize {
         return Err(SpateError::Unsupported {
             message: format!("a GPU join build side of {n} rows (the limit is 2^32 - 2)"),
@@ -141,7 +142,7 @@ pub(super) fn build_side(
         kernels,
         ("hash", "build"),
         &keys,
-        n,
+        batch.row_count(),
         GroupCount::OnDevice,
     )?;
     let groups = grouping.groups.capacity();
@@ -158,6 +159,7 @@ pub(super) fn build_side(
         n,
         &[
             (&grouping.gid).into(),
+            live,
             KernelArg::U64(n as u64),
             (&sizes).into(),
             largest.as_ref().into(),
@@ -172,6 +174,7 @@ pub(super) fn build_side(
         n,
         &[
             (&grouping.gid).into(),
+            live,
             KernelArg::U64(n as u64),
             (&group_start).into(),
             (&fill).into(),

@@ -4,10 +4,12 @@
 //! are the build side's keys, `p` columns the probe side's):
 //! - `hash`, `build`, `flags`, `assign`: the build side's table and its groups of equal keys,
 //!   as for aggregation (see `exec::aggregate::codegen`).
-//! - `bcount(const u32* gid, u64 n, u32* sizes, u32* largest)`: rows per group, and the
-//!   largest group's size (`largest` starts at 0; null: not wanted).
-//! - `bscatter(const u32* gid, u64 n, const u32* group_start, u32* fill, u32* rows_by_group)`:
-//!   the build rows listed group by group (CSR), `group_start` being the scan of `sizes`.
+//! - `bcount(const u32* gid, const u32* live, u64 n, u32* sizes, u32* largest)`: rows per
+//!   group, and the largest group's size (`largest` starts at 0; null: not wanted). `live`
+//!   (here and below) is the build side's device row count, or null for `n` rows.
+//! - `bscatter(const u32* gid, const u32* live, u64 n, const u32* group_start, u32* fill,
+//!   u32* rows_by_group)`: the build rows listed group by group (CSR), `group_start` being the
+//!   scan of `sizes`.
 //! - `probe(p…, k…, const u32* live, u64 n, const u64* bhashes, const u32* table, u64 mask,
 //!   const u32* group_of_slot, const u32* sizes, u32 null_equal, u32 outer, u32* pgroup,
 //!   u64* counts, u32* matched)`: per probe row, the build group with equal keys (or `NONE`),
@@ -33,11 +35,13 @@
 //!   and the pair it starts at.
 //! - `shift(u32* rows, u64 n, u32 by)`: adds `by` to every row index.
 //! - `pmask(const u32* pgroup, u64 n, u32 want_match, u8* mask)` and `bmask(const u32* gid,
-//!   u64 n, const u32* matched, u32 want_match, u8* mask)`: probe or build rows that did (or
-//!   did not) match, for semi and anti joins and the unmatched rows of outer joins.
+//!   const u32* live, u64 n, const u32* matched, u32 want_match, u8* mask)`: probe or build
+//!   rows that did (or did not) match, for semi and anti joins and the unmatched rows of outer
+//!   joins (rows past `live` are not selected).
 //! - With a residual join filter, matches are decided per row pair: `mark(const u32* rows,
 //!   const u8* keep, u64 total, u32* flags)` flags the rows of the pairs the filter kept, and
-//!   `fmask(const u32* flags, u64 n, u32 want, u8* mask)` selects the rows flagged (or not).
+//!   `fmask(const u32* flags, const u32* live, u64 n, u32 want, u8* mask)` selects the rows
+//!   flagged (or not), up to `live`.
 
 use std::fmt::Write as _;
 
@@ -55,8 +59,9 @@ pub(super) struct JoinProgram {
 
 const FIXED: &str = r#"#define SPATE_JOIN_NONE 0xFFFFFFFFu
 
-extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_bcount(const u32* gid, u64 n, u32* sizes, u32* largest) {
-    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_bcount(const u32* gid, const u32* live, u64 n, u32* sizes, u32* largest) {
+    const u64 m = spate::live_rows(live, n);
+    for (u64 i = spate::global_thread_index(); i < m; i += spate::grid_stride()) {
         const u32 size = atomicAdd(&sizes[gid[i]], 1u) + 1u;
         // Sizes only grow, so the last add to a group raises `largest` to its size.
         if (largest != nullptr) atomicMax(largest, size);
@@ -64,8 +69,9 @@ extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_bcount(c
 }
 SPATE_EXPORT(ENTRY_bcount)
 
-extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_bscatter(const u32* gid, u64 n, const u32* group_start, u32* fill, u32* rows_by_group) {
-    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_bscatter(const u32* gid, const u32* live, u64 n, const u32* group_start, u32* fill, u32* rows_by_group) {
+    const u64 m = spate::live_rows(live, n);
+    for (u64 i = spate::global_thread_index(); i < m; i += spate::grid_stride()) {
         const u32 g = gid[i];
         rows_by_group[group_start[g] + atomicAdd(&fill[g], 1u)] = (u32)i;
     }
@@ -128,15 +134,17 @@ extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_mark(con
 }
 SPATE_EXPORT(ENTRY_mark)
 
-extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_fmask(const u32* flags, u64 n, u32 want, u8* mask) {
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_fmask(const u32* flags, const u32* live, u64 n, u32 want, u8* mask) {
+    const u64 m = spate::live_rows(live, n);
     for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride())
-        mask[i] = ((flags[i] != 0u) == (want != 0u)) ? 1 : 0;
+        mask[i] = (i < m && (flags[i] != 0u) == (want != 0u)) ? 1 : 0;
 }
 SPATE_EXPORT(ENTRY_fmask)
 
-extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_bmask(const u32* gid, u64 n, const u32* matched, u32 want_match, u8* mask) {
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_bmask(const u32* gid, const u32* live, u64 n, const u32* matched, u32 want_match, u8* mask) {
+    const u64 m = spate::live_rows(live, n);
     for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride())
-        mask[i] = ((matched[gid[i]] != 0u) == (want_match != 0u)) ? 1 : 0;
+        mask[i] = (i < m && (matched[gid[i]] != 0u) == (want_match != 0u)) ? 1 : 0;
 }
 SPATE_EXPORT(ENTRY_bmask)
 

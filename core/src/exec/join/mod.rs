@@ -54,7 +54,9 @@ use super::{
     DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, collected_input, gpu_context,
     per_batch_input, to_df,
 };
-use crate::column::{DeviceBatch, Gather, RowCount, concat_device_batches, gather_batch};
+use crate::column::{
+    DeviceBatch, Gather, RowCount, append_device_batches, concat_device_batches, gather_batch,
+};
 use crate::config::SpateOptions;
 use crate::error::{Result, SpateError};
 use crate::expr::{DevType, PredicateKernel, Unsupported, predicate_kernel};
@@ -285,6 +287,23 @@ impl GpuHashJoinExec {
     }
 }
 
+/// The build side's rows as one batch: appended on the device, their count left there, when
+/// some batch's count is on the device and they append (`column::append_device_batches`);
+/// else concatenated, which reads the counts.
+fn build_input(
+    stream: &DeviceStream,
+    schema: &SchemaRef,
+    batches: Vec<DeviceBatch>,
+) -> Result<DeviceBatch> {
+    if batches.len() > 1
+        && batches.iter().any(|b| b.host_rows().is_none())
+        && let Some(all) = append_device_batches(stream, schema, &batches)?
+    {
+        return Ok(all);
+    }
+    concat_device_batches(stream, schema, batches)
+}
+
 /// Whether a probe of unique build keys makes at most one output row per probe row, and only
 /// for a matched one (inner and left joins without a filter): then the probe leaves its
 /// output's count on the device (`ProbeState::probe_unique`), and the build checks whether
@@ -462,15 +481,17 @@ impl GpuExec for GpuHashJoinExec {
         let check_unique = may_probe_unique(join_type, &self.plan) && !known_unique;
         let build = async move {
             let make = |stream: Arc<DeviceStream>, left_partition: usize| async move {
+                // The build takes a row count on the device: its input's counts stay there.
                 let input = collected_input(
                     &left,
                     left_partition,
                     &build_context,
                     &stream,
                     &build_transfer,
+                    KeepsCounts::always(),
                 )?;
                 let batches: Vec<DeviceBatch> = input.try_collect().await?;
-                let all = concat_device_batches(&stream, &left_schema, batches).map_err(to_df)?;
+                let all = build_input(&stream, &left_schema, batches).map_err(to_df)?;
                 let side = build_side(
                     &stream,
                     &build_kernels,

@@ -533,6 +533,7 @@ impl ProbeState {
                 rows,
                 &[
                     flags.slice(from.0..to.0)?.into(),
+                    KernelArg::null(),
                     KernelArg::U64(rows as u64),
                     KernelArg::U32(u32::from(want)),
                     (&mask).into(),
@@ -761,6 +762,7 @@ impl ProbeState {
                 n,
                 &[
                     matched.into(),
+                    build.batch.row_count().live_arg(),
                     KernelArg::U64(n as u64),
                     want,
                     (&mask).into(),
@@ -773,6 +775,7 @@ impl ProbeState {
                 n,
                 &[
                     (&build.grouping.gid).into(),
+                    build.batch.row_count().live_arg(),
                     KernelArg::U64(n as u64),
                     matched.into(),
                     want,
