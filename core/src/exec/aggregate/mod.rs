@@ -889,7 +889,7 @@ impl Accumulators {
         gid: Option<&DeviceBuffer<u32>>,
         groups: usize,
     ) -> Result<()> {
-        if self.seen.len() == 0 || args.iter().any(|a| a.len() != rows.bound()) {
+        if self.seen.is_empty() || args.iter().any(|a| a.len() != rows.bound()) {
             return Err(SpateError::Internal {
                 message: "aggregate arguments of another length than their rows".into(),
             });
