@@ -177,3 +177,49 @@ async fn a_join_on_cached_unique_keys_reads_nothing_back() {
         assert!(line.contains("host_syncs=0,"), "{operator}: {plan}");
     }
 }
+
+/// A join filter over both sides runs on a unique probe's candidate pairs, on the device: the
+/// join still reads nothing back (the build side's strings are sized by their longest value,
+/// the probe side's are taken once). Inner, left, semi and anti joins give the CPU's rows,
+/// whichever side the planner builds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_filter_on_unique_keys_runs_on_the_device() {
+    let gpu = engine(Backend::Emulated, true).await;
+    let cpu = engine(Backend::Cpu, false).await;
+    // (Arithmetic that can fail would read its error word back: comparisons only.)
+    let inner = "SELECT count(*), sum(f_v), max(length(d_name)) FROM dim JOIN fact \
+                 ON d_k = f_k AND (f_v > 2500 OR d_name LIKE 'name xx%')";
+    let line = join_line(&gpu, &cpu, inner).await;
+    assert!(line.contains("build_keys=unique"), "{line}");
+    assert!(line.contains("filter="), "{line}");
+    let plan = ordered(
+        &gpu.collect(&format!("EXPLAIN ANALYZE {inner}"))
+            .await
+            .unwrap(),
+    )
+    .join("\n");
+    let line = plan
+        .lines()
+        .find(|l| l.contains("GpuHashJoinExec"))
+        .unwrap_or_else(|| panic!("a GPU join: {plan}"));
+    assert!(line.contains("d2h_bytes=0,"), "{plan}");
+    assert!(line.contains("host_syncs=0,"), "{plan}");
+    let others = [
+        "SELECT d_name, f_v FROM dim JOIN fact ON d_k = f_k AND f_v > d_u * 40",
+        "SELECT d_name, f_v FROM dim LEFT JOIN fact ON d_k = f_k AND f_v > d_u * 40",
+        "SELECT d_name, f_v FROM fact RIGHT JOIN dim ON d_k = f_k AND f_v > d_u * 40",
+        "SELECT d_name FROM dim WHERE EXISTS \
+         (SELECT 1 FROM fact WHERE f_k = d_k AND f_v > d_u * 40)",
+        "SELECT d_name FROM dim WHERE NOT EXISTS \
+         (SELECT 1 FROM fact WHERE f_k = d_k AND f_v > d_u * 40)",
+        "SELECT f_v FROM fact WHERE EXISTS \
+         (SELECT 1 FROM dim WHERE d_k = f_k AND d_name LIKE 'name xxx%' AND f_v % 2 = 1)",
+        "SELECT f_v FROM fact WHERE NOT EXISTS \
+         (SELECT 1 FROM dim WHERE d_k = f_k AND d_name LIKE 'name xxx%' AND f_v % 2 = 1)",
+        // Nothing passes the filter.
+        "SELECT d_name, f_v FROM dim JOIN fact ON d_k = f_k AND f_v < 0",
+    ];
+    for sql in others {
+        join_line(&gpu, &cpu, sql).await;
+    }
+}

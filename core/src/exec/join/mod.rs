@@ -92,8 +92,8 @@ pub struct GpuHashJoinExec {
     projection: Option<Vec<usize>>,
     fetch: Option<usize>,
     plan: Arc<JoinPlan>,
-    /// The build keys are unique, as the plan shows (`plan::unique`): an inner or left join
-    /// without a filter then probes unique keys from its first batch.
+    /// The build keys are unique, as the plan shows (`plan::unique`): a join that
+    /// `may_probe_unique` then probes unique keys from its first batch.
     build_unique: bool,
     /// The build side in `CollectLeft` mode, built once for every probe partition.
     shared: Arc<tokio::sync::OnceCell<Arc<BuildSide>>>,
@@ -304,12 +304,19 @@ fn build_input(
     concat_device_batches(stream, schema, batches)
 }
 
-/// Whether a probe of unique build keys makes at most one output row per probe row, and only
-/// for a matched one (inner and left joins without a filter): then the probe leaves its
-/// output's count on the device (`ProbeState::probe_unique`), and the build checks whether
+/// Whether a probe of unique build keys makes at most one candidate pair per probe row, and
+/// only for a matched one, that its output can be compacted from: inner and left joins, and
+/// left semi and anti joins with a filter (which run it on those pairs). Then the probe leaves
+/// its output's count on the device (`ProbeState::probe_unique`), and the build checks whether
 /// its keys are unique.
 fn may_probe_unique(join_type: JoinType, plan: &JoinPlan) -> bool {
-    plan.filter.is_none() && matches!(join_type, JoinType::Inner | JoinType::Left)
+    match join_type {
+        JoinType::Inner | JoinType::Left => true,
+        // Without a filter these only mark build rows, in the probe kernel; with one, the
+        // filter runs on the candidate pairs of a unique probe.
+        JoinType::LeftSemi | JoinType::LeftAnti => plan.filter.is_some(),
+        _ => false,
+    }
 }
 
 /// The join's output columns from the build rows `build` and probe rows `probe` (either side

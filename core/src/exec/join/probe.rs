@@ -15,10 +15,12 @@
 //! (`column::gather_columns`; with a residual filter, one for the filter's input columns and
 //! one for the output).
 //!
-//! Except for inner and left joins without a filter on unique build keys: a probe row then
-//! makes at most one output row, so a probe batch's output fits its own bound, and it is
-//! compacted on the device as a filter's is, its count left there (`probe_unique`): no
-//! readback at all, unless string columns bring the count back with their totals. Whether
+//! Except for inner and left joins on unique build keys (and left semi and anti joins with a
+//! filter): a probe row then makes at most one pair, so a probe batch's output fits its own
+//! bound, and it is compacted on the device as a filter's is, its count left there
+//! (`probe_unique`; a residual filter runs on those pairs and compacts them again, on the
+//! device too): no readback at all, unless string columns without a byte bound bring the
+//! count back with their totals. Whether
 //! the keys are unique is learnt without a readback of its own: the build side keeps its
 //! largest group's size on the device, and the second probe batch reads it back with its pair
 //! total (most probes have one batch, and would only pay the bytes).
@@ -37,7 +39,7 @@ use super::build::BuildSide;
 use super::{JoinPlan, assemble, assemble_counted};
 use crate::column::{
     DeviceBatch, DeviceBytes, DeviceColumn, DeviceCount, DeviceValues, Gather, RowCount,
-    gather_columns, upload_batch,
+    gather_batch, gather_columns, upload_batch,
 };
 use crate::error::{Result, SpateError};
 use crate::exec::aggregate::{Kernels, launch};
@@ -173,9 +175,9 @@ impl ProbeState {
         Ok((offsets, word(0, 8)))
     }
 
-    /// Whether each probe row makes at most one output row, and only a matched one: inner and
-    /// left joins on unique build keys, without a filter. Such a probe leaves its output's
-    /// count on the device (`probe_unique`).
+    /// Whether each probe row makes at most one pair, and only a matched one: joins that
+    /// `may_probe_unique`, on unique build keys. Such a probe leaves its output's count on
+    /// the device (`probe_unique`).
     fn probes_unique(&self) -> bool {
         self.build
             .as_ref()
@@ -626,9 +628,9 @@ impl ProbeState {
         }
     }
 
-    /// Inner and left joins on a build side of unique keys, without a filter: each matched
-    /// probe row with its one build row. The pair count stays on the device (nothing waits),
-    /// unless string columns read their byte totals back with it.
+    /// Joins on a build side of unique keys: each matched probe row with its one build row,
+    /// through the residual filter when there is one. The pair count stays on the device
+    /// (nothing waits), unless string columns read their byte totals back with it.
     fn probe_unique(
         &self,
         batch: &DeviceBatch,
@@ -677,6 +679,19 @@ impl ProbeState {
             ],
         )?;
         let rows = RowCount::Device { bound: n, word };
+        let (probe_rows, build_rows, rows) = match &self.plan.filter {
+            None => (probe_rows, build_rows, rows),
+            Some(filter) => {
+                match self.filter_unique(filter, batch, build, probe_rows, build_rows, rows)? {
+                    Some(kept) => kept,
+                    None => return Ok(None),
+                }
+            }
+        };
+        if matches!(self.join_type, JoinType::LeftSemi | JoinType::LeftAnti) {
+            // The filter marked the build rows; they come out when the probe ends.
+            return Ok(None);
+        }
         let out = assemble_counted(
             s,
             &self.schema,
@@ -688,6 +703,92 @@ impl ProbeState {
         )?;
         // The string totals may have brought the count back.
         Ok((out.host_rows() != Some(0)).then_some(out))
+    }
+
+    /// The residual filter of a probe of unique build keys, on its candidate pairs: the
+    /// matched probe rows `probe_rows` with their build rows `build_rows`, `rows` of them.
+    /// Marks the build rows of the pairs that pass (for left, semi and anti joins), and
+    /// returns those pairs, their count on the device as the candidates' was: the filter's
+    /// inputs are gathered, evaluated and compacted without a readback, when their string
+    /// columns have byte bounds (a probe row is taken once; a build string by its longest).
+    /// `None` when nothing is left to emit (the string totals brought a count of 0 back).
+    #[allow(clippy::type_complexity)]
+    fn filter_unique(
+        &self,
+        filter: &super::FilterPlan,
+        batch: &DeviceBatch,
+        build: &BuildSide,
+        probe_rows: DeviceBuffer<u32>,
+        build_rows: DeviceBuffer<u32>,
+        rows: RowCount,
+    ) -> Result<Option<(DeviceBuffer<u32>, DeviceBuffer<u32>, RowCount)>> {
+        let s = &self.stream;
+        let n = rows.bound();
+        let (probe_at, build_at) = (probe_rows.slice(..n)?, build_rows.slice(..n)?);
+        let gathers: Vec<Gather<'_>> = filter
+            .columns
+            .iter()
+            .map(|&(from_build, c)| {
+                if from_build {
+                    Gather::rows(&build.batch.columns()[c], build_at)
+                } else {
+                    Gather::rows(&batch.columns()[c], probe_at).each_row_once()
+                }
+            })
+            .collect();
+        let candidates = gather_batch(s, Arc::clone(&filter.schema), &gathers, &rows)?;
+        // The string totals may have brought the count back, and cut the candidates to it.
+        let m = candidates.bound();
+        if m == 0 {
+            return Ok(None);
+        }
+        let filter_kernel = self
+            .kernels
+            .computed
+            .as_ref()
+            .ok_or_else(|| SpateError::Internal {
+                message: "a GPU join filter without its kernel".into(),
+            })?;
+        // 0 for the candidates past a device count.
+        let keep = evaluate_predicate(s, filter_kernel, &filter.predicate, &candidates)?;
+        if let Some(matched) = &build.matched {
+            launch(
+                s,
+                self.kernels.get("mark")?,
+                m,
+                &[
+                    build_rows.slice(..m)?.into(),
+                    (&keep).into(),
+                    KernelArg::U64(m as u64),
+                    matched.into(),
+                ],
+            )?;
+        }
+        if matches!(self.join_type, JoinType::LeftSemi | JoinType::LeftAnti) {
+            return Ok(None);
+        }
+        let word = DeviceCount::new(s.alloc::<u32>(1)?)?;
+        let passing = compact::select_indices_on_device(
+            s,
+            Mask::Bytes(keep.slice(..m)?),
+            None,
+            m,
+            word.as_slice(),
+        )?;
+        let live = Some(word.as_slice());
+        let p = spate_kernels::gather::gather_live(
+            s,
+            probe_rows.slice(..m)?,
+            passing.as_slice(),
+            live,
+        )?;
+        let b = spate_kernels::gather::gather_live(
+            s,
+            build_rows.slice(..m)?,
+            passing.as_slice(),
+            live,
+        )?;
+        Ok(Some((p, b, RowCount::Device { bound: m, word })))
     }
 
     /// Right semi and anti joins without a filter: the probe rows that did (not) match.
