@@ -223,3 +223,54 @@ async fn a_join_filter_on_unique_keys_runs_on_the_device() {
         join_line(&gpu, &cpu, sql).await;
     }
 }
+
+/// With the probe keys known unique (the larger table built, join reordering off), a build
+/// row pairs with one probe row at most: a probe batch's pairs fit the build side, are listed
+/// for that bound and keep their count on the device, so the join reads nothing back, with or
+/// without a filter. Inner, left, semi and anti joins give the CPU's rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unique_probe_keys_pair_within_the_build_side() {
+    let gpu = engine(Backend::Emulated, true).await;
+    let cpu = engine(Backend::Cpu, false).await;
+    for e in [&gpu, &cpu] {
+        e.collect("SET datafusion.optimizer.join_reordering = false")
+            .await
+            .unwrap();
+    }
+    let counted = [
+        "SELECT count(*), sum(f_v), max(length(d_name)) FROM fact JOIN dim ON f_k = d_k",
+        "SELECT count(*), sum(f_v), max(length(d_name)) FROM fact JOIN dim \
+         ON f_k = d_u AND (f_v > 2500 OR d_name LIKE 'name xx%')",
+    ];
+    for sql in counted {
+        let line = join_line(&gpu, &cpu, sql).await;
+        assert!(line.contains("probe_keys=unique"), "{sql}: {line}");
+        let plan = ordered(
+            &gpu.collect(&format!("EXPLAIN ANALYZE {sql}"))
+                .await
+                .unwrap(),
+        )
+        .join("\n");
+        let line = plan
+            .lines()
+            .find(|l| l.contains("GpuHashJoinExec"))
+            .unwrap_or_else(|| panic!("a GPU join: {plan}"));
+        assert!(line.contains("d2h_bytes=0,"), "{sql}: {plan}");
+        assert!(line.contains("host_syncs=0,"), "{sql}: {plan}");
+    }
+    let others = [
+        "SELECT f_v, d_name FROM fact JOIN dim ON f_k = d_k",
+        "SELECT f_v, d_name FROM fact LEFT JOIN dim ON f_k = d_k",
+        "SELECT f_v, d_name FROM fact LEFT JOIN dim ON f_k = d_k AND f_v > d_u * 40",
+        "SELECT f_v FROM fact WHERE EXISTS \
+         (SELECT 1 FROM dim WHERE d_k = f_k AND d_name LIKE 'name xxx%' AND f_v % 2 = 1)",
+        "SELECT f_v FROM fact WHERE NOT EXISTS \
+         (SELECT 1 FROM dim WHERE d_k = f_k AND d_name LIKE 'name xxx%' AND f_v % 2 = 1)",
+        // Repeated probe keys pair as before.
+        "SELECT f_v, d_name FROM fact JOIN dim ON f_k = d_g",
+        "SELECT f_v, d_name FROM fact JOIN dim ON f_k = d_k AND f_v < 0",
+    ];
+    for sql in others {
+        join_line(&gpu, &cpu, sql).await;
+    }
+}

@@ -2347,15 +2347,22 @@ pub(crate) fn evaluate_values_at(
     // Everything the host reads after the first launch comes back in one readback: each string
     // output's byte total, then the error word (a u32 in the last u64). A kernel with neither
     // reads nothing back: its null counts stay on the device.
+    // Without string outputs, the error word comes back alone: 4 bytes, not a u64.
     let strings = byte_args.len();
     let checked = !values.checks.is_empty();
     // Kept alive to the end: pass 1 may still write the error word.
-    let mut readback = match strings + usize::from(checked) {
+    let mut readback = match strings {
         0 => None,
-        words => Some(stream.alloc_zeroed::<u64>(words)?),
+        _ => Some(stream.alloc_zeroed::<u64>(strings + usize::from(checked))?),
     };
-    if let (true, Some(r)) = (checked, &readback) {
-        args.push(KernelArg::Ptr(r.slice(strings..)?.address()));
+    let error_alone = match (checked, &readback) {
+        (true, None) => Some(stream.alloc_zeroed::<u32>(1)?),
+        _ => None,
+    };
+    match (checked, &readback, &error_alone) {
+        (true, Some(r), _) => args.push(KernelArg::Ptr(r.slice(strings..)?.address())),
+        (true, None, Some(word)) => args.push(word.into()),
+        _ => {}
     }
     if n > 0 {
         let cfg = LaunchConfig::blocks(stream.device().grid_stride_blocks(n));
@@ -2364,6 +2371,12 @@ pub(crate) fn evaluate_values_at(
         // indices of those rows (a filter's kept rows), outputs `n` values (or bits, or
         // string lengths) and a validity word per 32 of them.
         unsafe { stream.launch(kernel, cfg, &args)? };
+        if let Some(word) = &error_alone {
+            ErrorFlag::raise(
+                stream.to_vec(word)?.first().copied().unwrap_or(0),
+                &values.checks,
+            )?;
+        }
         let mut totals = Vec::new();
         if let Some(readback) = &mut readback {
             // Every string output's lengths become offsets, their totals go next to the error

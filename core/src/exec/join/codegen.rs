@@ -25,6 +25,11 @@
 //!   over the whole grid instead of one thread (load-balanced expansion, as in ModernGPU's
 //!   "load-balancing search"). An unmatched probe row of an outer join (a count of one)
 //!   pairs with `SPATE_NULL_INDEX`.
+//! - `dpairs(const u32* pgroup, const u64* offsets, u64 n, const u64* total, u64 bound,
+//!   const u32* group_start, const u32* rows_by_group, u32* out_probe, u32* out_build,
+//!   u32* count)`: `pairs` for a probe of unique probe keys, whose pairs cannot outnumber the
+//!   build rows: all of them, `*total` (the scan's total, on the device) but at most `bound`,
+//!   their count written to `count` for the output's device row count.
 //! - `ubuild(const u32* probe_rows, const u32* live, u64 n, const u32* pgroup,
 //!   const u32* group_start, const u32* rows_by_group, u32* out_build)`: for a build side whose
 //!   groups are single rows, the build row of each matched probe row in `probe_rows` (the first
@@ -94,6 +99,21 @@ extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_pairs(co
     }
 }
 SPATE_EXPORT(ENTRY_pairs)
+
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_dpairs(const u32* pgroup, const u64* offsets, u64 n, const u64* total, u64 bound, const u32* group_start, const u32* rows_by_group, u32* out_probe, u32* out_build, u32* count) {
+    const u64 m = *total < bound ? *total : bound;
+    if (spate::global_thread_index() == 0ull) *count = (u32)m;
+    for (u64 o = spate::global_thread_index(); o < m; o += spate::grid_stride()) {
+        u64 lo = 0ull, hi = n;
+        while (hi - lo > 1ull) {
+            const u64 mid = lo + (hi - lo) / 2ull;
+            if (offsets[mid] <= o) lo = mid; else hi = mid;
+        }
+        out_probe[o] = (u32)lo;
+        out_build[o] = rows_by_group[group_start[pgroup[lo]] + (u32)(o - offsets[lo])];
+    }
+}
+SPATE_EXPORT(ENTRY_dpairs)
 
 extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_ubuild(const u32* probe_rows, const u32* live, u64 n, const u32* pgroup, const u32* group_start, const u32* rows_by_group, u32* out_build) {
     const u64 m = spate::live_rows(live, n);
@@ -209,8 +229,8 @@ SPATE_EXPORT(ENTRY_probe)
 "#
     );
     let names: Vec<String> = [
-        "hash", "build", "flags", "assign", "bcount", "bscatter", "probe", "pairs", "ubuild",
-        "cuts", "shift", "pmask", "bmask", "mark", "fmask",
+        "hash", "build", "flags", "assign", "bcount", "bscatter", "probe", "pairs", "dpairs",
+        "ubuild", "cuts", "shift", "pmask", "bmask", "mark", "fmask",
     ]
     .iter()
     .map(|n| n.to_string())

@@ -95,6 +95,8 @@ pub struct GpuHashJoinExec {
     /// The build keys are unique, as the plan shows (`plan::unique`): a join that
     /// `may_probe_unique` then probes unique keys from its first batch.
     build_unique: bool,
+    /// The probe keys are unique, as the plan shows: see `pairs_by_unique_probe_keys`.
+    probe_unique: bool,
     /// The build side in `CollectLeft` mode, built once for every probe partition.
     shared: Arc<tokio::sync::OnceCell<Arc<BuildSide>>>,
     /// Probe partitions of a shared build side still running: the last one to finish emits
@@ -160,8 +162,10 @@ impl GpuHashJoinExec {
             .ok_or_else(|| Unsupported(format!("{} is not a hash join", plan.name())))?;
         let (collect_left, join_plan) = Self::plan_for(join)?;
         let build_unique = crate::plan::unique::is_unique(join.left(), &join_plan.build_keys);
+        let probe_unique = crate::plan::unique::is_unique(join.right(), &join_plan.probe_keys);
         Ok(GpuHashJoinExec {
             build_unique,
+            probe_unique,
             join_type: *join.join_type(),
             collect_left,
             null_equal: join.null_equality() == NullEquality::NullEqualsNull,
@@ -279,7 +283,18 @@ impl GpuHashJoinExec {
     /// Whether the plan shows the build keys unique and the join can use it: its probe then
     /// keeps counts on the device from the first batch.
     fn probes_unique_keys(&self) -> bool {
-        self.build_unique && may_probe_unique(self.join_type, &self.plan)
+        self.build_unique && !self.null_aware && may_probe_unique(self.join_type, &self.plan)
+    }
+
+    /// Whether the plan shows the probe keys unique (and the build keys are not known to
+    /// be), so that a build row pairs with one probe row at most: a probe batch's pairs then
+    /// fit the build side's rows, and their count stays on the device
+    /// (`ProbeState::probe_by_build`).
+    fn pairs_by_unique_probe_keys(&self) -> bool {
+        self.probe_unique
+            && !self.probes_unique_keys()
+            && !self.null_aware
+            && may_probe_unique(self.join_type, &self.plan)
     }
 
     fn right(&self) -> &Arc<dyn ExecutionPlan> {
@@ -337,8 +352,19 @@ fn assemble(
         build,
         probe,
         &RowCount::Host(rows),
-        false,
+        Once::Neither,
     )
+}
+
+/// Which side of a join's pairs takes each of its rows at most once: a string column gathered
+/// from that side holds no more bytes than its source (`Gather::each_row_once`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Once {
+    Neither,
+    /// The build keys are unique: a probe row pairs with one build row at most.
+    Probe,
+    /// The probe keys are unique: a build row pairs with one probe row at most.
+    Build,
 }
 
 /// [`assemble`] for pairs whose count is `rows`: the indices are `rows.bound()` long, and only
@@ -351,7 +377,7 @@ fn assemble_counted(
     build: Option<(&DeviceBatch, DeviceSlice<'_, u32>, bool)>,
     probe: Option<(&DeviceBatch, DeviceSlice<'_, u32>, bool)>,
     rows: &RowCount,
-    probe_once: bool,
+    once: Once,
 ) -> Result<DeviceBatch> {
     let build_width = build.map_or(0, |(b, _, _)| b.columns().len());
     let probe_width = probe.map_or(0, |(p, _, _)| p.columns().len());
@@ -363,12 +389,12 @@ fn assemble_counted(
             let (b, i, null) = build.ok_or_else(|| SpateError::Internal {
                 message: "a join output column from a missing build side".into(),
             })?;
-            (b, i, null, c, false)
+            (b, i, null, c, once == Once::Build)
         } else {
             let (p, i, null) = probe.ok_or_else(|| SpateError::Internal {
                 message: "a join output column from a missing probe side".into(),
             })?;
-            (p, i, null, c - build_width, probe_once)
+            (p, i, null, c - build_width, once == Once::Probe)
         };
         let column = &batch.columns()[index];
         let gather = if may_be_null {
@@ -386,10 +412,16 @@ fn assemble_counted(
 impl DisplayAs for GpuHashJoinExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         crate::exec::display_gpu(self.cpu.as_ref(), t, f)?;
-        if self.probes_unique_keys() {
-            match t {
-                DisplayFormatType::TreeRender => writeln!(f, "build_keys=unique")?,
-                _ => f.write_str(", build_keys=unique")?,
+        let unique = [
+            (self.probes_unique_keys(), "build_keys=unique"),
+            (self.pairs_by_unique_probe_keys(), "probe_keys=unique"),
+        ];
+        for (shown, text) in unique {
+            if shown {
+                match t {
+                    DisplayFormatType::TreeRender => writeln!(f, "{text}")?,
+                    _ => write!(f, ", {text}")?,
+                }
             }
         }
         Ok(())
@@ -525,7 +557,8 @@ impl GpuExec for GpuHashJoinExec {
         };
         // Whether the probe keeps its input's counts on the device is known once the build
         // keys are known to be unique (or not): from the plan, or after a probe batch or two.
-        let keeps_counts = if known_unique {
+        let by_build = self.pairs_by_unique_probe_keys();
+        let keeps_counts = if known_unique || by_build {
             KeepsCounts::always()
         } else {
             KeepsCounts::later()
@@ -561,6 +594,7 @@ impl GpuExec for GpuHashJoinExec {
                 wide_probe_strings: Vec::new(),
                 settlement: crate::exec::device_counts::Settlement::of(&self.metrics, partition),
                 keeps_counts,
+                pairs_by_build: by_build,
                 totals_read: 0,
             },
             Some(Box::pin(build)

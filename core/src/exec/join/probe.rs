@@ -36,7 +36,10 @@ use spate_kernels::compact::{self, Mask};
 use spate_kernels::{DeviceBuffer, DeviceSlice, KernelArg, Stream as DeviceStream};
 
 use super::build::BuildSide;
-use super::{JoinPlan, assemble, assemble_counted};
+use super::{JoinPlan, Once, assemble, assemble_counted};
+
+/// Candidate pairs of a join: probe rows, build rows, and how many of them are pairs.
+type Pairs = (DeviceBuffer<u32>, DeviceBuffer<u32>, RowCount);
 use crate::column::{
     DeviceBatch, DeviceBytes, DeviceColumn, DeviceCount, DeviceValues, Gather, RowCount,
     gather_batch, gather_columns, upload_batch,
@@ -74,6 +77,9 @@ pub(super) struct ProbeState {
     /// Whether the probe input's merge may leave counts on the device: set once the probe
     /// knows its build keys are unique (a probe of unique keys keeps them there).
     pub(super) keeps_counts: KeepsCounts,
+    /// The plan shows the probe keys unique (and not the build keys): a probe batch's pairs
+    /// fit the build side's rows, and are listed without a readback (`probe_by_build`).
+    pub(super) pairs_by_build: bool,
     /// Probe batches whose pair total was read back.
     pub(super) totals_read: usize,
     /// The probe columns that came as strings with 64-bit offsets (computed strings do, even
@@ -135,7 +141,8 @@ impl ProbeState {
     /// Takes the build side, once it is ready, before the first probe batch.
     pub(super) fn set_build(&mut self, side: Arc<BuildSide>) {
         self.build = Some(side);
-        self.keeps_counts.set(self.probes_unique());
+        self.keeps_counts
+            .set(self.probes_unique() || self.pairs_by_build);
     }
 
     /// The pair total of a probe batch's match `counts` and their exclusive scan. From the
@@ -171,7 +178,8 @@ impl ProbeState {
                 .fold(0u64, |v, &b| (v << 8) | u64::from(b))
         };
         let _ = build.unique.set(word(8, 4) <= 1);
-        self.keeps_counts.set(self.probes_unique());
+        self.keeps_counts
+            .set(self.probes_unique() || self.pairs_by_build);
         Ok((offsets, word(0, 8)))
     }
 
@@ -182,6 +190,7 @@ impl ProbeState {
         self.build
             .as_ref()
             .is_some_and(|b| b.unique.get() == Some(&true))
+            && !self.null_aware
             && super::may_probe_unique(self.join_type, &self.plan)
     }
 
@@ -284,6 +293,13 @@ impl ProbeState {
             // Another partition may have learnt it: this one's merge keeps counts from now on.
             self.keeps_counts.set(true);
             return self.probe_unique(batch, &pgroup, &build);
+        }
+        if self.pairs_by_build {
+            match self.probe_by_build(batch, &pgroup, &counts, &build) {
+                // Strings too long for one output batch: the chunked path below cuts them.
+                Err(e) if e.is_output_too_large() => {}
+                other => return other,
+            }
         }
         if !filtered {
             match self.join_type {
@@ -682,7 +698,13 @@ impl ProbeState {
         let (probe_rows, build_rows, rows) = match &self.plan.filter {
             None => (probe_rows, build_rows, rows),
             Some(filter) => {
-                match self.filter_unique(filter, batch, build, probe_rows, build_rows, rows)? {
+                match self.filter_pairs(
+                    filter,
+                    batch,
+                    build,
+                    (probe_rows, build_rows, rows),
+                    Once::Probe,
+                )? {
                     Some(kept) => kept,
                     None => return Ok(None),
                 }
@@ -699,29 +721,114 @@ impl ProbeState {
             Some((&build.batch, build_rows.as_slice(), false)),
             Some((batch, probe_rows.as_slice(), false)),
             &rows,
-            true,
+            Once::Probe,
         )?;
         // The string totals may have brought the count back.
         Ok((out.host_rows() != Some(0)).then_some(out))
     }
 
-    /// The residual filter of a probe of unique build keys, on its candidate pairs: the
-    /// matched probe rows `probe_rows` with their build rows `build_rows`, `rows` of them.
-    /// Marks the build rows of the pairs that pass (for left, semi and anti joins), and
-    /// returns those pairs, their count on the device as the candidates' was: the filter's
-    /// inputs are gathered, evaluated and compacted without a readback, when their string
-    /// columns have byte bounds (a probe row is taken once; a build string by its longest).
-    /// `None` when nothing is left to emit (the string totals brought a count of 0 back).
-    #[allow(clippy::type_complexity)]
-    fn filter_unique(
+    /// Joins whose probe keys are unique (those that `may_probe_unique`): a build row pairs
+    /// with one probe row at most, so a probe batch's pairs fit the build side's rows. They
+    /// are listed for that many, their count left on the device (`dpairs`), and go through
+    /// the residual filter as a probe of unique build keys does: nothing waits, unless string
+    /// columns without a byte bound read their totals back.
+    fn probe_by_build(
+        &self,
+        batch: &DeviceBatch,
+        pgroup: &DeviceBuffer<u32>,
+        counts: &DeviceBuffer<u64>,
+        build: &BuildSide,
+    ) -> Result<Option<DeviceBatch>> {
+        let s = &self.stream;
+        let n = batch.bound();
+        // The pairs' bound is the build side's row count, read back once per build side (4
+        // bytes) when it is on the device and the pairs make output: its bound may be far
+        // larger (the rows its filters and joins came from), and outputs sized by it would
+        // compound down the plan. A semi or anti join's pairs only mark build rows, and are
+        // dropped before the next probe batch: its bound does.
+        let bound = match build.batch.row_count() {
+            RowCount::Host(rows) => *rows,
+            RowCount::Device { bound, .. }
+                if matches!(self.join_type, JoinType::LeftSemi | JoinType::LeftAnti) =>
+            {
+                *bound
+            }
+            RowCount::Device { word, .. } => word.read(s)?,
+        };
+        if n == 0 || bound == 0 {
+            return Ok(None);
+        }
+        let total = s.alloc::<u64>(1)?;
+        let offsets = spate_kernels::scan::exclusive_sum_total_on_device(
+            s,
+            counts.slice(..n)?,
+            total.as_slice(),
+        )?;
+        let word = DeviceCount::new(s.alloc::<u32>(1)?)?;
+        let probe_rows = s.alloc::<u32>(bound)?;
+        let build_rows = s.alloc::<u32>(bound)?;
+        launch(
+            s,
+            self.kernels.get("dpairs")?,
+            bound,
+            &[
+                pgroup.into(),
+                (&offsets).into(),
+                KernelArg::U64(n as u64),
+                (&total).into(),
+                KernelArg::U64(bound as u64),
+                (&build.group_start).into(),
+                (&build.rows_by_group).into(),
+                (&probe_rows).into(),
+                (&build_rows).into(),
+                word.as_slice().into(),
+            ],
+        )?;
+        let rows = RowCount::Device { bound, word };
+        let (probe_rows, build_rows, rows) = match &self.plan.filter {
+            None => (probe_rows, build_rows, rows),
+            Some(filter) => match self.filter_pairs(
+                filter,
+                batch,
+                build,
+                (probe_rows, build_rows, rows),
+                Once::Build,
+            )? {
+                Some(kept) => kept,
+                None => return Ok(None),
+            },
+        };
+        if matches!(self.join_type, JoinType::LeftSemi | JoinType::LeftAnti) {
+            return Ok(None);
+        }
+        let out = assemble_counted(
+            s,
+            &self.schema,
+            self.projection.as_deref(),
+            Some((&build.batch, build_rows.as_slice(), false)),
+            Some((batch, probe_rows.as_slice(), false)),
+            &rows,
+            Once::Build,
+        )?;
+        Ok((out.host_rows() != Some(0)).then_some(out))
+    }
+
+    /// The residual filter of a probe of unique keys, on its candidate pairs (`probe_rows`
+    /// with `build_rows`, `rows` of them), where the side `once` takes each of its rows at
+    /// most once. Marks the build rows of the pairs that pass (for left, semi and anti joins),
+    /// and returns those pairs, their count on the device as the candidates' was: the
+    /// filter's inputs are gathered, evaluated and compacted without a readback, when their
+    /// string columns have byte bounds (the side taken once by its own bytes, the other by its
+    /// longest string). `None` when nothing is left to emit (the string totals brought a count
+    /// of 0 back, or a semi or anti join only marks).
+    fn filter_pairs(
         &self,
         filter: &super::FilterPlan,
         batch: &DeviceBatch,
         build: &BuildSide,
-        probe_rows: DeviceBuffer<u32>,
-        build_rows: DeviceBuffer<u32>,
-        rows: RowCount,
-    ) -> Result<Option<(DeviceBuffer<u32>, DeviceBuffer<u32>, RowCount)>> {
+        (probe_rows, build_rows, rows): Pairs,
+        once: Once,
+    ) -> Result<Option<Pairs>> {
         let s = &self.stream;
         let n = rows.bound();
         let (probe_at, build_at) = (probe_rows.slice(..n)?, build_rows.slice(..n)?);
@@ -729,10 +836,21 @@ impl ProbeState {
             .columns
             .iter()
             .map(|&(from_build, c)| {
-                if from_build {
-                    Gather::rows(&build.batch.columns()[c], build_at)
+                let (gather, taken_once) = if from_build {
+                    (
+                        Gather::rows(&build.batch.columns()[c], build_at),
+                        once == Once::Build,
+                    )
                 } else {
-                    Gather::rows(&batch.columns()[c], probe_at).each_row_once()
+                    (
+                        Gather::rows(&batch.columns()[c], probe_at),
+                        once == Once::Probe,
+                    )
+                };
+                if taken_once {
+                    gather.each_row_once()
+                } else {
+                    gather
                 }
             })
             .collect();
