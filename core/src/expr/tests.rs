@@ -434,6 +434,48 @@ fn value_kernels_without_strings_or_checks_read_nothing_back() {
     }
 }
 
+/// A decimal cast that widens both sides of the point cannot fail: it needs no check, so its
+/// kernel reads nothing back, as TPC-H q17's `CAST(l_quantity AS DECIMAL(30, 15))`. One that
+/// narrows keeps its check, and a kernel whose only readback is that check reads 4 bytes.
+#[test]
+fn widening_decimal_casts_need_no_check() {
+    let device = Device::emulated(DeviceOptions::default()).unwrap();
+    let stream = device.new_stream().unwrap();
+    let host = batch(1500, 5);
+    let schema = host.schema();
+    let s = schema.as_ref();
+    let cast = |t: DataType| -> E { Arc::new(CastExpr::new(col(s, "m"), t, None)) };
+    let on_device = upload_batch(&stream, &host).unwrap();
+    let cases = [
+        (DataType::Decimal128(30, 15), false),
+        (DataType::Decimal128(15, 2), false),
+        (DataType::Decimal128(17, 4), false),
+        // One digit fewer before the point, or after it.
+        (DataType::Decimal128(16, 4), true),
+        (DataType::Decimal128(30, 1), true),
+    ];
+    for (to, checked) in cases {
+        let e = cast(to.clone());
+        let vk = value_kernel(&[e.as_ref()], &schema).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(!vk.checks.is_empty(), checked, "{to}: {}", vk.source);
+        let kernel = compile(&device, &vk);
+        let before = device.counters();
+        let columns = evaluate_values(&stream, &kernel, &vk, &on_device);
+        let spent = device.counters() - before;
+        let want = e.evaluate(&host).and_then(|v| v.into_array(1500));
+        match (columns, want) {
+            (Ok(columns), Ok(want)) => {
+                let got = crate::column::download_column(&stream, &columns[0]).unwrap();
+                assert_eq!(got.as_ref(), want.as_ref(), "{to}");
+            }
+            (Err(_), Err(_)) => assert!(checked, "{to}"),
+            (got, want) => panic!("{to}: GPU {:?}, CPU {:?}", got.is_ok(), want.is_ok()),
+        }
+        let read = if checked { (1, 4) } else { (0, 0) };
+        assert_eq!((spent.host_syncs, spent.d2h_bytes), read, "{to}: {spent:?}");
+    }
+}
+
 #[test]
 fn decimal_shapes_that_could_overflow_run_checked_but_not_in_branches() {
     let host = batch(1, 1);

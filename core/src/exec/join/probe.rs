@@ -1002,21 +1002,32 @@ impl ProbeState {
                 ],
             )?;
         }
-        let kept = compact::select_indices(s, Mask::Bytes(mask.as_slice()), key_validity, n)?;
-        let rows = kept.len();
-        if rows == 0 {
-            return Ok(None);
-        }
         if matches!(self.join_type, JoinType::LeftSemi | JoinType::LeftAnti) {
-            return assemble(
+            // Each build row at most once: the rows keep their count on the device.
+            let word = DeviceCount::new(s.alloc::<u32>(1)?)?;
+            let kept = compact::select_indices_on_device(
+                s,
+                Mask::Bytes(mask.as_slice()),
+                key_validity,
+                n,
+                word.as_slice(),
+            )?;
+            let out = assemble_counted(
                 s,
                 &self.schema,
                 self.projection.as_deref(),
                 Some((&build.batch, kept.as_slice(), false)),
                 None,
-                rows,
-            )
-            .map(Some);
+                &RowCount::Device { bound: n, word },
+                Once::Build,
+            )?;
+            // The string totals may have brought the count back.
+            return Ok((out.host_rows() != Some(0)).then_some(out));
+        }
+        let kept = compact::select_indices(s, Mask::Bytes(mask.as_slice()), key_validity, n)?;
+        let rows = kept.len();
+        if rows == 0 {
+            return Ok(None);
         }
         // Left and full outer: the probe side is all NULL.
         let nothing = s.from_host(&vec![spate_kernels::launch::NULL_INDEX; rows])?;
