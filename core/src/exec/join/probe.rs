@@ -37,9 +37,6 @@ use spate_kernels::{DeviceBuffer, DeviceSlice, KernelArg, Stream as DeviceStream
 
 use super::build::BuildSide;
 use super::{JoinPlan, Once, assemble, assemble_counted};
-
-/// Candidate pairs of a join: probe rows, build rows, and how many of them are pairs.
-type Pairs = (DeviceBuffer<u32>, DeviceBuffer<u32>, RowCount);
 use crate::column::{
     DeviceBatch, DeviceBytes, DeviceColumn, DeviceCount, DeviceValues, Gather, RowCount,
     gather_batch, gather_columns, upload_batch,
@@ -49,6 +46,9 @@ use crate::exec::aggregate::{Kernels, launch};
 use crate::exec::batching::KeepsCounts;
 use crate::exec::device_counts::Settlement;
 use crate::expr::{column_args, evaluate_predicate};
+
+/// Candidate pairs of a join: probe rows, build rows, and how many of them are pairs.
+type Pairs = (DeviceBuffer<u32>, DeviceBuffer<u32>, RowCount);
 
 pub(super) struct ProbeState {
     pub(super) stream: Arc<DeviceStream>,
