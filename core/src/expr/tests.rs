@@ -476,6 +476,54 @@ fn widening_decimal_casts_need_no_check() {
     }
 }
 
+/// A float cast to a decimal needs a check unless the float's bounds fit the decimal: shown
+/// from its decimal columns' precision through DataFusion's interval arithmetic, as in TPC-H
+/// q17's `CAST(0.2 * CAST(avg(l_quantity) AS DOUBLE) AS DECIMAL(30, 15))`. Either way the
+/// values are the CPU's.
+#[test]
+fn float_to_decimal_casts_of_bounded_values_need_no_check() {
+    let device = Device::emulated(DeviceOptions::default()).unwrap();
+    let stream = device.new_stream().unwrap();
+    let host = batch(1500, 6);
+    let schema = host.schema();
+    let s = schema.as_ref();
+    let m_as_f64: E = Arc::new(CastExpr::new(col(s, "m"), DataType::Float64, None));
+    let scaled = |by: f64| {
+        bin(
+            Arc::clone(&m_as_f64),
+            Operator::Multiply,
+            lit(ScalarValue::Float64(Some(by))),
+        )
+    };
+    let to = DataType::Decimal128(30, 15);
+    let on_device = upload_batch(&stream, &host).unwrap();
+    let cases: [(E, bool); 4] = [
+        // |m| < 10^13, times 0.2: within 10^15.
+        (scaled(0.2), false),
+        (Arc::clone(&m_as_f64), false),
+        // Times 1000: up to 10^16, past it.
+        (scaled(1000.0), true),
+        // A float column has no bound.
+        (col(s, "f"), true),
+    ];
+    for (input, checked) in cases {
+        let e: E = Arc::new(CastExpr::new(input, to.clone(), None));
+        let vk = value_kernel(&[e.as_ref()], &schema).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(!vk.checks.is_empty(), checked, "{e}: {}", vk.source);
+        let kernel = compile(&device, &vk);
+        let got = evaluate_values(&stream, &kernel, &vk, &on_device);
+        let want = e.evaluate(&host).and_then(|v| v.into_array(1500));
+        match (got, want) {
+            (Ok(got), Ok(want)) => {
+                let got = crate::column::download_column(&stream, &got[0]).unwrap();
+                assert_eq!(got.as_ref(), want.as_ref(), "{e}");
+            }
+            (Err(_), Err(_)) => assert!(checked, "{e}"),
+            (got, want) => panic!("{e}: GPU {:?}, CPU {:?}", got.is_ok(), want.is_ok()),
+        }
+    }
+}
+
 #[test]
 fn decimal_shapes_that_could_overflow_run_checked_but_not_in_branches() {
     let host = batch(1, 1);
