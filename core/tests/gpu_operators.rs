@@ -1043,3 +1043,92 @@ async fn hash_joins_match_the_cpu() {
         }
     }
 }
+
+/// One partition of a streaming table: its one batch says whether, while it was being made,
+/// every partition of the table was being made at the same time.
+#[derive(Debug)]
+struct Simultaneous {
+    schema: arrow::datatypes::SchemaRef,
+    started: Arc<std::sync::atomic::AtomicUsize>,
+    partitions: usize,
+}
+
+impl datafusion::physical_plan::streaming::PartitionStream for Simultaneous {
+    fn schema(&self) -> &arrow::datatypes::SchemaRef {
+        &self.schema
+    }
+
+    fn execute(
+        &self,
+        _ctx: Arc<datafusion::execution::TaskContext>,
+    ) -> datafusion::execution::SendableRecordBatchStream {
+        let (schema, started, partitions) = (
+            Arc::clone(&self.schema),
+            Arc::clone(&self.started),
+            self.partitions,
+        );
+        let decode = futures::stream::once(async move {
+            // Decoding is CPU work that holds its thread: it waits here, blocking, until every
+            // partition has started, or gives up after ten seconds.
+            started.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while started.load(std::sync::atomic::Ordering::SeqCst) < partitions
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            let together = started.load(std::sync::atomic::Ordering::SeqCst) >= partitions;
+            Ok(RecordBatch::try_new(
+                schema,
+                vec![Arc::new(Int64Array::from(vec![i64::from(together); 100])) as ArrayRef],
+            )?)
+        });
+        Box::pin(
+            datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(
+                Arc::clone(&self.schema),
+                decode,
+            ),
+        )
+    }
+}
+
+/// The partitions of a CPU input under a GPU operator decode in parallel, each in a task of its
+/// own, and not one after another in the one task that merges them into the device stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn partitions_below_the_first_upload_decode_in_parallel() {
+    let partitions = 3;
+    let schema = Arc::new(Schema::new(vec![Field::new(
+        "together",
+        DataType::Int64,
+        false,
+    )]));
+    let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let streams = (0..partitions)
+        .map(|_| {
+            Arc::new(Simultaneous {
+                schema: Arc::clone(&schema),
+                started: Arc::clone(&started),
+                partitions,
+            }) as Arc<dyn datafusion::physical_plan::streaming::PartitionStream>
+        })
+        .collect();
+    let table = datafusion::catalog::streaming::StreamingTable::try_new(schema, streams).unwrap();
+    let engine = Engine::builder()
+        .backend(Backend::Emulated)
+        .target_partitions(partitions)
+        .build()
+        .unwrap();
+    engine
+        .context()
+        .register_table("t", Arc::new(table))
+        .unwrap();
+    engine
+        .collect("SET spate.gpu.fallback = 'error'")
+        .await
+        .unwrap();
+    let sql = "SELECT min(together) AS together, count(*) AS n FROM t WHERE together >= 0";
+    let plan = ordered(&engine.collect(&format!("EXPLAIN {sql}")).await.unwrap()).join("\n");
+    assert!(plan.contains("GpuCoalescePartitionsExec"), "{plan}");
+    let got = ordered(&engine.collect(sql).await.unwrap());
+    assert_eq!(got, vec!["1|300".to_string()], "{plan}");
+}

@@ -5,18 +5,20 @@
 //!   Float16/32/64, Boolean, Date32/64, Time, Duration, Timestamp (any unit and zone),
 //!   Decimal128 (full 128-bit), Utf8, LargeUtf8 and Utf8View. Anything else is
 //!   `SpateError::Unsupported`, naming the column and its type.
-//! - Sliced arrays upload only their rows. Validity keeps its bit offset on the device (kernels
-//!   take bitmaps with offsets); string offsets are rebased to start at 0.
-//! - Utf8View is stored as offsets + bytes on the device (what the kernels read) and turned
-//!   back into Utf8View on download, so the schema DataFusion planned with holds.
-//! - An upload stages the whole batch in one pinned buffer and copies it with one asynchronous
-//!   transfer into one device allocation (the batch's arena); columns are views into it. Many
-//!   small transfers are what makes GPU engines slow, so batches should be coalesced (in bytes)
-//!   before they are uploaded.
+//! - Sliced arrays upload only their rows; uploaded bitmaps start at bit 0, and string offsets
+//!   at 0.
+//! - Utf8View is stored as offsets + bytes on the device (what the kernels read). It crosses
+//!   the bus as its views and data buffers and is converted by kernels (`upload.rs`), and it
+//!   is built back as Utf8View on download, so the schema DataFusion planned with holds.
+//! - An upload stages a group of batches in one pinned buffer, each column's parts end to end
+//!   (no host concatenation), and copies it with one asynchronous transfer into one device
+//!   allocation (the batch's arena); columns are views into it. Many small transfers are what
+//!   makes GPU engines slow, so batches are coalesced (in bytes) into one upload.
 
 mod concat;
+mod download;
 mod gather;
-mod transfer;
+mod upload;
 
 use std::sync::{Arc, Mutex};
 
@@ -27,10 +29,11 @@ use spate_kernels::{DeviceBitmap, DeviceBuffer, DeviceSlice};
 use crate::error::{Result, SpateError};
 
 pub use concat::{append_device_batches, append_launches, concat_device_batches};
+pub use download::{download_batch, download_column};
 pub use gather::{
     Gather, gather_batch, gather_column, gather_column_or_null, gather_columns, gather_counted,
 };
-pub use transfer::{download_batch, download_column, upload_batch, upload_column};
+pub use upload::{upload_batch, upload_batches, upload_column};
 
 /// A range of bytes in a shared device allocation (a batch's arena, or an operator's output).
 #[derive(Debug, Clone)]

@@ -3,10 +3,10 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, BooleanArray, Date32Array, Date64Array, Decimal128Array, Float16Array, Float32Array,
-    Float64Array, Int8Array, Int16Array, Int32Array, Int64Array, LargeStringArray, StringArray,
-    StringViewArray, TimestampMicrosecondArray, TimestampNanosecondArray, UInt8Array, UInt16Array,
-    UInt32Array, UInt64Array,
+    Array, ArrayRef, BooleanArray, Date32Array, Date64Array, Decimal128Array, Float16Array,
+    Float32Array, Float64Array, Int8Array, Int16Array, Int32Array, Int64Array, LargeStringArray,
+    StringArray, StringViewArray, TimestampMicrosecondArray, TimestampNanosecondArray, UInt8Array,
+    UInt16Array, UInt32Array, UInt64Array,
 };
 use arrow::datatypes::{DataType, Field, Schema};
 use arrow::record_batch::RecordBatch;
@@ -373,4 +373,116 @@ fn device_counted_batches_append_without_a_readback() {
             .unwrap()
             .is_none()
     );
+}
+
+/// Parts of one upload: slices at odd bit offsets, an empty one, and one whose columns have no
+/// nulls beside parts that have them.
+fn upload_parts() -> Vec<RecordBatch> {
+    let full = arrays(600, 31);
+    let valid = arrays(90, 32)
+        .iter()
+        .map(|a| arrow::compute::filter(a, &arrow::compute::is_not_null(a).unwrap()).unwrap())
+        .collect::<Vec<_>>();
+    let shortest = valid.iter().map(|a| a.len()).min().unwrap();
+    let mut parts: Vec<RecordBatch> = [(3usize, 117usize), (120, 0), (121, 300), (421, 5)]
+        .iter()
+        .map(|(o, n)| batch_of(full.iter().map(|a| a.slice(*o, *n)).collect()))
+        .collect();
+    let schema = parts[0].schema();
+    let no_nulls = valid.iter().map(|a| a.slice(0, shortest)).collect();
+    parts.insert(2, RecordBatch::try_new(schema, no_nulls).unwrap());
+    parts
+}
+
+#[test]
+fn batches_upload_as_one_with_their_parts_end_to_end() {
+    let stream = stream();
+    let parts = upload_parts();
+    let schema = parts[0].schema();
+    assert!(parts[2].columns().iter().all(|c| c.null_count() == 0));
+    let before = stream.device().counters();
+    let device = upload_batches(&stream, &schema, &parts).unwrap();
+    let spent = stream.device().counters() - before;
+    // One copy for the arena and one for the Utf8View column's views, no wait.
+    assert_eq!(spent.host_syncs, 0);
+    let want = arrow::compute::concat_batches(&schema, &parts).unwrap();
+    assert_eq!(device.host_rows(), Some(want.num_rows()));
+    let back = download_batch(&stream, &device).unwrap();
+    assert_eq!(back.schema(), schema);
+    for (k, (a, b)) in want.columns().iter().zip(back.columns()).enumerate() {
+        assert_eq!(a.as_ref(), b.as_ref(), "column {k} ({})", a.data_type());
+        assert_eq!(a.null_count(), b.null_count(), "column {k}");
+        assert_eq!(device.columns()[k].null_count(), Some(a.null_count()));
+    }
+    // No parts, or only empty ones, make an empty batch.
+    let empty = upload_batches(&stream, &schema, &[]).unwrap();
+    assert_eq!(empty.host_rows(), Some(0));
+    assert_eq!(download_batch(&stream, &empty).unwrap().num_rows(), 0);
+}
+
+/// Utf8View strings of `n` rows, about 20% null, long and short ones, in data buffers of
+/// `block` bytes each.
+fn views(n: usize, block: u32, seed: u64) -> StringViewArray {
+    let mut r = Rng::new(seed);
+    let mut b = arrow::array::StringViewBuilder::new().with_fixed_block_size(block);
+    for k in 0..n {
+        if r.chance(0.2) {
+            b.append_null();
+        } else {
+            let len = r.below(40) as usize;
+            b.append_value(
+                (0..len)
+                    .map(|j| char::from(b'a' + ((k + j) % 26) as u8))
+                    .collect::<String>(),
+            );
+        }
+    }
+    b.finish()
+}
+
+#[test]
+fn utf8_views_cross_the_bus_as_views_and_buffers() {
+    let stream = stream();
+    let parts: Vec<StringViewArray> =
+        vec![views(300, 256, 1), views(0, 256, 2), views(500, 1024, 3)];
+    assert!(
+        parts[0].data_buffers().len() > 1,
+        "several buffers per part"
+    );
+    let batches: Vec<RecordBatch> = parts
+        .iter()
+        .map(|a| batch_of(vec![Arc::new(a.clone()) as ArrayRef]))
+        .collect();
+    let schema = batches[0].schema();
+    let before = stream.device().counters();
+    let device = upload_batches(&stream, &schema, &batches).unwrap();
+    let spent = stream.device().counters() - before;
+    assert_eq!(spent.host_syncs, 0);
+    // The views and the buffers as they are, and the validity: nothing converted on the host.
+    let views_and_buffers: usize = parts
+        .iter()
+        .map(|a| a.len() * 16 + a.data_buffers().iter().map(|b| b.len()).sum::<usize>())
+        .sum();
+    assert!(spent.h2d_bytes as usize >= views_and_buffers, "{spent:?}");
+    assert!(
+        spent.h2d_bytes as usize <= views_and_buffers + 1024,
+        "{spent:?}"
+    );
+    // Lengths, a scan and the copy.
+    assert!(spent.launches >= 3, "{spent:?}");
+    let back = download_batch(&stream, &device).unwrap();
+    let want = arrow::compute::concat_batches(&schema, &batches).unwrap();
+    assert_eq!(back.column(0).data_type(), &DataType::Utf8View);
+    assert_eq!(back.column(0).as_ref(), want.column(0).as_ref());
+
+    // A slice of a large array does not carry the whole of its buffers over the bus.
+    let big = views(20_000, 1 << 20, 4);
+    let slice: ArrayRef = Arc::new(big.slice(100, 50));
+    let batch = batch_of(vec![Arc::clone(&slice)]);
+    let before = stream.device().counters();
+    let device = upload_batch(&stream, &batch).unwrap();
+    let spent = stream.device().counters() - before;
+    assert!(spent.h2d_bytes < 64 * 1024, "{spent:?}");
+    let back = download_batch(&stream, &device).unwrap();
+    assert_eq!(back.column(0).as_ref(), slice.as_ref());
 }

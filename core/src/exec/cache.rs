@@ -21,7 +21,6 @@
 use std::fmt;
 use std::sync::Arc;
 
-use arrow::compute::concat_batches;
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use async_trait::async_trait;
@@ -45,7 +44,7 @@ use spate_kernels::Stream as DeviceStream;
 
 use super::column_facts::{ColumnFacts, column_facts};
 use super::{DeviceBatchStream, GpuExec};
-use crate::column::{DeviceBatch, upload_batch};
+use crate::column::{DeviceBatch, upload_batches};
 use crate::device::GpuContext;
 use crate::error::{Result, SpateError};
 
@@ -93,11 +92,12 @@ impl DeviceTable {
         for batches in partitions {
             let mut device_batches = Vec::new();
             for group in coalesce(batches, batch_bytes.max(1)) {
-                let host = concat_batches(&schema, &group)?;
-                if host.num_rows() == 0 {
+                if group.iter().all(|b| b.num_rows() == 0) {
                     continue;
                 }
-                let batch = upload_batch(&stream, &host)?;
+                // The group's batches are staged end to end and arrive as one: nothing is
+                // concatenated on the host.
+                let batch = upload_batches(&stream, &schema, &group)?;
                 // Gathers of its string columns size their bytes by the longest value.
                 let columns = batch
                     .columns()

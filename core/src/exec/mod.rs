@@ -85,7 +85,6 @@ pub mod sort;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use arrow::compute::concat_batches;
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use datafusion::error::{DataFusionError, Result as DFResult};
@@ -99,7 +98,7 @@ use datafusion::physical_plan::stream::{RecordBatchReceiverStream, RecordBatchSt
 use futures::{Stream, StreamExt, TryStreamExt};
 use spate_kernels::Stream as DeviceStream;
 
-use crate::column::{DeviceBatch, download_batch, upload_batch};
+use crate::column::{DeviceBatch, download_batch, upload_batches};
 use crate::config::SpateOptions;
 use crate::device::GpuContext;
 
@@ -614,16 +613,12 @@ impl Upload {
         // The batches are ours now, uploaded or dropped below whatever happens: the pool's
         // charge for them ends here.
         self.reservation.free();
-        let batch = if batches.len() == 1 {
-            batches
-                .into_iter()
-                .next()
-                .unwrap_or_else(|| RecordBatch::new_empty(Arc::clone(&self.schema)))
-        } else {
-            concat_batches(&self.schema, &batches)?
-        };
+        let schema = batches
+            .first()
+            .map_or_else(|| Arc::clone(&self.schema), RecordBatch::schema);
         let _timer = self.metrics.transfer_time.timer();
-        upload_batch(&self.stream, &batch).map_err(to_df)
+        // The batches are staged end to end and arrive as one: no host concatenation.
+        upload_batches(&self.stream, &schema, &batches).map_err(to_df)
     }
 }
 
