@@ -20,6 +20,7 @@ pub mod duckdb;
 pub mod report;
 pub mod runner;
 pub mod suite;
+pub mod tpcds;
 
 pub mod tpch {
     //! The 22 TPC-H queries with the specification's validation parameters.

@@ -148,13 +148,33 @@ pub enum Outcome {
     Failed(String),
     /// The reference engine failed, so nothing could be checked.
     ReferenceFailed(String),
+    /// Both failed with the same error (the engine under test's message): a correct answer
+    /// when the query itself is in error, as TPC-DS q90 at SF 0.1 divides by zero.
+    SameError(String),
 }
 
 impl Outcome {
-    /// True for [`Outcome::Matched`].
+    /// True for [`Outcome::Matched`] and [`Outcome::SameError`].
     pub fn matched(&self) -> bool {
-        matches!(self, Outcome::Matched(_))
+        matches!(self, Outcome::Matched(_) | Outcome::SameError(_))
     }
+}
+
+/// What kind of error a message reports, for errors that engines word differently.
+fn error_kind(message: &str) -> Option<&'static str> {
+    let m = message.to_ascii_lowercase();
+    if m.contains("divide by zero") || m.contains("division by zero") {
+        Some("division by zero")
+    } else if m.contains("overflow") {
+        Some("overflow")
+    } else {
+        None
+    }
+}
+
+/// Whether two error messages report the same error: the same text, or the same kind.
+pub fn same_error(a: &str, b: &str) -> bool {
+    a == b || error_kind(a).is_some_and(|k| error_kind(b) == Some(k))
 }
 
 /// A query run on the engine under test and on the reference, and what the comparison found.
@@ -175,6 +195,11 @@ pub async fn verify_query(engine: &Engine, reference: &Engine, sql: &str) -> Ver
     let got = run_query(engine, sql).await;
     let reference_time = want.as_ref().ok().map(|r| r.execute_time);
     match (want, got) {
+        (Err(want), Err(got)) if same_error(&want.to_string(), &got.to_string()) => Verified {
+            run: None,
+            reference_time,
+            outcome: Outcome::SameError(got.to_string()),
+        },
         (Err(e), got) => Verified {
             run: got.ok(),
             reference_time,

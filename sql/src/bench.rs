@@ -1,4 +1,4 @@
-//! `spate bench tpch`, in two forms.
+//! `spate bench tpch` in two forms, and `spate bench tpcds`.
 //!
 //! The placement report runs the TPC-H queries on one backend, shows where each query's
 //! operators ran, and with `--verify` checks every result against the CPU backend:
@@ -21,6 +21,11 @@
 //! `ran: Q queries, G/Q fully on GPU`, where fully on GPU means every compute operator on the
 //! GPU and no host exchange (`Placement::fully_on_device`); the exit code is non-zero when a
 //! query fails or, with `--verify`, when any result differs from the CPU's.
+//!
+//! `spate bench tpcds --sf 1 --backend emulated --verify` is the same placement report over the
+//! 99 TPC-DS queries (103 statements: q14, q23, q24 and q39 hold two each), whose Parquet files
+//! are generated once per scale factor under `target/spate-bench/tpcds-sf<SF>`. A query that
+//! fails on both backends with the same error counts as matched (q90 divides by zero at SF 0.1).
 //!
 //! The benchmark (`--engines`) times engines side by side over the same Parquet files and
 //! writes the result files (JSON, markdown and a PNG chart) to `--out`; see
@@ -47,6 +52,51 @@ use spate_bench::suite::{EngineKind, Mode, SuiteOptions, run_suite};
 pub enum Suite {
     /// The 22 TPC-H queries over data generated in memory.
     Tpch(TpchArgs),
+    /// The 99 TPC-DS queries (103 statements) over Parquet files generated once per scale
+    /// factor.
+    Tpcds(TpcdsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct TpcdsArgs {
+    /// Scale factor of the generated data (e.g. 0.1, 1).
+    #[arg(long, value_parser = crate::parse_scale_factor)]
+    sf: f64,
+    /// Backend under test.
+    #[arg(long, default_value = "auto", value_parser = crate::parse_backend)]
+    backend: Backend,
+    /// Also run every query on the CPU backend and compare the results.
+    #[arg(long)]
+    verify: bool,
+    /// Run only these queries: a template number (`14`, both of its statements) or a label
+    /// (`q14a`). May be repeated.
+    #[arg(long = "query", short = 'q', value_name = "Q", value_parser = parse_tpcds_query)]
+    queries: Vec<Vec<spate_bench::tpcds::Query>>,
+    /// A session option for every Spate engine, e.g. `--set spate.gpu.batch_bytes=65536`.
+    /// May be repeated.
+    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_setting)]
+    settings: Vec<(String, String)>,
+    /// Partitions (parallel streams) per query; defaults to the number of cores.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    partitions: Option<u32>,
+    /// Folder of the TPC-DS Parquet files, generated there when missing
+    /// [default: target/spate-bench/tpcds-sf<SF>].
+    #[arg(long, value_name = "DIR")]
+    data: Option<PathBuf>,
+}
+
+/// `14`, `q14` (a template: its statements) or `q14a` (one statement).
+fn parse_tpcds_query(text: &str) -> Result<Vec<spate_bench::tpcds::Query>, String> {
+    let text = text.trim().to_ascii_lowercase();
+    let number = text.strip_prefix('q').unwrap_or(&text);
+    if let Ok(n) = number.parse::<usize>()
+        && (1..=99).contains(&n)
+    {
+        return Ok(spate_bench::tpcds::template(n));
+    }
+    spate_bench::tpcds::query(&text)
+        .map(|q| vec![q])
+        .ok_or_else(|| format!("no TPC-DS query '{text}': use 1–99, q01–q99, or q14a/q14b"))
 }
 
 #[derive(Debug, Args)]
@@ -98,6 +148,7 @@ pub fn run(suite: Suite) -> Result<ExitCode, String> {
     match suite {
         Suite::Tpch(args) if !args.engines.is_empty() => benchmark(args),
         Suite::Tpch(args) => tpch(args),
+        Suite::Tpcds(args) => tpcds(args),
     }
 }
 
@@ -188,12 +239,16 @@ fn parse_setting(text: &str) -> Result<(String, String), String> {
     }
 }
 
-fn engine(backend: Backend, args: &TpchArgs) -> Result<Engine, String> {
+fn engine(
+    backend: Backend,
+    partitions: Option<u32>,
+    settings: &[(String, String)],
+) -> Result<Engine, String> {
     let mut builder = Engine::builder().backend(backend);
-    if let Some(p) = args.partitions {
+    if let Some(p) = partitions {
         builder = builder.target_partitions(p as usize);
     }
-    for (key, value) in &args.settings {
+    for (key, value) in settings {
         builder = builder.option(key, value);
     }
     builder.build().map_err(|e| e.to_string())
@@ -261,18 +316,14 @@ fn print_placement(run: &QueryRun) {
 
 fn tpch(args: TpchArgs) -> Result<ExitCode, String> {
     let runtime = crate::runtime()?;
-    let engine = engine(args.backend, &args)?;
-    println!("{}", engine.backend());
-    for (key, value) in &args.settings {
-        println!("set {key} = {value}");
-    }
-    let reference = if args.verify {
-        Some(engine_for_reference(&args)?)
-    } else {
-        None
-    };
+    let under_test = engine(args.backend, args.partitions, &args.settings)?;
+    let reference = args
+        .verify
+        .then(|| engine(Backend::Cpu, args.partitions, &args.settings))
+        .transpose()?;
+    announce(&under_test, &args.settings);
     let started = Instant::now();
-    spate::tpch::register_tpch(&engine, args.sf).map_err(|e| e.to_string())?;
+    spate::tpch::register_tpch(&under_test, args.sf).map_err(|e| e.to_string())?;
     if let Some(reference) = &reference {
         spate::tpch::register_tpch(reference, args.sf).map_err(|e| e.to_string())?;
     }
@@ -281,19 +332,76 @@ fn tpch(args: TpchArgs) -> Result<ExitCode, String> {
         args.sf,
         started.elapsed().as_secs_f64()
     );
-
-    let queries: Vec<(usize, &str)> = spate_bench::tpch::QUERIES
+    let queries: Vec<(String, &str)> = spate_bench::tpch::QUERIES
         .iter()
-        .copied()
         .filter(|(n, _)| args.queries.is_empty() || args.queries.iter().any(|q| *q as usize == *n))
+        .map(|(n, sql)| (format!("q{n:02}"), *sql))
         .collect();
+    Ok(placement_report(
+        &runtime,
+        &under_test,
+        reference.as_ref(),
+        &queries,
+    ))
+}
+
+fn tpcds(args: TpcdsArgs) -> Result<ExitCode, String> {
+    let runtime = crate::runtime()?;
+    let under_test = engine(args.backend, args.partitions, &args.settings)?;
+    let reference = args
+        .verify
+        .then(|| engine(Backend::Cpu, args.partitions, &args.settings))
+        .transpose()?;
+    announce(&under_test, &args.settings);
+    let dir = args.data.clone().unwrap_or_else(|| {
+        workspace_root()
+            .join("target/spate-bench")
+            .join(format!("tpcds-sf{}", args.sf))
+    });
+    spate_bench::tpcds::ensure_data(args.sf, &dir, &mut |line| println!("{line}"))?;
+    for e in std::iter::once(&under_test).chain(reference.as_ref()) {
+        runtime.block_on(spate_bench::tpcds::register_parquet_dir(e, &dir))?;
+    }
+    let queries: Vec<(String, &str)> = if args.queries.is_empty() {
+        spate_bench::tpcds::queries()
+    } else {
+        let mut chosen: Vec<_> = args.queries.iter().flatten().copied().collect();
+        chosen.dedup();
+        chosen
+    }
+    .into_iter()
+    .map(|q| (q.label.to_string(), q.sql))
+    .collect();
+    Ok(placement_report(
+        &runtime,
+        &under_test,
+        reference.as_ref(),
+        &queries,
+    ))
+}
+
+/// The backend, and the options every engine runs with.
+fn announce(engine: &Engine, settings: &[(String, String)]) {
+    println!("{}", engine.backend());
+    for (key, value) in settings {
+        println!("set {key} = {value}");
+    }
+}
+
+/// Runs `queries` (label, SQL) on `engine`, each checked against `reference` when there is
+/// one, printing where each query's operators ran; the last line is the tally.
+fn placement_report(
+    runtime: &tokio::runtime::Runtime,
+    engine: &Engine,
+    reference: Option<&Engine>,
+    queries: &[(String, &str)],
+) -> ExitCode {
     let total = queries.len();
     let (mut matched, mut on_gpu, mut failed) = (0usize, 0usize, 0usize);
-    for (number, sql) in queries {
-        let label = format!("q{number:02}");
-        match &reference {
+    for (label, sql) in queries {
+        match reference {
             Some(reference) => {
-                let verified = runtime.block_on(verify_query(&engine, reference, sql));
+                let verified = runtime.block_on(verify_query(engine, reference, sql));
                 let timing = match (&verified.run, verified.reference_time) {
                     (Some(run), Some(cpu)) => format!(
                         "  plan {}, execute {}, cpu {}",
@@ -305,6 +413,7 @@ fn tpch(args: TpchArgs) -> Result<ExitCode, String> {
                 };
                 let verdict = match &verified.outcome {
                     Outcome::Matched(rows) => format!("matched ({rows} rows)"),
+                    Outcome::SameError(e) => format!("matched (the same error as the CPU: {e})"),
                     Outcome::Mismatch(difference) => format!("MISMATCH: {difference}"),
                     Outcome::Failed(e) => format!("FAILED: {e}"),
                     Outcome::ReferenceFailed(e) => format!("FAILED on the CPU backend: {e}"),
@@ -316,7 +425,7 @@ fn tpch(args: TpchArgs) -> Result<ExitCode, String> {
                     print_placement(run);
                 }
             }
-            None => match runtime.block_on(run_query(&engine, sql)) {
+            None => match runtime.block_on(run_query(engine, sql)) {
                 Ok(run) => {
                     println!(
                         "{label}  {} rows  plan {}, execute {}",
@@ -336,22 +445,17 @@ fn tpch(args: TpchArgs) -> Result<ExitCode, String> {
     }
     if reference.is_some() {
         println!("verified: {matched}/{total} matched, {on_gpu}/{total} fully on GPU");
-        Ok(if matched == total {
+        if matched == total {
             ExitCode::SUCCESS
         } else {
             ExitCode::FAILURE
-        })
+        }
     } else {
         println!("ran: {total} queries, {failed} failed, {on_gpu}/{total} fully on GPU");
-        Ok(if failed == 0 {
+        if failed == 0 {
             ExitCode::SUCCESS
         } else {
             ExitCode::FAILURE
-        })
+        }
     }
-}
-
-/// The CPU backend with the same partitioning and options as the engine under test.
-fn engine_for_reference(args: &TpchArgs) -> Result<Engine, String> {
-    engine(Backend::Cpu, args)
 }
