@@ -45,6 +45,7 @@ pub mod sort;
 pub mod source;
 pub mod stream;
 pub mod throughput;
+pub mod top_k;
 pub mod views;
 pub mod wait;
 

@@ -81,6 +81,7 @@ pub mod filter;
 pub mod join;
 pub mod projection;
 pub mod sort;
+mod top_k;
 
 use std::pin::Pin;
 use std::sync::Arc;

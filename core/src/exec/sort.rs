@@ -1,4 +1,5 @@
-//! `GpuSortExec`: DataFusion's `SortExec` (and its top-k form, `fetch`) on the GPU.
+//! `GpuSortExec`: DataFusion's `SortExec` (and its top-k form, `fetch`, which sorts only its
+//! candidates: `top_k.rs`) on the GPU.
 //!
 //! A partition's device batches are concatenated on the device, then sorted with the stable
 //! LSD radix sort from `spate-kernels`: one pass per key column from the least significant to
@@ -20,7 +21,7 @@ use datafusion::error::Result as DFResult;
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::Column;
-use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet};
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricBuilder};
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, InputDistributionRequirements, PlanProperties,
@@ -31,6 +32,7 @@ use spate_kernels::sort::{self as ks, SortKeySource};
 use spate_kernels::{DeviceBuffer, DeviceSlice, Stream as DeviceStream, gather};
 
 use super::batching::KeepsCounts;
+use super::top_k;
 use super::{
     DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, collected_input, gpu_context,
     rebuild_gpu, to_df,
@@ -41,7 +43,7 @@ use crate::expr::Unsupported;
 
 /// The radix key family of a sort column.
 #[derive(Debug, Clone, Copy)]
-enum KeyKind {
+pub(super) enum KeyKind {
     I8,
     I16,
     U8,
@@ -59,11 +61,11 @@ enum KeyKind {
 }
 
 #[derive(Debug, Clone, Copy)]
-struct SortKey {
-    column: usize,
-    kind: KeyKind,
-    descending: bool,
-    nulls_first: bool,
+pub(super) struct SortKey {
+    pub(super) column: usize,
+    pub(super) kind: KeyKind,
+    pub(super) descending: bool,
+    pub(super) nulls_first: bool,
 }
 
 /// A sort (or top-k) running on the GPU.
@@ -431,13 +433,37 @@ impl GpuExec for GpuSortExec {
             KeepsCounts::never(),
         )?;
         let baseline = BaselineMetrics::new(&self.metrics, partition);
+        // EXPLAIN ANALYZE: the rows a top-k kept of those it narrowed.
+        let narrowed = MetricBuilder::new(&self.metrics).counter("topk_narrowed_rows", partition);
+        let kept_rows = MetricBuilder::new(&self.metrics).counter("topk_kept_rows", partition);
         let keys = self.keys.clone();
         let fetch = self.cpu.fetch();
         let schema = self.schema();
         let sorted = futures::stream::once(async move {
-            let batches: Vec<DeviceBatch> = input.try_collect().await?;
+            let mut input = input;
+            let mut held: Vec<DeviceBatch> = Vec::new();
+            // A top-k narrows what it holds to its candidates as the input arrives; after a
+            // select that could not narrow (the first key ties), not again until it holds
+            // twice as many rows.
+            let mut narrowed_at = 0usize;
+            while let Some(batch) = input.try_next().await? {
+                held.push(batch);
+                let Some(k) = fetch else { continue };
+                let rows: usize = held.iter().map(DeviceBatch::bound).sum();
+                if top_k::should_narrow(rows, k) && rows > 2 * narrowed_at {
+                    let _timer = baseline.elapsed_compute().timer();
+                    let all = concat_device_batches(&stream, &schema, std::mem::take(&mut held))
+                        .map_err(to_df)?;
+                    narrowed.add(all.bound());
+                    let kept = top_k::candidates(&stream, &all, &keys, k).map_err(to_df)?;
+                    let kept = kept.unwrap_or(all);
+                    kept_rows.add(kept.bound());
+                    narrowed_at = kept.bound();
+                    held.push(kept);
+                }
+            }
             let _timer = baseline.elapsed_compute().timer();
-            let all = concat_device_batches(&stream, &schema, batches).map_err(to_df)?;
+            let all = concat_device_batches(&stream, &schema, held).map_err(to_df)?;
             let out = sort_batch(&stream, &all, &keys, fetch, &null_kernels).map_err(to_df)?;
             baseline.record_output(out.bound());
             Ok(out)
