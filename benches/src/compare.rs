@@ -7,6 +7,10 @@
 //! - floats compare to [`FLOAT_TOLERANCE`] relative (summation order differs between a parallel
 //!   GPU reduction and the CPU's), with NaN equal to NaN and infinities equal by sign;
 //! - NULL equals only NULL.
+//!
+//! [`compare_ordered`] is the same check for a query whose ORDER BY leaves ties (TPC-DS has
+//! many): the ORDER BY columns must match row by row, and the rows within each run of equal
+//! keys match as a set; after a LIMIT, the last run may hold different rows of those keys.
 
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Float16Type, Float32Type, Float64Type};
@@ -77,6 +81,98 @@ impl Cell {
             Cell::Exact(s) => s.clone(),
         }
     }
+}
+
+/// The order a query's result must have: the output columns of its ORDER BY (empty: none), and
+/// whether a LIMIT may cut its last run of ties.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Ordering {
+    /// Output column indices, most significant first.
+    pub keys: Vec<usize>,
+    /// Whether the result was cut by a LIMIT.
+    pub limited: bool,
+}
+
+/// [`compare_results`], where rows that tie on `order.keys` may come in any order (see the
+/// module docs).
+pub fn compare_ordered(
+    reference: &[RecordBatch],
+    got: &[RecordBatch],
+    order: &Ordering,
+) -> Result<usize, String> {
+    let strict = match compare_results(reference, got) {
+        Ok(rows) => return Ok(rows),
+        Err(e) => e,
+    };
+    let want = cells(reference)?;
+    let have = cells(got)?;
+    let width = want.first().map_or(0, Vec::len);
+    if want.len() != have.len()
+        || have.first().is_some_and(|r| r.len() != width)
+        || order.keys.iter().any(|k| *k >= width)
+    {
+        return Err(strict);
+    }
+    let key_of = |row: &[Cell]| {
+        order
+            .keys
+            .iter()
+            .map(|k| row[*k].clone())
+            .collect::<Vec<_>>()
+    };
+    for (row, (a, b)) in want.iter().zip(&have).enumerate() {
+        for k in &order.keys {
+            if !cells_match(&a[*k], &b[*k]) {
+                return Err(format!(
+                    "row {row}, ORDER BY column {k}: {}, expected {}",
+                    b[*k].show(),
+                    a[*k].show()
+                ));
+            }
+        }
+    }
+    let mut start = 0;
+    while start < want.len() {
+        let key = key_of(&want[start]);
+        let end = (start..want.len())
+            .find(|r| {
+                key_of(&want[*r])
+                    .iter()
+                    .zip(&key)
+                    .any(|(a, b)| !cells_match(a, b))
+            })
+            .unwrap_or(want.len());
+        let cut_by_limit = order.limited && end == want.len();
+        if !cut_by_limit && !same_rows(&want[start..end], &have[start..end]) {
+            return Err(format!(
+                "{strict} (rows {start}..{end} tie on the ORDER BY, and differ as a set too)"
+            ));
+        }
+        start = end;
+    }
+    Ok(want.len())
+}
+
+/// Whether two runs hold the same rows in some order (floats within the tolerance).
+fn same_rows(a: &[Vec<Cell>], b: &[Vec<Cell>]) -> bool {
+    // A sort key that rounds floats, so that rows within the tolerance sort alike.
+    let canonical = |row: &Vec<Cell>| {
+        row.iter()
+            .map(|c| match c {
+                Cell::Float(v) => format!("{v:.6e}"),
+                other => other.show(),
+            })
+            .collect::<Vec<_>>()
+    };
+    let sorted = |rows: &[Vec<Cell>]| {
+        let mut rows = rows.to_vec();
+        rows.sort_by_cached_key(canonical);
+        rows
+    };
+    sorted(a)
+        .iter()
+        .zip(&sorted(b))
+        .all(|(x, y)| x.iter().zip(y).all(|(p, q)| cells_match(p, q)))
 }
 
 fn cells(batches: &[RecordBatch]) -> Result<Vec<Vec<Cell>>, String> {
@@ -204,5 +300,48 @@ mod tests {
             Ok(2)
         );
         assert_eq!(compare_results(&[], &[]), Ok(0));
+    }
+
+    fn rows(keys: &[i32], values: &[&str]) -> RecordBatch {
+        batch(vec![
+            ("k", Arc::new(Int32Array::from(keys.to_vec())) as ArrayRef),
+            ("v", Arc::new(StringArray::from(values.to_vec()))),
+        ])
+    }
+
+    #[test]
+    fn rows_that_tie_on_the_order_by_may_come_in_any_order() {
+        let order = Ordering {
+            keys: vec![0],
+            limited: false,
+        };
+        let want = [rows(&[1, 2, 2, 3], &["a", "b", "c", "d"])];
+        let ties_swapped = [rows(&[1, 2, 2, 3], &["a", "c", "b", "d"])];
+        assert_eq!(compare_ordered(&want, &ties_swapped, &order), Ok(4));
+        // Without the ORDER BY key, the strict check stands.
+        assert!(compare_results(&want, &ties_swapped).is_err());
+        // Rows that do not tie must keep their places, and tied rows must be the same rows.
+        let keys_swapped = [rows(&[2, 1, 2, 3], &["b", "a", "c", "d"])];
+        let err = compare_ordered(&want, &keys_swapped, &order).unwrap_err();
+        assert!(
+            err.starts_with("row 0, ORDER BY column 0: 2, expected 1"),
+            "{err}"
+        );
+        let other_row = [rows(&[1, 2, 2, 3], &["a", "c", "x", "d"])];
+        let err = compare_ordered(&want, &other_row, &order).unwrap_err();
+        assert!(err.contains("rows 1..3 tie"), "{err}");
+        // After a LIMIT, the last run may be other rows of the same key.
+        let cut = [rows(&[1, 2, 2], &["a", "b", "c"])];
+        let cut_other = [rows(&[1, 2, 2], &["a", "c", "z"])];
+        let limited = Ordering {
+            keys: vec![0],
+            limited: true,
+        };
+        assert_eq!(compare_ordered(&cut, &cut_other, &limited), Ok(3));
+        assert!(compare_ordered(&cut, &cut_other, &order).is_err());
+        // No ORDER BY: the whole result is one run.
+        let none = Ordering::default();
+        let shuffled = [rows(&[3, 1, 2, 2], &["d", "a", "c", "b"])];
+        assert_eq!(compare_ordered(&want, &shuffled, &none), Ok(4));
     }
 }

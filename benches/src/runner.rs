@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arrow::array::{Array, ArrayData, RecordBatch};
+use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_plan::metrics::MetricValue;
 use datafusion::physical_plan::{ExecutionPlan, collect};
 use spate::device::CompileStats;
@@ -12,7 +13,7 @@ use spate::plan::offload::{Placement, placement};
 use spate::{Engine, SpateError};
 use spate_kernels::CounterSnapshot;
 
-use crate::compare::compare_results;
+use crate::compare::{Ordering, compare_ordered};
 
 /// One execution of a query.
 #[derive(Debug)]
@@ -160,6 +161,37 @@ impl Outcome {
     }
 }
 
+/// The order a plan's result has: the output columns its ordering sorts by (up to the first
+/// that is not a column), and whether a LIMIT near the root cut it.
+pub fn result_ordering(plan: &Arc<dyn ExecutionPlan>) -> Ordering {
+    let keys = plan
+        .properties()
+        .output_ordering()
+        .map(|ordering| {
+            ordering
+                .iter()
+                .map_while(|e| e.expr.downcast_ref::<Column>().map(Column::index))
+                .collect()
+        })
+        .unwrap_or_default();
+    // The LIMIT that cuts the result sits among the root's row-preserving nodes.
+    let mut limited = false;
+    let mut node = Arc::clone(plan);
+    loop {
+        limited |= node.fetch().is_some();
+        let name = node.name();
+        let passes = ["Projection", "Limit", "Sort", "Coalesce", "Merge"]
+            .iter()
+            .any(|p| name.contains(p));
+        let next = match node.children().as_slice() {
+            [child] if passes => Arc::clone(child),
+            _ => break,
+        };
+        node = next;
+    }
+    Ordering { keys, limited }
+}
+
 /// What kind of error a message reports, for errors that engines word differently.
 fn error_kind(message: &str) -> Option<&'static str> {
     let m = message.to_ascii_lowercase();
@@ -211,7 +243,8 @@ pub async fn verify_query(engine: &Engine, reference: &Engine, sql: &str) -> Ver
             outcome: Outcome::Failed(e.to_string()),
         },
         (Ok(want), Ok(got)) => {
-            let outcome = match compare_results(&want.batches, &got.batches) {
+            let order = result_ordering(&want.plan);
+            let outcome = match compare_ordered(&want.batches, &got.batches, &order) {
                 Ok(rows) => Outcome::Matched(rows),
                 Err(difference) => Outcome::Mismatch(difference),
             };
@@ -312,7 +345,20 @@ mod tests {
             on_cpu.placement
         );
 
+        // A query in error fails the same way on both: that is the right answer.
         let failed = verify_query(&gpu, &cpu, "SELECT * FROM no_such_table").await;
-        assert!(matches!(failed.outcome, Outcome::ReferenceFailed(_)));
+        assert!(
+            matches!(failed.outcome, Outcome::SameError(_)),
+            "{:?}",
+            failed.outcome
+        );
+        assert!(same_error(
+            "Arrow error: Divide by zero error",
+            "GPU kernel error: division by zero in column 2"
+        ));
+        assert!(!same_error(
+            "Arrow error: Divide by zero error",
+            "out of memory"
+        ));
     }
 }
