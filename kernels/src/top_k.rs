@@ -176,6 +176,36 @@ pub fn mask<K: TopKKey>(
     Ok(mask)
 }
 
+/// A Decimal128 column's keys for [`select`]: each value clamped to the i64 range, in radix
+/// order (reversed when `descending`). Monotone in the value, so the rows the select keeps
+/// hold the first of the full 128-bit order; the sort's own decimal keys need two words.
+pub fn decimal_keys(
+    stream: &Stream,
+    values: DeviceSlice<'_, i128>,
+    descending: bool,
+) -> Result<DeviceBuffer<u64>> {
+    let n = values.len();
+    let out = stream.alloc::<u64>(n)?;
+    if n == 0 {
+        return Ok(out);
+    }
+    let kernel = stream.device().kernel("top_k_decimal_keys")?;
+    // SAFETY: `values` holds n 16-byte values and `out` n keys.
+    unsafe {
+        stream.launch(
+            &kernel,
+            LaunchConfig::blocks(stream.device().grid_stride_blocks(n)),
+            &[
+                values.into(),
+                KernelArg::U64(n as u64),
+                KernelArg::U32(u32::from(descending)),
+                (&out).into(),
+            ],
+        )?;
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -263,6 +293,54 @@ mod tests {
             },
             u64::MAX,
         );
+    }
+
+    #[test]
+    fn decimal_keys_are_monotone_in_the_value() {
+        let device = test_device();
+        let stream = device.new_stream().unwrap();
+        let mut rng = Rng::new(5);
+        let mut values: Vec<i128> = vec![
+            0,
+            -1,
+            1,
+            i128::MAX,
+            i128::MIN,
+            i64::MAX.into(),
+            i64::MIN.into(),
+        ];
+        values.extend((0..2000).map(|k| match k % 3 {
+            0 => i128::from(rng.next_u64() as i64),
+            1 => (i128::from(rng.next_u64() as i64) << 40) + i128::from(rng.next_u64() as u32),
+            _ => i128::from(rng.below(1000)) - 500,
+        }));
+        for descending in [false, true] {
+            let d = stream.from_host(&values).unwrap();
+            let keys = stream
+                .to_vec(&decimal_keys(&stream, d.as_slice(), descending).unwrap())
+                .unwrap();
+            for (i, a) in values.iter().enumerate() {
+                for (j, b) in values.iter().enumerate().step_by(7) {
+                    let (a_first, b_first) = if descending {
+                        (a > b, b > a)
+                    } else {
+                        (a < b, b < a)
+                    };
+                    if a_first {
+                        assert!(
+                            keys[i] <= keys[j],
+                            "{a} before {b} (descending {descending})"
+                        );
+                    }
+                    if b_first {
+                        assert!(keys[j] <= keys[i]);
+                    }
+                    if i64::try_from(*a).is_ok() && i64::try_from(*b).is_ok() && a != b {
+                        assert_ne!(keys[i], keys[j], "{a} and {b} within i64 tie");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

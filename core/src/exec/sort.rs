@@ -442,23 +442,23 @@ impl GpuExec for GpuSortExec {
         let sorted = futures::stream::once(async move {
             let mut input = input;
             let mut held: Vec<DeviceBatch> = Vec::new();
-            // A top-k narrows what it holds to its candidates as the input arrives; after a
-            // select that could not narrow (the first key ties), not again until it holds
-            // twice as many rows.
-            let mut narrowed_at = 0usize;
+            // A top-k narrows what it holds to its candidates as its input arrives
+            // (`top_k.rs`); once it has a bound, each batch keeps only its rows within it.
+            let mut top = fetch.and_then(|k| top_k::TopK::new(&keys, k));
             while let Some(batch) = input.try_next().await? {
-                held.push(batch);
-                let Some(k) = fetch else { continue };
+                let Some(top) = top.as_mut() else {
+                    held.push(batch);
+                    continue;
+                };
+                let _timer = baseline.elapsed_compute().timer();
+                held.push(top.admit(&stream, batch).map_err(to_df)?);
                 let rows: usize = held.iter().map(DeviceBatch::bound).sum();
-                if top_k::should_narrow(rows, k) && rows > 2 * narrowed_at {
-                    let _timer = baseline.elapsed_compute().timer();
+                if top.should_narrow(rows) {
                     let all = concat_device_batches(&stream, &schema, std::mem::take(&mut held))
                         .map_err(to_df)?;
                     narrowed.add(all.bound());
-                    let kept = top_k::candidates(&stream, &all, &keys, k).map_err(to_df)?;
-                    let kept = kept.unwrap_or(all);
+                    let kept = top.narrow(&stream, all).map_err(to_df)?;
                     kept_rows.add(kept.bound());
-                    narrowed_at = kept.bound();
                     held.push(kept);
                 }
             }

@@ -123,3 +123,32 @@ __device__ void top_k_mask(const K* keys, const u8* validity, u64 offset, u32 nu
 
 SPATE_TOP_K(u32)
 SPATE_TOP_K(u64)
+
+/**
+ * @brief A Decimal128 column's select keys: each value clamped to the i64 range, in the radix
+ *        order of an i64. Monotone in the value (values past the range tie at its ends), so a
+ *        select on them keeps whatever the full 128-bit sort puts first; one u64 key where the
+ *        sort's own decimal keys need two words.
+ *
+ * @param in          `n` 16-byte values (low word first)
+ * @param n           number of values
+ * @param descending  1 to reverse the order
+ * @param out         `n` keys
+ *
+ * Launch: SPATE_BLOCK_THREADS threads, grid-stride, no shared memory.
+ * Memory: caller allocates `out`.
+ * Nulls:  not handled here: the select maps NULL rows itself.
+ * Stream: asynchronous on the launch stream.
+ */
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS)
+    top_k_decimal_keys(const u128* in, u64 n, u32 descending, u64* out) {
+    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {
+        const u64 lo = in[i].lo;
+        const i64 hi = (i64)in[i].hi;
+        const bool fits = (hi == 0 && (lo >> 63) == 0) || (hi == -1 && (lo >> 63) == 1);
+        const u64 v = fits ? lo : (hi < 0 ? 0x8000000000000000ull : 0x7FFFFFFFFFFFFFFFull);
+        const u64 k = v ^ 0x8000000000000000ull;
+        out[i] = descending ? ~k : k;
+    }
+}
+SPATE_EXPORT(top_k_decimal_keys)
