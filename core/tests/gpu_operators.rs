@@ -1253,3 +1253,83 @@ async fn top_k_sorts_only_its_candidates() {
         }
     }
 }
+
+/// A union of GPU subtrees passes their device batches through (`GpuUnionExec`), and so does an
+/// interleave under a GPU consumer, which becomes such a union: no host exchange either way,
+/// and the results are the CPU's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unions_of_gpu_subtrees_stay_on_the_device() {
+    let n = 5000i64;
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("v", DataType::Int64, true),
+    ]));
+    let table = |seed: i64| {
+        RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![
+                Arc::new(Int64Array::from_iter_values(
+                    (0..n).map(|i| (i * seed) % 97),
+                )) as ArrayRef,
+                Arc::new(Int64Array::from_iter(
+                    (0..n).map(|i| (i % 11 != 0).then_some(i * seed)),
+                )),
+            ],
+        )
+        .unwrap()
+    };
+    let engines: Vec<Engine> = [Backend::Emulated, Backend::Cpu]
+        .into_iter()
+        .map(|backend| {
+            let e = Engine::builder()
+                .backend(backend)
+                .target_partitions(2)
+                .build()
+                .unwrap();
+            for (name, seed) in [("a", 3), ("b", 5), ("c", 7)] {
+                e.register_partitions(
+                    name,
+                    Arc::clone(&schema),
+                    vec![
+                        vec![table(seed).slice(0, 2000)],
+                        vec![table(seed).slice(2000, 3000)],
+                    ],
+                )
+                .unwrap();
+            }
+            e
+        })
+        .collect();
+    engines[0]
+        .collect("SET spate.gpu.fallback = 'error'")
+        .await
+        .unwrap();
+    // The CPU plans: a union with a scan among its inputs, and an interleave of aggregations.
+    for (sql, cpu_node) in [
+        (
+            "SELECT k, sum(v) AS s, count(*) AS c FROM (SELECT k, v FROM a WHERE v > 10 \
+             UNION ALL SELECT k, v * 2 FROM b WHERE k < 50 UNION ALL SELECT k, v FROM c) t \
+             GROUP BY k ORDER BY k",
+            "UnionExec",
+        ),
+        (
+            "SELECT k, sum(s) AS s FROM (SELECT k, sum(v) AS s FROM a GROUP BY k \
+             UNION ALL SELECT k, sum(v) AS s FROM b GROUP BY k \
+             UNION ALL SELECT k, sum(v) AS s FROM c GROUP BY k) t GROUP BY k ORDER BY s, k",
+            "InterleaveExec",
+        ),
+    ] {
+        let cpu_plan =
+            ordered(&engines[1].collect(&format!("EXPLAIN {sql}")).await.unwrap()).join("\n");
+        assert!(cpu_plan.contains(cpu_node), "{sql}\n{cpu_plan}");
+        let node = "GpuUnionExec";
+        let gpu = engines[0].collect(sql).await.unwrap();
+        let cpu = engines[1].collect(sql).await.unwrap();
+        assert_eq!(ordered(&gpu), ordered(&cpu), "{sql}");
+        let plan =
+            ordered(&engines[0].collect(&format!("EXPLAIN {sql}")).await.unwrap()).join("\n");
+        assert!(plan.contains(node), "{sql}\n{plan}");
+        assert!(!plan.contains("host exchange"), "{sql}\n{plan}");
+        assert!(!plan.contains("InterleaveExec"), "{sql}\n{plan}");
+    }
+}

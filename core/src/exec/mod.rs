@@ -82,6 +82,7 @@ pub mod join;
 pub mod projection;
 pub mod sort;
 mod top_k;
+pub mod union;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -110,6 +111,7 @@ pub use filter::GpuFilterExec;
 pub use join::GpuHashJoinExec;
 pub use projection::GpuProjectionExec;
 pub use sort::GpuSortExec;
+pub use union::GpuUnionExec;
 
 /// A GPU operator's EXPLAIN text: its CPU twin's, with `Gpu` before the operator name (the
 /// tree format prints names itself, from `ExecutionPlan::name`).
@@ -174,6 +176,9 @@ pub fn as_gpu_exec(plan: &dyn ExecutionPlan) -> Option<&dyn GpuExec> {
     }
     if let Some(c) = plan.downcast_ref::<GpuCoalescePartitionsExec>() {
         return Some(c);
+    }
+    if let Some(u) = plan.downcast_ref::<GpuUnionExec>() {
+        return Some(u);
     }
     None
 }

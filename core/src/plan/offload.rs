@@ -26,6 +26,7 @@ use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
+use datafusion::physical_plan::union::UnionExec;
 use datafusion::physical_plan::{
     ExecutionPlan, ExecutionPlanProperties, replace_children_if_necessary,
 };
@@ -34,7 +35,7 @@ use crate::config::{FallbackPolicy, SpateOptions};
 use crate::device::GpuContext;
 use crate::exec::{
     GpuAggregateExec, GpuCoalescePartitionsExec, GpuFilterExec, GpuHashJoinExec, GpuProjectionExec,
-    GpuSortExec, as_gpu_exec,
+    GpuSortExec, GpuUnionExec, as_gpu_exec,
 };
 
 /// Operators that move or read data but compute nothing a GPU would do for them.
@@ -348,6 +349,16 @@ impl PhysicalOptimizerRule for GpuOffloadRule {
             // bus); over a CPU input it is host plumbing like any other exchange.
             if let Some(coalesce) = node.downcast_ref::<CoalescePartitionsExec>()
                 && let Ok(gpu) = GpuCoalescePartitionsExec::try_new(Arc::new(coalesce.clone()))
+            {
+                return Ok(Transformed::yes(Arc::new(gpu) as Arc<dyn ExecutionPlan>));
+            }
+            // So does a union of GPU inputs: their device batches pass through.
+            if let Some(union) = node.downcast_ref::<UnionExec>()
+                && union
+                    .inputs()
+                    .iter()
+                    .all(|input| as_gpu_exec(input.as_ref()).is_some())
+                && let Ok(gpu) = GpuUnionExec::try_new(Arc::new(union.clone()))
             {
                 return Ok(Transformed::yes(Arc::new(gpu) as Arc<dyn ExecutionPlan>));
             }

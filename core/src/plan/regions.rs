@@ -19,9 +19,11 @@
 //! - A final aggregation over the partial one below it (now in the same partition) becomes one
 //!   single-stage aggregation over the partial's input, when the GPU runs it and its schema is
 //!   the final's.
+//! - A union or an `InterleaveExec` under a GPU consumer becomes a [`GpuUnionExec`] of its
+//!   inputs (a CPU input uploaded), merged into one partition on the device by the consumer:
+//!   one partition satisfies the hash distribution an interleave served.
 //! - A rewrite that DataFusion's `SanityCheckPlan` rejects (the sorted partitions of an
-//!   ordered scan under a sorted merge, the hash partitions an `InterleaveExec` pairs) is
-//!   dropped, and the plan keeps DataFusion's partitions.
+//!   ordered scan under a sorted merge) is dropped, and the plan keeps DataFusion's partitions.
 //! - Where a CPU operator above a GPU region relied on its partitions (a partitioned CPU join
 //!   whose other side keeps its hash partitions, say), the region's output is repartitioned
 //!   back on the host, as it was planned: that edge downloads anyway.
@@ -35,22 +37,26 @@ use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_optimizer::sanity_checker::SanityCheckPlan;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::union::UnionExec;
 use datafusion::physical_plan::{
     Distribution, ExecutionPlan, ExecutionPlanProperties, Partitioning,
     replace_children_if_necessary,
 };
 
 use super::offload::PLUMBING;
-use crate::exec::{GpuAggregateExec, GpuCoalescePartitionsExec, as_gpu_exec};
+use crate::exec::{
+    GpuAggregateExec, GpuCoalescePartitionsExec, GpuProjectionExec, GpuUnionExec, as_gpu_exec,
+};
 
 /// `plan` with every GPU region in one partition (see the module docs), or `plan` as it is
 /// when the rewritten plan would not be valid.
 ///
 /// Some plans rely on their partitions beyond what a node's distribution requirement says:
 /// the sorted partitions of an ordered file scan that a sorted merge above a GPU filter
-/// combines (merging them on the device would lose their order), or the hash partitions an
-/// `InterleaveExec` interleaves. Such a plan keeps DataFusion's partitions: the rewrite is
+/// combines (merging them on the device would lose their order). Such a plan keeps
+/// DataFusion's partitions: the rewrite is
 /// checked with DataFusion's own `SanityCheckPlan`, and a rewrite that fails it, or fails to
 /// rebuild, is dropped.
 pub fn one_partition_per_device(
@@ -141,6 +147,14 @@ fn rewrite(node: Arc<dyn ExecutionPlan>, gpu_consumer: bool) -> DFResult<Arc<dyn
         let input = Arc::clone(node.children()[0]);
         return rewrite(input, true);
     }
+    if gpu_consumer && matches!(node.name(), "InterleaveExec" | "UnionExec") {
+        let children = node
+            .children()
+            .into_iter()
+            .map(|c| rewrite(Arc::clone(c), true))
+            .collect::<DFResult<Vec<_>>>()?;
+        return union_of(children);
+    }
     let on_gpu = as_gpu_exec(node.as_ref()).is_some();
     let below = on_gpu || (gpu_consumer && PLUMBING.contains(&node.name()));
     let before: Vec<Arc<dyn ExecutionPlan>> = node.children().into_iter().cloned().collect();
@@ -175,6 +189,40 @@ fn rewrite(node: Arc<dyn ExecutionPlan>, gpu_consumer: bool) -> DFResult<Arc<dyn
         });
     }
     replace_children_if_necessary(node, children)
+}
+
+/// The inputs of a union or an `InterleaveExec` under a GPU consumer, as a [`GpuUnionExec`]
+/// when some input is on the GPU (a CPU input is uploaded: under a GPU consumer its batches
+/// go up anyway). An interleave paired its inputs' hash partitions for a consumer that needs
+/// each key in one partition; that consumer now merges the union's partitions into one on the
+/// device, which satisfies it. Column renames the union puts on its inputs (where their schemas
+/// differ from the union's in names or nullability) run on the GPU over a GPU input.
+fn union_of(children: Vec<Arc<dyn ExecutionPlan>>) -> DFResult<Arc<dyn ExecutionPlan>> {
+    let union = UnionExec::try_new(children)?;
+    let Some(cpu) = union.downcast_ref::<UnionExec>() else {
+        return Ok(union);
+    };
+    let inputs = cpu
+        .inputs()
+        .iter()
+        .map(|input| match input.downcast_ref::<ProjectionExec>() {
+            Some(p) if as_gpu_exec(p.input().as_ref()).is_some() => {
+                GpuProjectionExec::try_new(Arc::new(p.clone())).map_or_else(
+                    |_| Arc::clone(input),
+                    |g| Arc::new(g) as Arc<dyn ExecutionPlan>,
+                )
+            }
+            _ => Arc::clone(input),
+        })
+        .collect::<Vec<_>>();
+    let union = UnionExec::try_new(inputs)?;
+    Ok(match union.downcast_ref::<UnionExec>() {
+        Some(u) => GpuUnionExec::try_new(Arc::new(u.clone())).map_or_else(
+            |_| Arc::clone(&union),
+            |g| Arc::new(g) as Arc<dyn ExecutionPlan>,
+        ),
+        None => union,
+    })
 }
 
 /// `input` in one partition: as it is, or merged on the device.
