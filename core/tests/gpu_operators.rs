@@ -1333,3 +1333,89 @@ async fn unions_of_gpu_subtrees_stay_on_the_device() {
         assert!(!plan.contains("InterleaveExec"), "{sql}\n{plan}");
     }
 }
+
+/// An aggregation over input sorted on its group keys streams its groups out in that order on
+/// the CPU, and the plan above relies on it (no sort for the ORDER BY). On the GPU it
+/// aggregates by hash and sorts its groups, so the order holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aggregations_over_sorted_input_keep_its_order() {
+    use datafusion::datasource::MemTable;
+    use datafusion::logical_expr::{SortExpr, col};
+    let n = 20_000i64;
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, true),
+        Field::new("s", DataType::Utf8, true),
+        Field::new("v", DataType::Int64, true),
+    ]));
+    // Sorted on (k, s), NULL keys first; three partitions of it.
+    let keys: Vec<Option<i64>> = (0..n)
+        .map(|i| (i >= 100).then_some((i - 100) / 37))
+        .collect();
+    let batch = RecordBatch::try_new(
+        Arc::clone(&schema),
+        vec![
+            Arc::new(Int64Array::from(keys)) as ArrayRef,
+            Arc::new(StringArray::from_iter_values((0..n).map(|i| {
+                let within = if i < 100 { i } else { (i - 100) % 37 };
+                format!("{}", within / 10)
+            }))),
+            Arc::new(Int64Array::from_iter(
+                (0..n).map(|i| (i % 7 != 0).then_some(i)),
+            )),
+        ],
+    )
+    .unwrap();
+    let parts = vec![
+        vec![batch.slice(0, 7000)],
+        vec![batch.slice(7000, 7000)],
+        vec![batch.slice(14000, 6000)],
+    ];
+    let engines: Vec<Engine> = [Backend::Emulated, Backend::Cpu]
+        .into_iter()
+        .map(|backend| {
+            let e = Engine::builder()
+                .backend(backend)
+                .target_partitions(1)
+                .build()
+                .unwrap();
+            let table = MemTable::try_new(Arc::clone(&schema), parts.clone())
+                .unwrap()
+                .with_sort_order(vec![vec![
+                    SortExpr::new(col("k"), true, true),
+                    SortExpr::new(col("s"), true, true),
+                ]]);
+            e.context().register_table("t", Arc::new(table)).unwrap();
+            e
+        })
+        .collect();
+    engines[0]
+        .collect("SET spate.gpu.fallback = 'error'")
+        .await
+        .unwrap();
+    for sql in [
+        "SELECT k, sum(v) AS s, count(*) AS c FROM t GROUP BY k ORDER BY k NULLS FIRST",
+        "SELECT k, s, min(v) AS lo, count(v) AS c FROM t GROUP BY k, s \
+         ORDER BY k NULLS FIRST, s NULLS FIRST",
+    ] {
+        let cpu_plan =
+            ordered(&engines[1].collect(&format!("EXPLAIN {sql}")).await.unwrap()).join("\n");
+        assert!(
+            cpu_plan.contains("ordering_mode=Sorted"),
+            "{sql}\n{cpu_plan}"
+        );
+        assert!(!cpu_plan.contains("SortExec"), "{sql}\n{cpu_plan}");
+        let plan =
+            ordered(&engines[0].collect(&format!("EXPLAIN {sql}")).await.unwrap()).join("\n");
+        assert!(plan.contains("GpuAggregateExec"), "{sql}\n{plan}");
+        let gpu = ordered(&engines[0].collect(sql).await.unwrap());
+        let cpu = ordered(&engines[1].collect(sql).await.unwrap());
+        let first_difference = gpu.iter().zip(&cpu).position(|(g, c)| g != c);
+        assert!(
+            gpu.len() == cpu.len() && first_difference.is_none(),
+            "{sql}: {} rows against {}; first difference at {first_difference:?}: {:?}\n{plan}",
+            gpu.len(),
+            cpu.len(),
+            first_difference.map(|i| (&gpu[i], &cpu[i])),
+        );
+    }
+}

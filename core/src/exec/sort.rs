@@ -19,8 +19,8 @@ use arrow::datatypes::DataType;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::Result as DFResult;
 use datafusion::execution::TaskContext;
-use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::{PhysicalExpr, PhysicalSortExpr};
 use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricBuilder};
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::{
@@ -43,7 +43,7 @@ use crate::expr::Unsupported;
 
 /// The radix key family of a sort column.
 #[derive(Debug, Clone, Copy)]
-pub(super) enum KeyKind {
+pub(crate) enum KeyKind {
     I8,
     I16,
     U8,
@@ -61,7 +61,7 @@ pub(super) enum KeyKind {
 }
 
 #[derive(Debug, Clone, Copy)]
-pub(super) struct SortKey {
+pub(crate) struct SortKey {
     pub(super) column: usize,
     pub(super) kind: KeyKind,
     pub(super) descending: bool,
@@ -81,41 +81,7 @@ impl GpuSortExec {
     pub fn try_new(sort: Arc<SortExec>) -> std::result::Result<Self, Unsupported> {
         let schema = sort.input().schema();
         check_input_types(&schema)?;
-        let mut keys = Vec::new();
-        for e in sort.expr().iter() {
-            let column = e
-                .expr
-                .downcast_ref::<Column>()
-                .ok_or_else(|| Unsupported(format!("sort key `{}` is not a column", e.expr)))?;
-            let data_type = schema.field(column.index()).data_type();
-            use DataType::*;
-            let kind = match data_type {
-                Int8 => KeyKind::I8,
-                Int16 => KeyKind::I16,
-                UInt8 => KeyKind::U8,
-                UInt16 => KeyKind::U16,
-                Decimal128(_, _) => KeyKind::Dec,
-                Int32 | Date32 | Time32(_) => KeyKind::I32,
-                UInt32 => KeyKind::U32,
-                Float32 => KeyKind::F32,
-                Int64 | Date64 | Time64(_) | Timestamp(_, _) | Duration(_) => KeyKind::I64,
-                UInt64 => KeyKind::U64,
-                Float64 => KeyKind::F64,
-                Utf8 | LargeUtf8 | Utf8View => KeyKind::Str,
-                other => {
-                    return Err(Unsupported(format!(
-                        "sort key `{}` has type {other}, which GPU sorts do not support yet",
-                        e.expr
-                    )));
-                }
-            };
-            keys.push(SortKey {
-                column: column.index(),
-                kind,
-                descending: e.options.descending,
-                nulls_first: e.options.nulls_first,
-            });
-        }
+        let keys = sort_keys(sort.expr().iter(), &schema)?;
         Ok(GpuSortExec {
             cpu: sort,
             keys,
@@ -125,6 +91,89 @@ impl GpuSortExec {
 
     fn rebuild(cpu: Arc<dyn ExecutionPlan>) -> DFResult<Arc<dyn ExecutionPlan>> {
         rebuild_gpu::<SortExec, _>(cpu, GpuSortExec::try_new)
+    }
+}
+
+/// The GPU sort keys of `ordering` over `schema`: each a column of a type GPU sorts take.
+pub(crate) fn sort_keys<'a>(
+    ordering: impl IntoIterator<Item = &'a PhysicalSortExpr>,
+    schema: &arrow::datatypes::Schema,
+) -> std::result::Result<Vec<SortKey>, Unsupported> {
+    let mut keys = Vec::new();
+    for e in ordering {
+        let column = e
+            .expr
+            .downcast_ref::<Column>()
+            .ok_or_else(|| Unsupported(format!("sort key `{}` is not a column", e.expr)))?;
+        let data_type = schema.field(column.index()).data_type();
+        use DataType::*;
+        let kind = match data_type {
+            Int8 => KeyKind::I8,
+            Int16 => KeyKind::I16,
+            UInt8 => KeyKind::U8,
+            UInt16 => KeyKind::U16,
+            Decimal128(_, _) => KeyKind::Dec,
+            Int32 | Date32 | Time32(_) => KeyKind::I32,
+            UInt32 => KeyKind::U32,
+            Float32 => KeyKind::F32,
+            Int64 | Date64 | Time64(_) | Timestamp(_, _) | Duration(_) => KeyKind::I64,
+            UInt64 => KeyKind::U64,
+            Float64 => KeyKind::F64,
+            Utf8 | LargeUtf8 | Utf8View => KeyKind::Str,
+            other => {
+                return Err(Unsupported(format!(
+                    "sort key `{}` has type {other}, which GPU sorts do not support yet",
+                    e.expr
+                )));
+            }
+        };
+        keys.push(SortKey {
+            column: column.index(),
+            kind,
+            descending: e.options.descending,
+            nulls_first: e.options.nulls_first,
+        });
+    }
+    Ok(keys)
+}
+
+/// A sort by fixed keys with its kernels compiled, for operators that sort their own output
+/// (an aggregation that keeps the order of its sorted input).
+pub(crate) struct Sorter {
+    keys: Vec<SortKey>,
+    null_kernels: (spate_kernels::Kernel, spate_kernels::Kernel),
+}
+
+impl Sorter {
+    /// Compiles the sort's kernels (once per session) for `keys`.
+    pub(crate) fn new(gpu: &crate::device::GpuContext, keys: Vec<SortKey>) -> Result<Self> {
+        Ok(Sorter {
+            keys,
+            null_kernels: null_kernels(gpu)?,
+        })
+    }
+
+    /// `batch` sorted.
+    pub(crate) fn sort(&self, stream: &DeviceStream, batch: &DeviceBatch) -> Result<DeviceBatch> {
+        sort_batch(stream, batch, &self.keys, None, &self.null_kernels)
+    }
+}
+
+/// The kernels that zero NULL rows' keys, `(u32 keys, u64 keys)`.
+fn null_kernels(
+    gpu: &crate::device::GpuContext,
+) -> Result<(spate_kernels::Kernel, spate_kernels::Kernel)> {
+    match gpu
+        .generated_kernels(
+            NULL_KEYS_SOURCE,
+            &["spate_sort_null_keys_u32", "spate_sort_null_keys_u64"],
+        )?
+        .as_slice()
+    {
+        [u32_keys, u64_keys] => Ok((u32_keys.clone(), u64_keys.clone())),
+        _ => Err(SpateError::Internal {
+            message: "the sort's NULL-key kernels did not compile as two entries".into(),
+        }),
     }
 }
 
@@ -408,21 +457,7 @@ impl GpuExec for GpuSortExec {
         stream: Arc<DeviceStream>,
     ) -> DFResult<DeviceBatchStream> {
         let gpu = gpu_context(&context)?;
-        let null_kernels = match gpu
-            .generated_kernels(
-                NULL_KEYS_SOURCE,
-                &["spate_sort_null_keys_u32", "spate_sort_null_keys_u64"],
-            )
-            .map_err(to_df)?
-            .as_slice()
-        {
-            [u32_keys, u64_keys] => (u32_keys.clone(), u64_keys.clone()),
-            _ => {
-                return Err(to_df(SpateError::Internal {
-                    message: "the sort's NULL-key kernels did not compile as two entries".into(),
-                }));
-            }
-        };
+        let null_kernels = null_kernels(&gpu).map_err(to_df)?;
         let transfer = TransferMetrics::new(&self.metrics, partition);
         let input = collected_input(
             self.cpu.input(),

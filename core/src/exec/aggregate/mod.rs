@@ -59,6 +59,7 @@ use spate_kernels::{DeviceBuffer, Kernel, KernelArg, LaunchConfig, Stream as Dev
 
 use self::codegen::{AggProgram, AggSpec, Out, Slot, SlotKind};
 use super::batching::KeepsCounts;
+use super::sort::Sorter;
 use super::{
     DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, collected_input, device_input,
     gpu_context, per_batch_input, rebuild_gpu, to_df,
@@ -97,6 +98,9 @@ struct AggPlan {
     program: AggProgram,
     /// Aggregate each input batch on its own (partial output).
     per_batch: bool,
+    /// The order the output keeps (its input is sorted on group keys): each output batch is
+    /// sorted by it.
+    order: Option<Vec<crate::exec::sort::SortKey>>,
 }
 
 struct Operands<'a> {
@@ -155,12 +159,21 @@ fn analyze(agg: &AggregateExec) -> std::result::Result<AggPlan, Unsupported> {
             "a GROUP BY with a pushed-down LIMIT does not run on the GPU yet".into(),
         ));
     }
-    if *agg.input_order_mode() != InputOrderMode::Linear {
-        return Err(Unsupported(
-            "its input is sorted on the group keys (streaming aggregation keeps the CPU's order)"
-                .into(),
-        ));
-    }
+    // Over input sorted on (some of) its group keys the CPU streams its groups out in that
+    // order, and the plan above may rely on it: the GPU aggregates by hash, then sorts its
+    // groups by the order the aggregation declares.
+    let order = match agg.properties().output_ordering() {
+        Some(ordering) if *agg.input_order_mode() != InputOrderMode::Linear => Some(
+            crate::exec::sort::sort_keys(ordering.iter(), &agg.schema()).map_err(|e| {
+                Unsupported(format!(
+                    "its input is sorted on the group keys, and the order its output keeps \
+                     needs a sort the GPU cannot do: {}",
+                    e.0
+                ))
+            })?,
+        ),
+        _ => None,
+    };
     if let Some(f) = agg.filter_expr().iter().flatten().next() {
         return Err(Unsupported(format!(
             "aggregate FILTER (WHERE {f}) does not run on the GPU yet"
@@ -451,6 +464,7 @@ fn analyze(agg: &AggregateExec) -> std::result::Result<AggPlan, Unsupported> {
             agg.mode(),
             AggregateMode::Partial | AggregateMode::PartialReduce
         ),
+        order,
     })
 }
 
@@ -1092,12 +1106,23 @@ impl GpuExec for GpuAggregateExec {
         let plan = Arc::clone(&self.plan);
         let schema = self.schema();
         let grouped = !plan.keys.is_empty();
+        // Groups sorted by the order the output keeps. Per batch, that is still the order of
+        // the whole output: over sorted input a later batch's groups come after an earlier's.
+        let sorter = match &plan.order {
+            Some(keys) => Some(Arc::new(Sorter::new(&gpu, keys.clone()).map_err(to_df)?)),
+            None => None,
+        };
+        let ordered = move |stream: &DeviceStream, out: DeviceBatch| match &sorter {
+            Some(sorter) => sorter.sort(stream, &out),
+            None => Ok(out),
+        };
         if plan.per_batch {
             let out = input.map(move |batch| {
                 let batch = batch?;
                 let _timer = baseline.elapsed_compute().timer();
                 let out =
                     aggregate_batch(&stream, &kernels, &plan, &schema, &batch).map_err(to_df)?;
+                let out = ordered(&stream, out).map_err(to_df)?;
                 baseline.record_output(out.bound());
                 Ok(out)
             });
@@ -1111,6 +1136,7 @@ impl GpuExec for GpuAggregateExec {
             let _timer = baseline.elapsed_compute().timer();
             let all = concat_device_batches(&stream, &input_schema, batches).map_err(to_df)?;
             let out = aggregate_batch(&stream, &kernels, &plan, &schema, &all).map_err(to_df)?;
+            let out = ordered(&stream, out).map_err(to_df)?;
             baseline.record_output(out.bound());
             Ok(out)
         });
