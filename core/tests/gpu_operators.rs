@@ -1419,3 +1419,64 @@ async fn aggregations_over_sorted_input_keep_its_order() {
         );
     }
 }
+
+/// Cross joins run on the GPU (`GpuCrossJoinExec`): every left row with every right row, NULLs
+/// and strings included, as the CPU gives them; an empty side gives no rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cross_joins_pair_every_row() {
+    let left_schema = Arc::new(Schema::new(vec![
+        Field::new("a", DataType::Int32, true),
+        Field::new("s", DataType::Utf8, true),
+    ]));
+    let right_schema = Arc::new(Schema::new(vec![Field::new("b", DataType::Int64, true)]));
+    let left = RecordBatch::try_new(
+        Arc::clone(&left_schema),
+        vec![
+            Arc::new(Int32Array::from_iter(
+                (0..40).map(|i| (i % 9 != 0).then_some(i)),
+            )) as ArrayRef,
+            Arc::new(StringArray::from_iter(
+                (0..40).map(|i| (i % 7 != 0).then(|| "x".repeat(i % 5))),
+            )),
+        ],
+    )
+    .unwrap();
+    let right = RecordBatch::try_new(
+        Arc::clone(&right_schema),
+        vec![Arc::new(Int64Array::from_iter(
+            (0..300).map(|i| (i % 13 != 0).then_some(i * 3)),
+        )) as ArrayRef],
+    )
+    .unwrap();
+    let engines: Vec<Engine> = [Backend::Emulated, Backend::Cpu]
+        .into_iter()
+        .map(|backend| {
+            let e = Engine::builder()
+                .backend(backend)
+                .target_partitions(2)
+                .build()
+                .unwrap();
+            e.register_batches("l", vec![left.clone()]).unwrap();
+            e.register_batches("r", vec![right.slice(0, 120), right.slice(120, 180)])
+                .unwrap();
+            e
+        })
+        .collect();
+    engines[0]
+        .collect("SET spate.gpu.fallback = 'error'")
+        .await
+        .unwrap();
+    for sql in [
+        "SELECT a, s, b FROM l CROSS JOIN r ORDER BY a, s, b",
+        "SELECT count(*) AS n, sum(a) AS sa, sum(b) AS sb, count(s) AS cs FROM l, r",
+        "SELECT a, b FROM l CROSS JOIN (SELECT b FROM r WHERE b < 0) e ORDER BY a, b",
+    ] {
+        let plan =
+            ordered(&engines[0].collect(&format!("EXPLAIN {sql}")).await.unwrap()).join("\n");
+        assert!(plan.contains("GpuCrossJoinExec"), "{sql}\n{plan}");
+        let gpu = ordered(&engines[0].collect(sql).await.unwrap());
+        let cpu = ordered(&engines[1].collect(sql).await.unwrap());
+        assert_eq!(gpu.len(), cpu.len(), "{sql}");
+        assert!(gpu == cpu, "{sql}: results differ\n{plan}");
+    }
+}

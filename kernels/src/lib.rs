@@ -26,6 +26,7 @@ pub mod backend;
 pub mod compact;
 pub mod compile;
 pub mod counters;
+pub mod cross;
 pub mod device;
 pub mod error;
 pub mod event;

@@ -76,6 +76,7 @@ pub mod cache;
 pub mod coalesce;
 pub mod column_facts;
 pub mod counted;
+pub mod cross_join;
 pub(crate) mod device_counts;
 pub mod filter;
 pub mod join;
@@ -107,6 +108,7 @@ use crate::device::GpuContext;
 pub use aggregate::GpuAggregateExec;
 pub use cache::GpuCachedScanExec;
 pub use coalesce::GpuCoalescePartitionsExec;
+pub use cross_join::GpuCrossJoinExec;
 pub use filter::GpuFilterExec;
 pub use join::GpuHashJoinExec;
 pub use projection::GpuProjectionExec;
@@ -179,6 +181,9 @@ pub fn as_gpu_exec(plan: &dyn ExecutionPlan) -> Option<&dyn GpuExec> {
     }
     if let Some(u) = plan.downcast_ref::<GpuUnionExec>() {
         return Some(u);
+    }
+    if let Some(c) = plan.downcast_ref::<GpuCrossJoinExec>() {
+        return Some(c);
     }
     None
 }

@@ -23,7 +23,7 @@ use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::filter::FilterExec;
-use datafusion::physical_plan::joins::HashJoinExec;
+use datafusion::physical_plan::joins::{CrossJoinExec, HashJoinExec};
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::union::UnionExec;
@@ -34,8 +34,8 @@ use datafusion::physical_plan::{
 use crate::config::{FallbackPolicy, SpateOptions};
 use crate::device::GpuContext;
 use crate::exec::{
-    GpuAggregateExec, GpuCoalescePartitionsExec, GpuFilterExec, GpuHashJoinExec, GpuProjectionExec,
-    GpuSortExec, GpuUnionExec, as_gpu_exec,
+    GpuAggregateExec, GpuCoalescePartitionsExec, GpuCrossJoinExec, GpuFilterExec, GpuHashJoinExec,
+    GpuProjectionExec, GpuSortExec, GpuUnionExec, as_gpu_exec,
 };
 
 /// Operators that move or read data but compute nothing a GPU would do for them.
@@ -143,6 +143,14 @@ fn cpu_reason(node: &dyn ExecutionPlan) -> String {
                 match GpuHashJoinExec::check(join) {
                     Err(reason) => reason.0,
                     Ok(()) => "a GPU join was not chosen for it".into(),
+                }
+            } else if node.downcast_ref::<CrossJoinExec>().is_some() {
+                match GpuCrossJoinExec::try_new(Arc::new(CrossJoinExec::new(
+                    Arc::clone(node.children()[0]),
+                    Arc::clone(node.children()[1]),
+                ))) {
+                    Err(reason) => reason.0,
+                    Ok(_) => "a GPU cross join was not chosen for it".into(),
                 }
             } else if is_column_selection(node) {
                 "only selects or renames columns of a CPU input".into()
@@ -390,6 +398,11 @@ impl PhysicalOptimizerRule for GpuOffloadRule {
             }
             if node.downcast_ref::<HashJoinExec>().is_some()
                 && let Ok(gpu) = GpuHashJoinExec::try_new(Arc::clone(&node))
+            {
+                return Ok(Transformed::yes(Arc::new(gpu) as Arc<dyn ExecutionPlan>));
+            }
+            if node.downcast_ref::<CrossJoinExec>().is_some()
+                && let Ok(gpu) = GpuCrossJoinExec::try_new(Arc::clone(&node))
             {
                 return Ok(Transformed::yes(Arc::new(gpu) as Arc<dyn ExecutionPlan>));
             }
