@@ -1480,3 +1480,69 @@ async fn cross_joins_pair_every_row() {
         assert!(gpu == cpu, "{sql}: results differ\n{plan}");
     }
 }
+
+/// A limit between GPU operators passes device batches through (`GpuLimitExec`) until it has
+/// its rows, skipping an offset first, and gives the CPU's rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_between_gpu_operators_stay_on_the_device() {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("v", DataType::Int64, true),
+        Field::new("s", DataType::Utf8, true),
+    ]));
+    let batch = |from: i64| {
+        RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![
+                Arc::new(Int64Array::from_iter(
+                    (from..from + 700).map(|i| (i % 10 != 3).then_some(i)),
+                )) as ArrayRef,
+                Arc::new(StringArray::from_iter_values(
+                    (from..from + 700).map(|i| format!("s{}", i % 17)),
+                )),
+            ],
+        )
+        .unwrap()
+    };
+    let engines: Vec<Engine> = [Backend::Emulated, Backend::Cpu]
+        .into_iter()
+        .map(|backend| {
+            let e = Engine::builder()
+                .backend(backend)
+                .target_partitions(1)
+                .batch_size(256)
+                .build()
+                .unwrap();
+            e.register_batches("t", vec![batch(0), batch(700), batch(1400)])
+                .unwrap();
+            e
+        })
+        .collect();
+    engines[0]
+        .collect("SET spate.gpu.fallback = 'error'")
+        .await
+        .unwrap();
+    let union = "SELECT v, s FROM t WHERE v > 5 UNION ALL SELECT v, s FROM t WHERE v < 100";
+    for (sql, on_gpu) in [
+        (
+            format!("SELECT count(*) AS n, count(v) AS c FROM ({union} LIMIT 1000) x"),
+            true,
+        ),
+        (
+            format!("SELECT count(*) AS n, count(s) AS c FROM ({union} LIMIT 3) x"),
+            true,
+        ),
+        (
+            format!("SELECT count(*) AS n FROM ({union} LIMIT 50 OFFSET 10) x"),
+            true,
+        ),
+    ] {
+        let plan =
+            ordered(&engines[0].collect(&format!("EXPLAIN {sql}")).await.unwrap()).join("\n");
+        let gpu_limit = plan.contains("GpuGlobalLimitExec") || plan.contains("GpuLocalLimitExec");
+        assert_eq!(gpu_limit, on_gpu, "{sql}\n{plan}");
+        assert_eq!(plan.contains("host exchange"), !on_gpu, "{sql}\n{plan}");
+        let gpu = ordered(&engines[0].collect(&sql).await.unwrap());
+        let cpu = ordered(&engines[1].collect(&sql).await.unwrap());
+        assert_eq!(gpu, cpu, "{sql}\n{plan}");
+    }
+}

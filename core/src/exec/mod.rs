@@ -80,6 +80,7 @@ pub mod cross_join;
 pub(crate) mod device_counts;
 pub mod filter;
 pub mod join;
+pub mod limit;
 pub mod projection;
 pub mod sort;
 mod top_k;
@@ -111,6 +112,7 @@ pub use coalesce::GpuCoalescePartitionsExec;
 pub use cross_join::GpuCrossJoinExec;
 pub use filter::GpuFilterExec;
 pub use join::GpuHashJoinExec;
+pub use limit::GpuLimitExec;
 pub use projection::GpuProjectionExec;
 pub use sort::GpuSortExec;
 pub use union::GpuUnionExec;
@@ -184,6 +186,9 @@ pub fn as_gpu_exec(plan: &dyn ExecutionPlan) -> Option<&dyn GpuExec> {
     }
     if let Some(c) = plan.downcast_ref::<GpuCrossJoinExec>() {
         return Some(c);
+    }
+    if let Some(l) = plan.downcast_ref::<GpuLimitExec>() {
+        return Some(l);
     }
     None
 }

@@ -24,6 +24,7 @@ use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::joins::{CrossJoinExec, HashJoinExec};
+use datafusion::physical_plan::limit::GlobalLimitExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::union::UnionExec;
@@ -35,7 +36,7 @@ use crate::config::{FallbackPolicy, SpateOptions};
 use crate::device::GpuContext;
 use crate::exec::{
     GpuAggregateExec, GpuCoalescePartitionsExec, GpuCrossJoinExec, GpuFilterExec, GpuHashJoinExec,
-    GpuProjectionExec, GpuSortExec, GpuUnionExec, as_gpu_exec,
+    GpuLimitExec, GpuProjectionExec, GpuSortExec, GpuUnionExec, as_gpu_exec,
 };
 
 /// Operators that move or read data but compute nothing a GPU would do for them.
@@ -360,6 +361,21 @@ impl PhysicalOptimizerRule for GpuOffloadRule {
             {
                 return Ok(Transformed::yes(Arc::new(gpu) as Arc<dyn ExecutionPlan>));
             }
+            // A merge with a row limit over a GPU input: the merge on the device, then the
+            // limit there too.
+            if let Some(coalesce) = node.downcast_ref::<CoalescePartitionsExec>()
+                && let Some(fetch) = coalesce.fetch()
+                && let Ok(merge) = GpuCoalescePartitionsExec::try_new(Arc::new(
+                    CoalescePartitionsExec::new(Arc::clone(coalesce.input())),
+                ))
+                && let Ok(gpu) = GpuLimitExec::try_new(Arc::new(GlobalLimitExec::new(
+                    Arc::new(merge),
+                    0,
+                    Some(fetch),
+                )))
+            {
+                return Ok(Transformed::yes(Arc::new(gpu) as Arc<dyn ExecutionPlan>));
+            }
             // So does a union of GPU inputs: their device batches pass through.
             if let Some(union) = node.downcast_ref::<UnionExec>()
                 && union
@@ -367,6 +383,12 @@ impl PhysicalOptimizerRule for GpuOffloadRule {
                     .iter()
                     .all(|input| as_gpu_exec(input.as_ref()).is_some())
                 && let Ok(gpu) = GpuUnionExec::try_new(Arc::new(union.clone()))
+            {
+                return Ok(Transformed::yes(Arc::new(gpu) as Arc<dyn ExecutionPlan>));
+            }
+            // And a limit over a GPU input: it passes device batches until it has its rows.
+            if matches!(node.name(), "GlobalLimitExec" | "LocalLimitExec")
+                && let Ok(gpu) = GpuLimitExec::try_new(Arc::clone(&node))
             {
                 return Ok(Transformed::yes(Arc::new(gpu) as Arc<dyn ExecutionPlan>));
             }
