@@ -22,6 +22,25 @@ pub const FLOAT_TOLERANCE: f64 = 1e-9;
 /// Checks `got` against `reference` (see the module docs). Returns the row count, or the first
 /// difference in words.
 pub fn compare_results(reference: &[RecordBatch], got: &[RecordBatch]) -> Result<usize, String> {
+    let want_rows = same_shape(reference, got)?;
+    let want = cells(reference)?;
+    let have = cells(got)?;
+    for (row, (a, b)) in want.iter().zip(&have).enumerate() {
+        for (column, (x, y)) in a.iter().zip(b).enumerate() {
+            if !cells_match(x, y) {
+                return Err(format!(
+                    "row {row}, column {column}: {}, expected {}",
+                    y.show(),
+                    x.show()
+                ));
+            }
+        }
+    }
+    Ok(want_rows)
+}
+
+/// Checks the two results have the same columns (names and types) and row count; returns it.
+fn same_shape(reference: &[RecordBatch], got: &[RecordBatch]) -> Result<usize, String> {
     let want_rows: usize = reference.iter().map(RecordBatch::num_rows).sum();
     let got_rows: usize = got.iter().map(RecordBatch::num_rows).sum();
     if let (Some(a), Some(b)) = (reference.first(), got.first()) {
@@ -47,19 +66,6 @@ pub fn compare_results(reference: &[RecordBatch], got: &[RecordBatch]) -> Result
     }
     if want_rows != got_rows {
         return Err(format!("{got_rows} rows, expected {want_rows}"));
-    }
-    let want = cells(reference)?;
-    let have = cells(got)?;
-    for (row, (a, b)) in want.iter().zip(&have).enumerate() {
-        for (column, (x, y)) in a.iter().zip(b).enumerate() {
-            if !cells_match(x, y) {
-                return Err(format!(
-                    "row {row}, column {column}: {}, expected {}",
-                    y.show(),
-                    x.show()
-                ));
-            }
-        }
     }
     Ok(want_rows)
 }
@@ -100,6 +106,8 @@ pub fn compare_ordered(
     got: &[RecordBatch],
     order: &Ordering,
 ) -> Result<usize, String> {
+    // Columns and row counts must match as they are; only the order of tied rows may differ.
+    same_shape(reference, got)?;
     let strict = match compare_results(reference, got) {
         Ok(rows) => return Ok(rows),
         Err(e) => e,
@@ -339,6 +347,16 @@ mod tests {
         };
         assert_eq!(compare_ordered(&cut, &cut_other, &limited), Ok(3));
         assert!(compare_ordered(&cut, &cut_other, &order).is_err());
+        // Columns must still be the same, named and typed alike.
+        let renamed = [batch(vec![
+            (
+                "j",
+                Arc::new(Int32Array::from(vec![1, 2, 2, 3])) as ArrayRef,
+            ),
+            ("v", Arc::new(StringArray::from(vec!["a", "c", "b", "d"]))),
+        ])];
+        let err = compare_ordered(&want, &renamed, &order).unwrap_err();
+        assert!(err.starts_with("column 0 is j"), "{err}");
         // No ORDER BY: the whole result is one run.
         let none = Ordering::default();
         let shuffled = [rows(&[3, 1, 2, 2], &["d", "a", "c", "b"])];

@@ -1,7 +1,8 @@
 //! `GpuCrossJoinExec`: DataFusion's `CrossJoinExec` on the GPU.
 //!
-//! The left side is collected (DataFusion gives it one partition) into one device batch; each
-//! right batch is then paired with every left row. A kernel writes the pairs' row indices
+//! The left side is collected (DataFusion gives it one partition) into one device batch, once
+//! for all output partitions, as DataFusion's cross join does; each right batch is then paired
+//! with every left row. A kernel writes the pairs' row indices
 //! (`kernels/cuda/join/cross.cu`, left-major, as the CPU emits them) and both sides' columns
 //! are gathered by them. A right batch's output is cut into batches of at most
 //! [`OUTPUT_ROWS`] rows, whole left rows at a time, so a large product never needs one
@@ -41,6 +42,9 @@ const OUTPUT_ROWS: usize = 1 << 22;
 pub struct GpuCrossJoinExec {
     /// The `CrossJoinExec` this replaces.
     cpu: Arc<dyn ExecutionPlan>,
+    /// The collected left side, shared by the output partitions: the first to run collects it
+    /// (a left input may not run twice: a repartition below it would not).
+    left: Arc<tokio::sync::OnceCell<DeviceBatch>>,
     metrics: ExecutionPlanMetricsSet,
 }
 
@@ -54,6 +58,7 @@ impl GpuCrossJoinExec {
         check_input_types(&cross.right().schema())?;
         Ok(GpuCrossJoinExec {
             cpu: join,
+            left: Arc::new(tokio::sync::OnceCell::new()),
             metrics: ExecutionPlanMetricsSet::new(),
         })
     }
@@ -183,14 +188,6 @@ impl GpuExec for GpuCrossJoinExec {
             ));
         }
         let transfer = TransferMetrics::new(&self.metrics, partition);
-        let left = collected_input(
-            left_plan,
-            0,
-            &context,
-            &stream,
-            &transfer,
-            KeepsCounts::never(),
-        )?;
         let right = per_batch_input(
             right_plan,
             partition,
@@ -199,13 +196,35 @@ impl GpuExec for GpuCrossJoinExec {
             &transfer,
             KeepsCounts::never(),
         )?;
+        // Several output partitions read the left side on their own streams: it is then
+        // marked shared and complete before any of them reads it (one wait).
+        let shared = right_plan.properties().partitioning.partition_count() > 1;
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let (schema, left_schema) = (self.schema(), left_plan.schema());
+        let (left_plan, cell) = (Arc::clone(left_plan), Arc::clone(&self.left));
         let out = futures::stream::once(async move {
-            let batches: Vec<DeviceBatch> = left.try_collect().await?;
-            let left = concat_device_batches(&stream, &left_schema, batches)
-                .and_then(|b| b.resolve(&stream))
-                .map_err(to_df)?;
+            let left = cell
+                .get_or_try_init(|| async {
+                    let input = collected_input(
+                        &left_plan,
+                        0,
+                        &context,
+                        &stream,
+                        &transfer,
+                        KeepsCounts::never(),
+                    )?;
+                    let batches: Vec<DeviceBatch> = input.try_collect().await?;
+                    let left = concat_device_batches(&stream, &left_schema, batches)
+                        .and_then(|b| b.resolve(&stream))
+                        .map_err(to_df)?;
+                    if shared {
+                        left.share_across_streams();
+                        stream.synchronize().map_err(|e| to_df(e.into()))?;
+                    }
+                    Ok::<_, DataFusionError>(left)
+                })
+                .await?
+                .clone();
             let joined = right.map(move |batch| {
                 let batch = batch?;
                 let _timer = baseline.elapsed_compute().timer();

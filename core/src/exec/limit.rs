@@ -4,9 +4,10 @@
 //! A limit computes nothing, but on the host between two GPU operators it is an exchange: the
 //! input's batches are downloaded for it and uploaded again. Here the first `skip` rows are
 //! dropped and the input's device batches pass through until `fetch` rows have gone by: a
-//! batch cut at its end is a prefix (a view, no copy), one cut at its start is gathered. The
-//! input is dropped then, so it stops. Each batch's row count is read back (one readback per
-//! batch, as a limit must know it); over a CPU consumer only the rows kept are downloaded.
+//! batch cut at its end is a prefix (a view, no copy) unless it holds strings, and is gathered
+//! otherwise. The input is dropped then, so it stops. Each batch's row count is read back (one
+//! readback per batch, as a limit must know it); over a CPU consumer only the rows kept are
+//! downloaded.
 
 use std::fmt;
 use std::sync::Arc;
@@ -24,7 +25,7 @@ use futures::StreamExt;
 use spate_kernels::Stream as DeviceStream;
 
 use super::{DeviceBatchStream, GpuExec, TransferMetrics, as_gpu_exec, device_input, to_df};
-use crate::column::{DeviceBatch, Gather, gather_columns};
+use crate::column::{DeviceBatch, DeviceValues, Gather, gather_columns};
 use crate::expr::Unsupported;
 
 /// A limit over a GPU input, on the device.
@@ -79,14 +80,23 @@ fn rows_of(
     if start == 0 && rows == batch.bound() {
         return Ok(batch.clone());
     }
-    let columns = if start == 0 {
+    // A prefix view keeps a string column's bytes whole, which only a producer that leaves its
+    // count on the device may do (`DeviceColumn::prefix`): a cut string column is gathered.
+    let strings = batch.columns().iter().any(|c| {
+        matches!(
+            c.values(),
+            DeviceValues::Utf8 { .. } | DeviceValues::LargeUtf8 { .. }
+        )
+    });
+    let columns = if start == 0 && !strings {
         batch
             .columns()
             .iter()
             .map(|c| c.prefix(rows))
             .collect::<crate::error::Result<Vec<_>>>()?
     } else {
-        // Pairs of rows start.. with one "right" row: the indices start..start + rows.
+        // Pairs of rows start.. with one "right" row: the indices start..start + rows. A
+        // gather takes each row once, so strings are sized exactly.
         let (indices, _) = spate_kernels::cross::cross_pairs(stream, start, rows, 1)?;
         let gathers: Vec<Gather<'_>> = batch
             .columns()
@@ -203,5 +213,52 @@ impl GpuExec for GpuLimitExec {
                 }
             },
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::{ArrayRef, Int64Array, StringArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use arrow::record_batch::RecordBatch;
+    use spate_kernels::{Device, DeviceOptions};
+
+    use super::*;
+    use crate::column::{concat_device_batches, download_batch, upload_batch};
+
+    /// A batch the limit cuts, concatenated with another (as a sort or a join build does),
+    /// keeps its last string whole: only the kept rows' bytes go on.
+    #[test]
+    fn cut_strings_stay_whole_when_concatenated() {
+        let stream = Device::emulated(DeviceOptions::default())
+            .unwrap()
+            .new_stream()
+            .unwrap();
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("v", DataType::Int64, false),
+            Field::new("s", DataType::Utf8, false),
+        ]));
+        let batch = |from: i64| {
+            RecordBatch::try_new(
+                Arc::clone(&schema),
+                vec![
+                    Arc::new(Int64Array::from_iter_values(from..from + 10)) as ArrayRef,
+                    Arc::new(StringArray::from_iter_values(
+                        (from..from + 10).map(|i| format!("s{i}")),
+                    )),
+                ],
+            )
+            .unwrap()
+        };
+        let (a, b) = (batch(0), batch(100));
+        for (start, rows) in [(0, 3), (2, 5), (0, 10)] {
+            let cut = rows_of(&stream, &upload_batch(&stream, &a).unwrap(), start, rows).unwrap();
+            let other = upload_batch(&stream, &b).unwrap();
+            let joined = concat_device_batches(&stream, &schema, vec![cut, other]).unwrap();
+            let back = download_batch(&stream, &joined).unwrap();
+            let want = arrow::compute::concat_batches(&schema, &[a.slice(start, rows), b.clone()])
+                .unwrap();
+            assert_eq!(back, want, "rows {start}..{}", start + rows);
+        }
     }
 }
