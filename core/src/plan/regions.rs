@@ -56,9 +56,8 @@ use crate::exec::{
 /// Some plans rely on their partitions beyond what a node's distribution requirement says:
 /// the sorted partitions of an ordered file scan that a sorted merge above a GPU filter
 /// combines (merging them on the device would lose their order). Such a plan keeps
-/// DataFusion's partitions: the rewrite is
-/// checked with DataFusion's own `SanityCheckPlan`, and a rewrite that fails it, or fails to
-/// rebuild, is dropped.
+/// DataFusion's partitions: the rewrite is checked with DataFusion's own `SanityCheckPlan`, and
+/// a rewrite that fails it, or fails to rebuild, is dropped.
 pub fn one_partition_per_device(
     plan: Arc<dyn ExecutionPlan>,
     config: &ConfigOptions,
