@@ -22,13 +22,19 @@ pub const FLOAT_TOLERANCE: f64 = 1e-9;
 /// Checks `got` against `reference` (see the module docs). Returns the row count, or the first
 /// difference in words.
 pub fn compare_results(reference: &[RecordBatch], got: &[RecordBatch]) -> Result<usize, String> {
-    let want_rows = same_shape(reference, got)?;
-    let want = cells(reference)?;
-    let have = cells(got)?;
-    for (row, (a, b)) in want.iter().zip(&have).enumerate() {
+    let rows = same_shape(reference, got)?;
+    match first_difference(&cells(reference)?, &cells(got)?) {
+        Some(difference) => Err(difference),
+        None => Ok(rows),
+    }
+}
+
+/// The first cell, row by row in order, where `have` differs from `want`, in words.
+fn first_difference(want: &[Vec<Cell>], have: &[Vec<Cell>]) -> Option<String> {
+    for (row, (a, b)) in want.iter().zip(have).enumerate() {
         for (column, (x, y)) in a.iter().zip(b).enumerate() {
             if !cells_match(x, y) {
-                return Err(format!(
+                return Some(format!(
                     "row {row}, column {column}: {}, expected {}",
                     y.show(),
                     x.show()
@@ -36,7 +42,7 @@ pub fn compare_results(reference: &[RecordBatch], got: &[RecordBatch]) -> Result
             }
         }
     }
-    Ok(want_rows)
+    None
 }
 
 /// Checks the two results have the same columns (names and types) and row count; returns it.
@@ -108,17 +114,13 @@ pub fn compare_ordered(
 ) -> Result<usize, String> {
     // Columns and row counts must match as they are; only the order of tied rows may differ.
     same_shape(reference, got)?;
-    let strict = match compare_results(reference, got) {
-        Ok(rows) => return Ok(rows),
-        Err(e) => e,
-    };
     let want = cells(reference)?;
     let have = cells(got)?;
+    let Some(strict) = first_difference(&want, &have) else {
+        return Ok(want.len());
+    };
     let width = want.first().map_or(0, Vec::len);
-    if want.len() != have.len()
-        || have.first().is_some_and(|r| r.len() != width)
-        || order.keys.iter().any(|k| *k >= width)
-    {
+    if order.keys.iter().any(|k| *k >= width) {
         return Err(strict);
     }
     let key_of = |row: &[Cell]| {

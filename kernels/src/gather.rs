@@ -447,7 +447,8 @@ fn string_entry<O: OffsetElem>(what: &str) -> String {
     format!("{what}_{}", O::SUFFIX)
 }
 
-fn fits<O: OffsetElem>(total: u64) -> Result<()> {
+/// Checks `total` bytes fit offsets of type `O`.
+pub(crate) fn fits<O: OffsetElem>(total: u64) -> Result<()> {
     if total > O::MAX_BYTES {
         return Err(KernelError::OutputTooLarge {
             bytes: total,

@@ -54,12 +54,7 @@ pub unsafe fn views_to_strings<O: OffsetElem>(
         "{} bytes of views are not whole views",
         views.views.len()
     );
-    if total > O::MAX_BYTES {
-        return Err(crate::error::KernelError::OutputTooLarge {
-            bytes: total,
-            offset_bits: (size_of::<O>() * 8) as u32,
-        });
-    }
+    crate::gather::fits::<O>(total)?;
     let n = views.rows();
     if let Some(v) = &views.validity {
         v.check_covers(n, "a Utf8View column's validity")?;

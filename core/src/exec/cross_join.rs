@@ -54,8 +54,7 @@ impl GpuCrossJoinExec {
         let Some(cross) = join.downcast_ref::<CrossJoinExec>() else {
             return Err(Unsupported("it is not a cross join".into()));
         };
-        check_input_types(&cross.left().schema())?;
-        check_input_types(&cross.right().schema())?;
+        Self::check(cross)?;
         Ok(GpuCrossJoinExec {
             cpu: join,
             left: Arc::new(tokio::sync::OnceCell::new()),
@@ -63,11 +62,14 @@ impl GpuCrossJoinExec {
         })
     }
 
+    /// Whether `join` can run on the GPU, or why not.
+    pub fn check(join: &CrossJoinExec) -> std::result::Result<(), Unsupported> {
+        check_input_types(&join.left().schema())?;
+        check_input_types(&join.right().schema())
+    }
+
     fn rebuild(cpu: Arc<dyn ExecutionPlan>) -> DFResult<Arc<dyn ExecutionPlan>> {
-        match GpuCrossJoinExec::try_new(Arc::clone(&cpu)) {
-            Ok(gpu) => Ok(Arc::new(gpu)),
-            Err(_) => Ok(cpu),
-        }
+        crate::exec::rebuild_gpu_dyn(cpu, GpuCrossJoinExec::try_new)
     }
 
     fn side(&self, k: usize) -> &Arc<dyn ExecutionPlan> {

@@ -63,10 +63,7 @@ impl GpuLimitExec {
     }
 
     fn rebuild(cpu: Arc<dyn ExecutionPlan>) -> DFResult<Arc<dyn ExecutionPlan>> {
-        match GpuLimitExec::try_new(Arc::clone(&cpu)) {
-            Ok(gpu) => Ok(Arc::new(gpu)),
-            Err(_) => Ok(cpu),
-        }
+        crate::exec::rebuild_gpu_dyn(cpu, GpuLimitExec::try_new)
     }
 }
 

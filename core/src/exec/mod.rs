@@ -408,6 +408,18 @@ where
     }
 }
 
+/// [`rebuild_gpu`] for GPU operators that keep their CPU node as an `Arc<dyn ExecutionPlan>`:
+/// the GPU operator again if `make` still accepts `cpu`, else `cpu`, which is always correct.
+pub(crate) fn rebuild_gpu_dyn<G: ExecutionPlan + 'static>(
+    cpu: Arc<dyn ExecutionPlan>,
+    make: impl FnOnce(Arc<dyn ExecutionPlan>) -> Result<G, crate::expr::Unsupported>,
+) -> DFResult<Arc<dyn ExecutionPlan>> {
+    match make(Arc::clone(&cpu)) {
+        Ok(gpu) => Ok(Arc::new(gpu)),
+        Err(_) => Ok(cpu),
+    }
+}
+
 /// The session's GPU, which the engine stores in the session config.
 pub(crate) fn gpu_context(context: &TaskContext) -> DFResult<Arc<GpuContext>> {
     context

@@ -243,23 +243,41 @@ fn stable_pass<K: ks::RadixKey + gather::GatherElem>(
     .values)
 }
 
-/// One stable pass over a key column, carrying `perm` (the order so far).
-fn key_pass<T: SortKeySource>(
+/// Radix keys of one width, one per row.
+pub(crate) enum RadixKeys {
+    U32(DeviceBuffer<u32>),
+    U64(DeviceBuffer<u64>),
+}
+
+/// The radix keys of a fixed-width key column of `kind`, whose unsigned order is the column's
+/// (reversed when `descending`); `None` for a decimal or a string, which take several words.
+pub(crate) fn fixed_radix_keys(
     stream: &DeviceStream,
-    values: DeviceSlice<'_, T>,
+    kind: KeyKind,
+    bytes: &crate::column::DeviceBytes,
     descending: bool,
-    perm: Option<&DeviceBuffer<u32>>,
-    nulls: Option<&NullKeys<'_>>,
-) -> Result<DeviceBuffer<u32>>
-where
-    T::Key: gather::GatherElem,
-{
-    stable_pass(
-        stream,
-        ks::sort_keys(stream, values, descending)?,
-        perm,
-        nulls,
-    )
+) -> Result<Option<RadixKeys>> {
+    fn keys<T: SortKeySource>(
+        stream: &DeviceStream,
+        bytes: &crate::column::DeviceBytes,
+        descending: bool,
+    ) -> Result<DeviceBuffer<T::Key>> {
+        Ok(ks::sort_keys(stream, bytes.typed::<T>()?, descending)?)
+    }
+    let d = descending;
+    Ok(Some(match kind {
+        KeyKind::I8 => RadixKeys::U32(keys::<i8>(stream, bytes, d)?),
+        KeyKind::I16 => RadixKeys::U32(keys::<i16>(stream, bytes, d)?),
+        KeyKind::U8 => RadixKeys::U32(keys::<u8>(stream, bytes, d)?),
+        KeyKind::U16 => RadixKeys::U32(keys::<u16>(stream, bytes, d)?),
+        KeyKind::I32 => RadixKeys::U32(keys::<i32>(stream, bytes, d)?),
+        KeyKind::U32 => RadixKeys::U32(keys::<u32>(stream, bytes, d)?),
+        KeyKind::F32 => RadixKeys::U32(keys::<f32>(stream, bytes, d)?),
+        KeyKind::I64 => RadixKeys::U64(keys::<i64>(stream, bytes, d)?),
+        KeyKind::U64 => RadixKeys::U64(keys::<u64>(stream, bytes, d)?),
+        KeyKind::F64 => RadixKeys::U64(keys::<f64>(stream, bytes, d)?),
+        KeyKind::Dec | KeyKind::Str => return Ok(None),
+    }))
 }
 
 /// Decimal128 keys: the low words (unsigned), then the high words (signed), both stable.
@@ -335,24 +353,21 @@ fn sort_batch(
                 p,
                 nk,
             )?,
-            (_, DeviceValues::Fixed { bytes, .. }) => match key.kind {
-                KeyKind::I8 => key_pass::<i8>(stream, bytes.typed()?, d, p, nk)?,
-                KeyKind::I16 => key_pass::<i16>(stream, bytes.typed()?, d, p, nk)?,
-                KeyKind::U8 => key_pass::<u8>(stream, bytes.typed()?, d, p, nk)?,
-                KeyKind::U16 => key_pass::<u16>(stream, bytes.typed()?, d, p, nk)?,
-                KeyKind::Dec => decimal_pass(stream, bytes.typed()?, d, p, nk)?,
-                KeyKind::I32 => key_pass::<i32>(stream, bytes.typed()?, d, p, nk)?,
-                KeyKind::U32 => key_pass::<u32>(stream, bytes.typed()?, d, p, nk)?,
-                KeyKind::F32 => key_pass::<f32>(stream, bytes.typed()?, d, p, nk)?,
-                KeyKind::I64 => key_pass::<i64>(stream, bytes.typed()?, d, p, nk)?,
-                KeyKind::U64 => key_pass::<u64>(stream, bytes.typed()?, d, p, nk)?,
-                KeyKind::F64 => key_pass::<f64>(stream, bytes.typed()?, d, p, nk)?,
-                KeyKind::Str => {
-                    return Err(SpateError::Internal {
-                        message: "a GPU string sort key is laid out as fixed-width values".into(),
-                    });
+            (KeyKind::Dec, DeviceValues::Fixed { bytes, .. }) => {
+                decimal_pass(stream, bytes.typed()?, d, p, nk)?
+            }
+            (kind, DeviceValues::Fixed { bytes, .. }) => {
+                match fixed_radix_keys(stream, kind, bytes, d)? {
+                    Some(RadixKeys::U32(k)) => stable_pass(stream, k, p, nk)?,
+                    Some(RadixKeys::U64(k)) => stable_pass(stream, k, p, nk)?,
+                    None => {
+                        return Err(SpateError::Internal {
+                            message: "a GPU string sort key is laid out as fixed-width values"
+                                .into(),
+                        });
+                    }
                 }
-            },
+            }
             _ => {
                 return Err(SpateError::Internal {
                     message: format!(

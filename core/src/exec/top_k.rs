@@ -17,11 +17,11 @@
 use std::sync::Arc;
 
 use spate_kernels::compact::{self, Mask};
-use spate_kernels::sort::{self as ks, SortKeySource};
+use spate_kernels::sort as ks;
 use spate_kernels::top_k::{self, SortKeys, TopKKey};
 use spate_kernels::{DeviceBuffer, Stream as DeviceStream, gather};
 
-use super::sort::{KeyKind, SortKey};
+use super::sort::{KeyKind, RadixKeys, SortKey, fixed_radix_keys};
 use crate::column::{DeviceBatch, DeviceColumn, DeviceValues, Gather, gather_columns};
 use crate::error::{Result, SpateError};
 
@@ -39,12 +39,6 @@ enum KeyForm {
     DecimalHigh,
     /// A decimal clamped to the i64 range.
     DecimalClamped,
-}
-
-/// One select key per row.
-enum SelectKeys {
-    U32(DeviceBuffer<u32>),
-    U64(DeviceBuffer<u64>),
 }
 
 /// The state of one top-k sort: its first key, `k`, and the bound once it has narrowed.
@@ -183,7 +177,7 @@ enum AnyKeys<'a> {
 }
 
 fn with_sort_keys<T>(
-    keys: &SelectKeys,
+    keys: &RadixKeys,
     column: &DeviceColumn,
     first: &SortKey,
     f: impl FnOnce(AnyKeys<'_>) -> std::result::Result<T, spate_kernels::KernelError>,
@@ -200,8 +194,8 @@ fn with_sort_keys<T>(
         }
     }
     Ok(match keys {
-        SelectKeys::U32(k) => f(AnyKeys::U32(wrap(k, column, first)))?,
-        SelectKeys::U64(k) => f(AnyKeys::U64(wrap(k, column, first)))?,
+        RadixKeys::U32(k) => f(AnyKeys::U32(wrap(k, column, first)))?,
+        RadixKeys::U64(k) => f(AnyKeys::U64(wrap(k, column, first)))?,
     })
 }
 
@@ -211,24 +205,17 @@ fn select_keys(
     column: &DeviceColumn,
     key: &SortKey,
     form: KeyForm,
-) -> Result<SelectKeys> {
-    fn fixed<T: SortKeySource>(
-        stream: &DeviceStream,
-        bytes: &crate::column::DeviceBytes,
-        descending: bool,
-    ) -> Result<DeviceBuffer<T::Key>> {
-        Ok(ks::sort_keys(stream, bytes.typed::<T>()?, descending)?)
-    }
+) -> Result<RadixKeys> {
     let d = key.descending;
     Ok(match (form, key.kind, column.values()) {
         (KeyForm::DecimalHigh, KeyKind::Dec, DeviceValues::Fixed { bytes, .. }) => {
-            SelectKeys::U64(ks::decimal_sort_keys(stream, bytes.typed()?, d, true)?)
+            RadixKeys::U64(ks::decimal_sort_keys(stream, bytes.typed()?, d, true)?)
         }
         (KeyForm::DecimalClamped, KeyKind::Dec, DeviceValues::Fixed { bytes, .. }) => {
-            SelectKeys::U64(top_k::decimal_keys(stream, bytes.typed()?, d)?)
+            RadixKeys::U64(top_k::decimal_keys(stream, bytes.typed()?, d)?)
         }
         (KeyForm::Radix, KeyKind::Str, DeviceValues::Utf8 { offsets, bytes }) => {
-            SelectKeys::U64(ks::string_sort_keys(
+            RadixKeys::U64(ks::string_sort_keys(
                 stream,
                 gather::DeviceStrings::<i32> {
                     offsets: offsets.typed()?,
@@ -239,7 +226,7 @@ fn select_keys(
             )?)
         }
         (KeyForm::Radix, KeyKind::Str, DeviceValues::LargeUtf8 { offsets, bytes }) => {
-            SelectKeys::U64(ks::string_sort_keys(
+            RadixKeys::U64(ks::string_sort_keys(
                 stream,
                 gather::DeviceStrings::<i64> {
                     offsets: offsets.typed()?,
@@ -249,19 +236,9 @@ fn select_keys(
                 d,
             )?)
         }
-        (KeyForm::Radix, kind, DeviceValues::Fixed { bytes, .. }) => match kind {
-            KeyKind::I8 => SelectKeys::U32(fixed::<i8>(stream, bytes, d)?),
-            KeyKind::I16 => SelectKeys::U32(fixed::<i16>(stream, bytes, d)?),
-            KeyKind::U8 => SelectKeys::U32(fixed::<u8>(stream, bytes, d)?),
-            KeyKind::U16 => SelectKeys::U32(fixed::<u16>(stream, bytes, d)?),
-            KeyKind::I32 => SelectKeys::U32(fixed::<i32>(stream, bytes, d)?),
-            KeyKind::U32 => SelectKeys::U32(fixed::<u32>(stream, bytes, d)?),
-            KeyKind::F32 => SelectKeys::U32(fixed::<f32>(stream, bytes, d)?),
-            KeyKind::I64 => SelectKeys::U64(fixed::<i64>(stream, bytes, d)?),
-            KeyKind::U64 => SelectKeys::U64(fixed::<u64>(stream, bytes, d)?),
-            KeyKind::F64 => SelectKeys::U64(fixed::<f64>(stream, bytes, d)?),
-            KeyKind::Dec | KeyKind::Str => return Err(layout_error(key)),
-        },
+        (KeyForm::Radix, kind, DeviceValues::Fixed { bytes, .. }) => {
+            fixed_radix_keys(stream, kind, bytes, d)?.ok_or_else(|| layout_error(key))?
+        }
         _ => return Err(layout_error(key)),
     })
 }

@@ -145,13 +145,10 @@ fn cpu_reason(node: &dyn ExecutionPlan) -> String {
                     Err(reason) => reason.0,
                     Ok(()) => "a GPU join was not chosen for it".into(),
                 }
-            } else if node.downcast_ref::<CrossJoinExec>().is_some() {
-                match GpuCrossJoinExec::try_new(Arc::new(CrossJoinExec::new(
-                    Arc::clone(node.children()[0]),
-                    Arc::clone(node.children()[1]),
-                ))) {
+            } else if let Some(cross) = node.downcast_ref::<CrossJoinExec>() {
+                match GpuCrossJoinExec::check(cross) {
                     Err(reason) => reason.0,
-                    Ok(_) => "a GPU cross join was not chosen for it".into(),
+                    Ok(()) => "a GPU cross join was not chosen for it".into(),
                 }
             } else if is_column_selection(node) {
                 "only selects or renames columns of a CPU input".into()

@@ -269,11 +269,7 @@ impl GpuHashJoinExec {
     }
 
     fn rebuild(cpu: Arc<dyn ExecutionPlan>) -> DFResult<Arc<dyn ExecutionPlan>> {
-        // The GPU join again if it still applies, else the CPU node, which is always correct.
-        match GpuHashJoinExec::try_new(Arc::clone(&cpu)) {
-            Ok(gpu) => Ok(Arc::new(gpu)),
-            Err(_) => Ok(cpu),
-        }
+        crate::exec::rebuild_gpu_dyn(cpu, GpuHashJoinExec::try_new)
     }
 
     fn left(&self) -> &Arc<dyn ExecutionPlan> {
