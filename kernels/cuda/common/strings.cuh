@@ -79,4 +79,60 @@ __device__ inline bool like_match(const u8* s, u64 sn, const u8* kinds, const u8
     return pi == pn;
 }
 
+// Characters (code points) in UTF-8 text: its bytes that do not continue a character.
+__device__ inline u64 utf8_length(const u8* s, u64 n) {
+    u64 count = 0;
+    for (u64 k = 0; k < n; ++k) count += ((s[k] & 0xC0) != 0x80) ? 1 : 0;
+    return count;
+}
+
+// SQL substr by character positions, as DataFusion (and PostgreSQL) define it: the characters
+// at 1-based positions [from, to) that exist (`from` >= 1). Returns where they start and writes
+// their length in bytes.
+__device__ inline const u8* substr_chars(const u8* s, u64 n, i64 from, i64 to, u64* out_n) {
+    if (to <= from) {
+        *out_n = 0;
+        return s;
+    }
+    u64 lo = n, hi = n;
+    i64 pos = 1;
+    for (u64 b = 0; b < n; b += utf8_width(s[b]), ++pos) {
+        if (pos == from) lo = b;
+        if (pos == to) {
+            hi = b;
+            break;
+        }
+    }
+    if (hi < lo) hi = lo;
+    *out_n = hi - lo;
+    return s + lo;
+}
+
+// SQL LIKE for a pattern of literal text and `%` only, given as its `count` segments between
+// the `%`s (their bytes concatenated in `bytes`, their lengths in `lens`, empty ones included):
+// a single segment must equal the text; else the first must start it, the last end it, and the
+// middle ones occur in order without overlapping.
+__device__ inline bool like_segments(const u8* s, u64 sn, const u8* bytes, const u64* lens, u64 count) {
+    if (count == 1) return str_eq(s, sn, bytes, lens[0]);
+    u64 pos = 0;
+    const u8* seg = bytes;
+    for (u64 k = 0; k < count; ++k) {
+        const u64 len = lens[k];
+        if (len != 0) {
+            if (k == 0) {
+                if (!str_starts(s, sn, seg, len)) return false;
+                pos = len;
+            } else if (k == count - 1) {
+                if (sn < pos + len || !str_ends(s, sn, seg, len)) return false;
+            } else {
+                const i64 found = str_find(s, sn, pos, seg, len);
+                if (found < 0) return false;
+                pos = (u64)found + len;
+            }
+        }
+        seg += len;
+    }
+    return true;
+}
+
 }  // namespace spate

@@ -2,9 +2,8 @@
 //! numbering, the accumulate kernel and the finish kernel, generated together as one program
 //! from an [`AggSpec`].
 //!
-//! Kernel parameters (every column is the five-parameter layout of
-//! `crate::expr::column_args`; `live` is a device row count the rows stop at, or null for `n`,
-//! see `spate::live_rows`):
+//! Kernel parameters (every column takes the five-parameter layout of `crate::expr::abi`;
+//! `live` is a device row count the rows stop at, or null for `n`, see `spate::live_rows`):
 //! - `hash(keys…, const u32* live, u64 n, u64* hashes)`: XXH64 of each key (a NULL hashes to
 //!   `SPATE_NULL_HASH`), combined left to right.
 //! - `build(keys…, const u32* live, u64 n, const u64* hashes, u32* table, u64 mask,
@@ -47,7 +46,7 @@
 
 use std::fmt::Write as _;
 
-use crate::expr::{DevType, blake3_hex};
+use crate::expr::{DevType, blake3_hex, column_params};
 
 /// Groups up to which `update` folds rows in shared memory first.
 pub(super) const SMALL_GROUPS: usize = 32;
@@ -140,16 +139,6 @@ const SIGN: &str = "0x8000000000000000ull";
 
 /// The order key of a Decimal128 `v`'s high 64 bits (signed).
 const HIGH_KEY: &str = "((u64)(i64)(v >> 64) ^ 0x8000000000000000ull)";
-
-pub(crate) fn column_params(prefix: &str, count: usize) -> String {
-    (0..count)
-        .map(|k| {
-            format!(
-                "const u8* {prefix}d{k}, const u8* {prefix}e{k}, u64 {prefix}b{k}, const u8* {prefix}v{k}, u64 {prefix}o{k}, "
-            )
-        })
-        .collect()
-}
 
 fn unsigned_of_width(ty: DevType) -> &'static str {
     match ty {

@@ -1,6 +1,6 @@
 //! CUDA source for one GPU hash join, generated from the join keys' device types.
 //!
-//! Kernels (columns take the five-parameter layout of `crate::expr::column_args`; `k` columns
+//! Kernels (columns take the five-parameter layout of `crate::expr::abi`; `k` columns
 //! are the build side's keys, `p` columns the probe side's):
 //! - `hash`, `build`, `flags`, `assign`: the build side's table and its groups of equal keys,
 //!   as for aggregation (see `exec::aggregate::codegen`).
@@ -51,9 +51,9 @@
 use std::fmt::Write as _;
 
 use crate::exec::aggregate::codegen::{
-    NUMBERING, column_params, finish_program, hash_and_build, key_equal, key_hash,
+    NUMBERING, finish_program, hash_and_build, key_equal, key_hash,
 };
-use crate::expr::DevType;
+use crate::expr::{DevType, column_params};
 
 /// The generated program: its source and `(kernel, entry point)` pairs.
 #[derive(Debug, Clone)]

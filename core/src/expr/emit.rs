@@ -1,0 +1,708 @@
+//! The kernel IR → CUDA C. Each node becomes a few declarations in the row loop, calling only
+//! helpers from `kernels/cuda/common/*.cuh`: the semantics live there (and are tested there,
+//! `kernels/tests/expr_helpers.rs`), the choices in [`super::lower`]. This file writes names,
+//! types and literals, and turns CASE and COALESCE into guards on the errors their children
+//! raise.
+
+use std::fmt::Write as _;
+
+use super::ir::{Arith, Cast, Check, Cmp, Const, DateField, LikePattern, Node, OnFail, Op};
+use super::types::DevType;
+
+/// An emitted value: C expressions for its value and its null flag. A string's value is a byte
+/// pointer with its length in a companion `<value>_n` variable.
+#[derive(Debug, Clone)]
+pub(crate) struct Operand {
+    pub value: String,
+    pub null: String,
+    pub ty: DevType,
+}
+
+/// Prints the nodes of one kernel into its row loop (`i` is the input row).
+#[derive(Default)]
+pub(crate) struct Emitter {
+    /// The row loop's body.
+    pub body: String,
+    next: usize,
+    /// Conditions (C expressions) under which the CPU evaluates the code being emitted: a CASE
+    /// branch only for the rows that take it, a COALESCE argument only for the rows whose
+    /// earlier arguments are NULL. Errors are raised only where all of them hold.
+    guards: Vec<String>,
+    /// What the kernel can raise: the error-word bit and the message, each once.
+    pub checks: Vec<(u32, String)>,
+}
+
+/// `10^k` as an i128 literal (`k` <= 38, as the planner guarantees).
+pub(crate) fn pow10(k: i8) -> String {
+    debug_assert!((0..=38).contains(&k), "10^{k} does not fit an i128");
+    i128_literal(10i128.pow(u32::from(k.clamp(0, 38).unsigned_abs())))
+}
+
+/// An i128 literal.
+pub(crate) fn i128_literal(v: i128) -> String {
+    if let Ok(small) = i64::try_from(v) {
+        format!("((i128)(i64){}ull)", small as u64)
+    } else {
+        let hi = (v >> 64) as i64;
+        let lo = v as u64;
+        format!("((((i128)(i64){}ull) << 64) | (i128){lo}ull)", hi as u64)
+    }
+}
+
+/// An f64 literal, exactly (by its bits).
+fn f64_literal(v: f64) -> String {
+    format!("__longlong_as_double((i64){}ull)", v.to_bits())
+}
+
+/// Declares a result variable `v` of type `ty`, zero (a string: empty, with its length in
+/// `v_n`).
+fn declare(ty: DevType, v: &str) -> String {
+    if ty == DevType::Str {
+        format!("const u8* {v} = nullptr; u64 {v}_n = 0;")
+    } else {
+        format!("{c} {v} = ({c})0;", c = ty.c_type())
+    }
+}
+
+/// Assigns operand value `value` to result variable `v` (a string: its length too).
+fn assign(ty: DevType, v: &str, value: &str) -> String {
+    if ty == DevType::Str {
+        format!("{v} = {value}; {v}_n = {value}_n;")
+    } else {
+        format!("{v} = {value};")
+    }
+}
+
+fn either_null(l: &Operand, r: &Operand) -> String {
+    format!("({} || {})", l.null, r.null)
+}
+
+impl Emitter {
+    fn var(&mut self) -> String {
+        self.next += 1;
+        format!("t{}", self.next)
+    }
+
+    fn line(&mut self, code: &str) {
+        for l in code.lines() {
+            let _ = writeln!(self.body, "        {l}");
+        }
+    }
+
+    /// Emits code that raises `check` when `failed` holds in a row the CPU evaluates the node
+    /// for.
+    fn raise(&mut self, failed: &str, check: &Check) {
+        let mut condition = failed.to_string();
+        for g in &self.guards {
+            condition = format!("{g} && {condition}");
+        }
+        self.line(&format!("if ({condition}) atomicOr(err, {}u);", check.code));
+        if !self
+            .checks
+            .iter()
+            .any(|(c, m)| *c == check.code && *m == check.message)
+        {
+            self.checks.push((check.code, check.message.clone()));
+        }
+    }
+
+    /// Emits `node` under `guard` (errors below it are raised only where it holds).
+    fn guarded(&mut self, guard: String, node: &Node) -> Operand {
+        self.guards.push(guard);
+        let o = self.node(node);
+        self.guards.pop();
+        o
+    }
+
+    /// A fresh variable holding `value` of type `ty`, NULL where `null` holds.
+    fn bind(&mut self, ty: DevType, value: &str, null: String) -> Operand {
+        let v = self.var();
+        self.line(&format!("const {} {v} = {value};", ty.c_type()));
+        Operand { value: v, null, ty }
+    }
+
+    pub(crate) fn node(&mut self, node: &Node) -> Operand {
+        let o = self.op(node);
+        if node.nullable {
+            o
+        } else {
+            Operand {
+                null: "false".into(),
+                ..o
+            }
+        }
+    }
+
+    fn op(&mut self, node: &Node) -> Operand {
+        let ty = node.ty;
+        let c = ty.c_type();
+        match &node.op {
+            Op::Column { slot } => self.column(*slot, ty),
+            Op::Scalar { slot: k } => {
+                let value = match ty {
+                    DevType::Bool => format!("(sa{k} != 0ull)"),
+                    DevType::F32 => format!("__uint_as_float((u32)sa{k})"),
+                    DevType::F64 => format!("__longlong_as_double((i64)sa{k})"),
+                    DevType::Dec { .. } => format!("((((i128)(i64)sb{k}) << 64) | (i128)sa{k})"),
+                    _ => format!("(({c})sa{k})"),
+                };
+                Operand {
+                    value,
+                    null: format!("(sn{k} != 0u)"),
+                    ty,
+                }
+            }
+            Op::Const(None) if ty == DevType::Str => Operand {
+                null: "true".into(),
+                ..self.string_literal(b"")
+            },
+            Op::Const(None) => Operand {
+                value: format!("(({c})0)"),
+                null: "true".into(),
+                ty,
+            },
+            Op::Const(Some(Const::Bytes(bytes))) => self.string_literal(bytes),
+            Op::Const(Some(Const::Bits(lo, hi))) => Operand {
+                value: match ty {
+                    DevType::Bool => (*lo != 0).to_string(),
+                    DevType::F32 => format!("__uint_as_float({lo}u)"),
+                    DevType::F64 => format!("__longlong_as_double((i64){lo}ull)"),
+                    DevType::Dec { .. } => {
+                        i128_literal((i128::from(*hi as i64) << 64) | i128::from(*lo))
+                    }
+                    _ => format!("(({c}){lo}ull)"),
+                },
+                null: "false".into(),
+                ty,
+            },
+            Op::Not(a) => {
+                let a = self.node(a);
+                Operand {
+                    value: format!("(!{})", a.value),
+                    null: a.null,
+                    ty,
+                }
+            }
+            Op::IsNull { arg, negated } => {
+                let a = self.node(arg);
+                Operand {
+                    value: format!("({}{})", if *negated { "!" } else { "" }, a.null),
+                    null: "false".into(),
+                    ty,
+                }
+            }
+            Op::Negate(a) => {
+                let a = self.node(a);
+                let value = match ty {
+                    DevType::F32 | DevType::F64 => format!("(-{})", a.value),
+                    _ => format!("spate::wrapping_neg<{c}>({})", a.value),
+                };
+                self.bind(ty, &value, a.null)
+            }
+            Op::Logic { and, left, right } => {
+                let (l, r) = (self.node(left), self.node(right));
+                let (v, n) = (self.var(), self.var());
+                let f = if *and { "and3" } else { "or3" };
+                self.line(&format!(
+                    "bool {n};\nconst bool {v} = spate::{f}({}, {}, {}, {}, &{n});",
+                    l.null, l.value, r.null, r.value
+                ));
+                Operand {
+                    value: v,
+                    null: n,
+                    ty,
+                }
+            }
+            Op::Compare { cmp, left, right } => {
+                let (l, r) = (self.node(left), self.node(right));
+                let op = match cmp {
+                    Cmp::Eq => "==",
+                    Cmp::NotEq => "!=",
+                    Cmp::Lt => "<",
+                    Cmp::LtEq => "<=",
+                    Cmp::Gt => ">",
+                    Cmp::GtEq => ">=",
+                };
+                let value = match l.ty {
+                    DevType::Str => format!(
+                        "spate::str_cmp({a}, {a}_n, {b}, {b}_n) {op} 0",
+                        a = l.value,
+                        b = r.value
+                    ),
+                    DevType::F32 | DevType::F64 => format!(
+                        "spate::compare_key({}) {op} spate::compare_key({})",
+                        l.value, r.value
+                    ),
+                    _ => format!("{} {op} {}", l.value, r.value),
+                };
+                self.bind(ty, &value, either_null(&l, &r))
+            }
+            Op::Distinct { not, left, right } => {
+                let (l, r) = (self.node(left), self.node(right));
+                let equal = match l.ty {
+                    DevType::Str => format!(
+                        "spate::str_cmp({a}, {a}_n, {b}, {b}_n) == 0",
+                        a = l.value,
+                        b = r.value
+                    ),
+                    DevType::F32 | DevType::F64 => format!(
+                        "spate::compare_key({}) == spate::compare_key({})",
+                        l.value, r.value
+                    ),
+                    _ => format!("{} == {}", l.value, r.value),
+                };
+                let value = format!(
+                    "{}spate::is_distinct({}, {}, {equal})",
+                    if *not { "!" } else { "" },
+                    l.null,
+                    r.null
+                );
+                self.bind(ty, &value, "false".into())
+            }
+            Op::Arith { op, left, right } => {
+                let (l, r) = (self.node(left), self.node(right));
+                let family = if matches!(ty, DevType::F32 | DevType::F64) {
+                    "float"
+                } else {
+                    "wrapping"
+                };
+                let value = format!(
+                    "spate::{family}_{}<{c}>({}, {})",
+                    arith_name(*op),
+                    l.value,
+                    r.value
+                );
+                self.bind(ty, &value, either_null(&l, &r))
+            }
+            Op::Decimal {
+                op,
+                left,
+                right,
+                left_shift,
+                right_shift,
+                overflow,
+            } => {
+                let (l, r) = (self.node(left), self.node(right));
+                let null = either_null(&l, &r);
+                match overflow {
+                    Some(check) => {
+                        let (v, n) = (self.var(), self.var());
+                        self.line(&format!(
+                            "const bool {n} = {null};\ni128 {v};\nconst bool {v}_ovf = spate::{}_overflows({}, {}, &{v});",
+                            arith_name(*op),
+                            l.value,
+                            r.value
+                        ));
+                        self.raise(&format!("!{n} && {v}_ovf"), check);
+                        Operand {
+                            value: v,
+                            null: n,
+                            ty,
+                        }
+                    }
+                    None => {
+                        let value = match op {
+                            Arith::Mul => format!("spate::dec_mul({}, {})", l.value, r.value),
+                            _ => format!(
+                                "spate::dec_{}({}, {}, {}, {})",
+                                arith_name(*op),
+                                l.value,
+                                r.value,
+                                pow10(*left_shift),
+                                pow10(*right_shift)
+                            ),
+                        };
+                        self.bind(ty, &value, null)
+                    }
+                }
+            }
+            Op::Divide {
+                remainder,
+                left,
+                right,
+                zero,
+                overflow,
+            } => {
+                let (l, r) = (self.node(left), self.node(right));
+                let null = either_null(&l, &r);
+                if matches!(ty, DevType::F32 | DevType::F64) {
+                    let f = if *remainder { "float_rem" } else { "float_div" };
+                    let value = format!("spate::{f}<{c}>({}, {})", l.value, r.value);
+                    return self.bind(ty, &value, null);
+                }
+                let (v, n) = (self.var(), self.var());
+                let call = if *remainder {
+                    format!(
+                        "bool {v}_zero;\nconst {c} {v} = spate::checked_rem<{c}>({}, {}, &{v}_zero);",
+                        l.value, r.value
+                    )
+                } else {
+                    format!(
+                        "bool {v}_zero, {v}_ovf;\nconst {c} {v} = spate::checked_div<{c}>({}, {}, &{v}_zero, &{v}_ovf);",
+                        l.value, r.value
+                    )
+                };
+                self.line(&format!("const bool {n} = {null};\n{call}"));
+                if let Some(check) = zero {
+                    self.raise(&format!("!{n} && {v}_zero"), check);
+                }
+                if let Some(check) = overflow {
+                    self.raise(&format!("!{n} && {v}_ovf"), check);
+                }
+                Operand {
+                    value: v,
+                    null: n,
+                    ty,
+                }
+            }
+            Op::DecimalDivide {
+                remainder,
+                left,
+                right,
+                left_shift,
+                right_shift,
+                zero,
+                overflow,
+            } => {
+                let (l, r) = (self.node(left), self.node(right));
+                let (v, n) = (self.var(), self.var());
+                self.line(&format!(
+                    "const bool {n} = {};\nbool {v}_zero, {v}_ovf;\nconst i128 {v} = spate::dec_{}({}, {}, {}, {}, &{v}_zero, &{v}_ovf);",
+                    either_null(&l, &r),
+                    if *remainder { "rem" } else { "div" },
+                    l.value,
+                    r.value,
+                    pow10(*left_shift),
+                    pow10(*right_shift)
+                ));
+                self.raise(&format!("!{n} && {v}_zero"), zero);
+                self.raise(&format!("!{n} && {v}_ovf"), overflow);
+                Operand {
+                    value: v,
+                    null: n,
+                    ty,
+                }
+            }
+            Op::Cast { arg, cast, fail } => self.cast(ty, arg, cast, fail),
+            Op::InList {
+                arg,
+                items,
+                total_order,
+                negated,
+            } => {
+                let x = self.node(arg);
+                let mut matched = Vec::with_capacity(items.len());
+                let mut nulls = Vec::with_capacity(items.len());
+                for item in items {
+                    let o = self.node(item);
+                    let eq = match x.ty {
+                        DevType::Str => format!(
+                            "spate::str_eq({a}, {a}_n, {b}, {b}_n)",
+                            a = x.value,
+                            b = o.value
+                        ),
+                        _ if *total_order => format!(
+                            "spate::total_order({}) == spate::total_order({})",
+                            x.value, o.value
+                        ),
+                        _ => format!("{} == {}", x.value, o.value),
+                    };
+                    matched.push(format!("(!{} && {eq})", o.null));
+                    nulls.push(o.null);
+                }
+                let any = |terms: Vec<String>| {
+                    if terms.is_empty() {
+                        "false".to_string()
+                    } else {
+                        terms.join(" || ")
+                    }
+                };
+                let (v, n) = (self.var(), self.var());
+                self.line(&format!(
+                    "bool {n};\nconst bool {v} = spate::in_list({}, {}, {}, {negated}, &{n});",
+                    x.null,
+                    any(matched),
+                    any(nulls)
+                ));
+                Operand {
+                    value: v,
+                    null: n,
+                    ty,
+                }
+            }
+            Op::Case {
+                branches,
+                otherwise,
+            } => {
+                let (v, n) = (self.var(), self.var());
+                self.line(&format!(
+                    "{}\nbool {n} = true;\nbool {v}_done = false;",
+                    declare(ty, &v)
+                ));
+                for (when, then) in branches {
+                    // Each WHEN is evaluated for the rows no earlier WHEN took, each THEN for
+                    // the rows its WHEN took; the code runs for every row, but raises errors
+                    // only there.
+                    let cond = self.guarded(format!("!{v}_done"), when);
+                    let taken = format!("(!{v}_done && !{} && {})", cond.null, cond.value);
+                    let value = self.guarded(taken.clone(), then);
+                    self.line(&format!(
+                        "if {taken} {{ {v}_done = true; {} {n} = {}; }}",
+                        assign(ty, &v, &value.value),
+                        value.null
+                    ));
+                }
+                if let Some(e) = otherwise {
+                    let value = self.guarded(format!("!{v}_done"), e);
+                    self.line(&format!(
+                        "if (!{v}_done) {{ {} {n} = {}; }}",
+                        assign(ty, &v, &value.value),
+                        value.null
+                    ));
+                }
+                Operand {
+                    value: v,
+                    null: n,
+                    ty,
+                }
+            }
+            Op::Coalesce(args) => {
+                let (v, n) = (self.var(), self.var());
+                self.line(&format!("{}\nbool {n} = true;", declare(ty, &v)));
+                for (k, a) in args.iter().enumerate() {
+                    // A later argument is evaluated only for the rows the earlier ones left
+                    // NULL.
+                    let o = if k == 0 {
+                        self.node(a)
+                    } else {
+                        self.guarded(n.clone(), a)
+                    };
+                    self.line(&format!(
+                        "if ({n} && !{}) {{ {} {n} = false; }}",
+                        o.null,
+                        assign(ty, &v, &o.value)
+                    ));
+                }
+                Operand {
+                    value: v,
+                    null: n,
+                    ty,
+                }
+            }
+            Op::Like {
+                arg,
+                pattern,
+                negated,
+            } => {
+                let a = self.node(arg);
+                let not = if *negated { "!" } else { "" };
+                let value = match pattern {
+                    LikePattern::Segments(segments) => {
+                        let bytes = self.string_literal(&segments.concat());
+                        let lens = self.var();
+                        let items: Vec<String> =
+                            segments.iter().map(|s| format!("{}ull", s.len())).collect();
+                        self.line(&format!("const u64 {lens}[] = {{{}}};", items.join(", ")));
+                        format!(
+                            "{not}spate::like_segments({a}, {a}_n, {}, {lens}, {})",
+                            bytes.value,
+                            segments.len(),
+                            a = a.value
+                        )
+                    }
+                    LikePattern::Tokens { kinds, bytes } => {
+                        let k = self.string_literal(kinds);
+                        let b = self.string_literal(bytes);
+                        format!(
+                            "{not}spate::like_match({a}, {a}_n, {}, {}, {})",
+                            k.value,
+                            b.value,
+                            kinds.len(),
+                            a = a.value
+                        )
+                    }
+                };
+                self.bind(ty, &value, a.null)
+            }
+            Op::Length { arg, chars } => {
+                let a = self.node(arg);
+                let value = if *chars {
+                    format!("({c})spate::utf8_length({a}, {a}_n)", a = a.value)
+                } else {
+                    format!("({c}){}_n", a.value)
+                };
+                self.bind(ty, &value, a.null)
+            }
+            Op::Substr { arg, from, to } => {
+                let a = self.node(arg);
+                let v = self.var();
+                self.line(&format!(
+                    "u64 {v}_n;\nconst u8* {v} = spate::substr_chars({a}, {a}_n, {from}ll, {to}ll, &{v}_n);",
+                    a = a.value
+                ));
+                Operand {
+                    value: v,
+                    null: a.null,
+                    ty,
+                }
+            }
+            Op::DateAddInterval { arg, months, days } => {
+                let a = self.node(arg);
+                let value = format!(
+                    "spate::date_add_interval({}, (i64){months}ll, (i64){days}ll)",
+                    a.value
+                );
+                self.bind(ty, &value, a.null)
+            }
+            Op::DatePart { arg, field } => {
+                let a = self.node(arg);
+                let f = match field {
+                    DateField::Year => "date_year",
+                    DateField::Month => "date_month",
+                    DateField::Day => "date_day",
+                };
+                self.bind(ty, &format!("spate::{f}({})", a.value), a.null)
+            }
+        }
+    }
+
+    /// Input column `k`'s value at row `i`, with the parameter names of [`super::abi`].
+    fn column(&mut self, k: usize, ty: DevType) -> Operand {
+        let (v, n) = (self.var(), self.var());
+        self.line(&format!(
+            "const bool {n} = !spate::row_is_valid(v{k}, o{k}, i);"
+        ));
+        match ty {
+            // d = offsets (b = their width in bytes), e = the bytes.
+            DevType::Str => self.line(&format!(
+                "const u64 {v}_s = spate::string_offset(d{k}, b{k}, i);\nconst u64 {v}_n = spate::string_offset(d{k}, b{k}, i + 1) - {v}_s;\nconst u8* {v} = e{k} + {v}_s;"
+            )),
+            DevType::Bool => self.line(&format!(
+                "const bool {v} = spate::bit_is_set(d{k}, b{k}, i);"
+            )),
+            _ => self.line(&format!(
+                "const {c} {v} = ((const {c}*)d{k})[i];",
+                c = ty.c_type()
+            )),
+        }
+        Operand {
+            value: v,
+            null: n,
+            ty,
+        }
+    }
+
+    /// A string literal as a local byte array.
+    fn string_literal(&mut self, bytes: &[u8]) -> Operand {
+        let v = self.var();
+        let items: Vec<String> = bytes.iter().map(u8::to_string).collect();
+        let items = if items.is_empty() {
+            "0".to_string()
+        } else {
+            items.join(", ")
+        };
+        self.line(&format!(
+            "const u8 {v}_lit[] = {{{items}}};\nconst u8* {v} = {v}_lit;\nconst u64 {v}_n = {};",
+            bytes.len()
+        ));
+        Operand {
+            value: v,
+            null: "false".into(),
+            ty: DevType::Str,
+        }
+    }
+
+    fn cast(&mut self, to: DevType, arg: &Node, cast: &Cast, fail: &OnFail) -> Operand {
+        let a = self.node(arg);
+        let t = to.c_type();
+        let v = self.var();
+        let x = &a.value;
+        // The conversion, writing `{v}_bad` when it can fail.
+        let code = match cast {
+            Cast::Convert => format!("const {t} {v} = (({t}){x});"),
+            Cast::ScaleUp { shift } => format!(
+                "const i128 {v} = spate::dec_scale_up((i128){x}, {});",
+                pow10(*shift)
+            ),
+            Cast::DecimalToFloat { scale } => format!(
+                "const f64 {v} = spate::dec_to_f64({x}, {});",
+                f64_literal(10f64.powi(i32::from(*scale)))
+            ),
+            Cast::TimestampCoarser { by } => {
+                format!("const i64 {v} = spate::timestamp_coarser((i64){x}, {by}ll);")
+            }
+            Cast::TimestampFiner { by } => format!(
+                "bool {v}_bad;\nconst i64 {v} = spate::timestamp_finer((i64){x}, {by}ll, &{v}_bad);"
+            ),
+            Cast::ToInt { scale, lo, hi } => {
+                let whole = if *scale > 0 {
+                    format!("spate::dec_whole({x}, {})", pow10(*scale))
+                } else {
+                    format!("(i128){x}")
+                };
+                format!(
+                    "bool {v}_bad;\nconst {t} {v} = spate::narrow_int<{t}>({whole}, {}, {}, &{v}_bad);",
+                    i128_literal(*lo),
+                    i128_literal(*hi)
+                )
+            }
+            Cast::FloatToInt { lo, hi } => format!(
+                "bool {v}_bad;\nconst {t} {v} = spate::float_to_int<{t}>((f64){x}, {}, {}, &{v}_bad);",
+                f64_literal(*lo),
+                f64_literal(*hi)
+            ),
+            Cast::ToDecimal {
+                from,
+                to: scale,
+                precision,
+            } => {
+                let (up, down) = if scale >= from {
+                    (pow10(scale - from), pow10(0))
+                } else {
+                    (pow10(0), pow10(from - scale))
+                };
+                format!(
+                    "bool {v}_bad;\nconst i128 {v} = spate::to_decimal((i128){x}, {up}, {down}, {}, &{v}_bad);",
+                    pow10(*precision as i8)
+                )
+            }
+            Cast::FloatToDecimal {
+                scale, precision, ..
+            } => format!(
+                "bool {v}_range, {v}_bad;\nconst i128 {v} = spate::float_to_decimal((f64){x}, {}, {}, &{v}_range, &{v}_bad);",
+                f64_literal(10f64.powi(i32::from(*scale))),
+                pow10(*precision as i8)
+            ),
+        };
+        self.line(&code);
+        let n = self.var();
+        match fail {
+            OnFail::Never => self.line(&format!("const bool {n} = {};", a.null)),
+            OnFail::Null => self.line(&format!("const bool {n} = {} || {v}_bad;", a.null)),
+            OnFail::Raise(check) => {
+                self.line(&format!("const bool {n} = {};", a.null));
+                if let Cast::FloatToDecimal { range, .. } = cast {
+                    // Arrow fails a value that does not fit an i128 as a cast error, and one
+                    // that does but exceeds the precision as an invalid argument.
+                    self.raise(&format!("!{n} && {v}_range"), range);
+                    self.raise(&format!("!{n} && {v}_bad && !{v}_range"), check);
+                } else {
+                    self.raise(&format!("!{n} && {v}_bad"), check);
+                }
+            }
+        }
+        Operand {
+            value: v,
+            null: n,
+            ty: to,
+        }
+    }
+}
+
+fn arith_name(op: Arith) -> &'static str {
+    match op {
+        Arith::Add => "add",
+        Arith::Sub => "sub",
+        Arith::Mul => "mul",
+    }
+}

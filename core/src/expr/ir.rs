@@ -1,0 +1,321 @@
+//! The kernel IR: one row's computation as a typed tree, between DataFusion's `PhysicalExpr`
+//! and CUDA C.
+//!
+//! [`super::lower`] builds it and makes every decision on the way: what runs on the GPU, the
+//! result types (decimal shapes, the cast table) and where an error may be raised (the AND/OR
+//! rule). [`super::emit`] only prints it, as calls into `kernels/cuda/common/*.cuh`.
+//!
+//! Every node carries its device type, whether it can be NULL, and whether it (or a node below
+//! it) can fail the query. CASE and COALESCE are nodes of their own, and their children are
+//! evaluated only for the rows the CPU evaluates them for: an error raised in a THEN branch, an
+//! ELSE or a later COALESCE argument counts only for those rows (the emitter turns the structure
+//! into guards).
+
+use super::types::DevType;
+
+/// A failure a node can raise: its bit in the kernel's error word ([`super::abi::ErrorBits`])
+/// and the message the query then fails with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Check {
+    pub code: u32,
+    pub message: String,
+}
+
+/// A typed expression over one row.
+#[derive(Debug, Clone)]
+pub(crate) struct Node {
+    pub ty: DevType,
+    /// Whether the value can be NULL. A node that cannot yields a constant null flag.
+    pub nullable: bool,
+    /// Whether evaluating the node, or any node below it, can fail the query.
+    pub fallible: bool,
+    pub op: Op,
+}
+
+/// A constant's value.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Const {
+    /// A fixed-width value's bits, as two 64-bit words (low, high); see
+    /// [`super::scalars::scalar_bits`].
+    Bits(u64, u64),
+    /// A string's bytes.
+    Bytes(Vec<u8>),
+}
+
+/// `= <> < <= > >=`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cmp {
+    Eq,
+    NotEq,
+    Lt,
+    LtEq,
+    Gt,
+    GtEq,
+}
+
+/// `+ - *`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Arith {
+    Add,
+    Sub,
+    Mul,
+}
+
+/// A field `extract` reads from a Date32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DateField {
+    Year,
+    Month,
+    Day,
+}
+
+/// A LIKE pattern, compiled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum LikePattern {
+    /// Literal text and `%` only: the segments between the `%`s, empty ones included.
+    Segments(Vec<Vec<u8>>),
+    /// With `_` or escapes: a token per byte or wildcard for `spate::like_match` (kind 0: the
+    /// literal byte beside it, 1: `_`, 2: `%`).
+    Tokens { kinds: Vec<u8>, bytes: Vec<u8> },
+}
+
+/// A conversion from the argument's type to the node's.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Cast {
+    /// A C conversion that keeps every value: integer widening, integers and f32 to floats.
+    Convert,
+    /// An integer or decimal times `10^shift`, into a decimal with room for every value.
+    ScaleUp { shift: i8 },
+    /// A decimal of scale `scale` to f64 (Arrow's: the unscaled value over `10^scale`).
+    DecimalToFloat { scale: i8 },
+    /// A timestamp to a coarser unit: divided by `by`, truncating.
+    TimestampCoarser { by: i64 },
+    /// A timestamp to a finer unit: multiplied by `by`; fails outside i64.
+    TimestampFiner { by: i64 },
+    /// An integer, or a decimal's whole part (`scale` > 0: divided by `10^scale`, truncating),
+    /// to an integer in `[lo, hi]`.
+    ToInt { scale: i8, lo: i128, hi: i128 },
+    /// A float to an integer: truncated, which must lie in `[lo, hi)`.
+    FloatToInt { lo: f64, hi: f64 },
+    /// An integer or decimal of scale `from` to a decimal of `(precision, to)`: rescaled
+    /// (checked up, rounded half away from zero down), then within the precision.
+    ToDecimal { from: i8, to: i8, precision: u8 },
+    /// A float to a decimal of `(precision, scale)`: rounded half away from zero, which must fit
+    /// an i128 (else `range` fails, when the cast raises) and then the precision.
+    FloatToDecimal {
+        scale: i8,
+        precision: u8,
+        range: Check,
+    },
+}
+
+/// What a cast does with a value it cannot represent.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum OnFail {
+    /// Every value is representable (the planner proved it).
+    Never,
+    /// NULL, for a safe cast (`TRY_CAST`).
+    Null,
+    /// Fails the query.
+    Raise(Check),
+}
+
+/// What a node computes.
+#[derive(Debug, Clone)]
+pub(crate) enum Op {
+    /// The kernel's input column `slot` ([`super::abi`]).
+    Column {
+        slot: usize,
+    },
+    /// The kernel's runtime scalar `slot`.
+    Scalar {
+        slot: usize,
+    },
+    /// A constant; `None` is NULL.
+    Const(Option<Const>),
+    Not(Box<Node>),
+    /// `IS NULL`, or `IS NOT NULL` when `negated`.
+    IsNull {
+        arg: Box<Node>,
+        negated: bool,
+    },
+    /// Arrow's `neg_wrapping`: integers and decimals wrap, floats flip the sign bit.
+    Negate(Box<Node>),
+    /// Three-valued AND (`and`) or OR.
+    Logic {
+        and: bool,
+        left: Box<Node>,
+        right: Box<Node>,
+    },
+    /// A comparison of two values of one type (floats by DataFusion's comparison key, strings
+    /// bytewise).
+    Compare {
+        cmp: Cmp,
+        left: Box<Node>,
+        right: Box<Node>,
+    },
+    /// `IS DISTINCT FROM`, or `IS NOT DISTINCT FROM` when `not`.
+    Distinct {
+        not: bool,
+        left: Box<Node>,
+        right: Box<Node>,
+    },
+    /// Integer (wrapping) or float `+ - *`, both sides of the node's type.
+    Arith {
+        op: Arith,
+        left: Box<Node>,
+        right: Box<Node>,
+    },
+    /// Decimal `+ - *` at the node's scale. `+ -` multiply the sides by `10^left_shift` and
+    /// `10^right_shift`; with `overflow` the result may not fit an i128 and is checked (the
+    /// shifts are then 0).
+    Decimal {
+        op: Arith,
+        left: Box<Node>,
+        right: Box<Node>,
+        left_shift: i8,
+        right_shift: i8,
+        overflow: Option<Check>,
+    },
+    /// Integer or float `/`, or `%` when `remainder`. Integers raise `zero` for a zero divisor
+    /// and, when given, `overflow` for `MIN / -1`.
+    Divide {
+        remainder: bool,
+        left: Box<Node>,
+        right: Box<Node>,
+        zero: Option<Check>,
+        overflow: Option<Check>,
+    },
+    /// Decimal `/` or `%`: each side multiplied by `10^shift` (checked), then divided.
+    DecimalDivide {
+        remainder: bool,
+        left: Box<Node>,
+        right: Box<Node>,
+        left_shift: i8,
+        right_shift: i8,
+        zero: Check,
+        overflow: Check,
+    },
+    Cast {
+        arg: Box<Node>,
+        cast: Cast,
+        fail: OnFail,
+    },
+    /// `arg [NOT] IN (items)`; floats match by total order (`total_order`).
+    InList {
+        arg: Box<Node>,
+        items: Vec<Node>,
+        total_order: bool,
+        negated: bool,
+    },
+    /// Searched CASE: the value of the first branch whose condition is TRUE, else `otherwise`,
+    /// else NULL. A branch's condition is evaluated for the rows no earlier branch took, its
+    /// value for the rows it takes.
+    Case {
+        branches: Vec<(Node, Node)>,
+        otherwise: Option<Box<Node>>,
+    },
+    /// The first non-NULL argument; each is evaluated for the rows the earlier left NULL.
+    Coalesce(Vec<Node>),
+    Like {
+        arg: Box<Node>,
+        pattern: LikePattern,
+        negated: bool,
+    },
+    /// The length of a string, in characters (`chars`) or bytes.
+    Length {
+        arg: Box<Node>,
+        chars: bool,
+    },
+    /// The characters of a string at 1-based positions `[from, to)` (`from` >= 1).
+    Substr {
+        arg: Box<Node>,
+        from: i64,
+        to: i64,
+    },
+    /// A Date32 plus months, then days (the day clamped to the month's end, as Arrow does).
+    DateAddInterval {
+        arg: Box<Node>,
+        months: i64,
+        days: i64,
+    },
+    /// A field of a Date32.
+    DatePart {
+        arg: Box<Node>,
+        field: DateField,
+    },
+}
+
+impl Node {
+    /// A node of type `ty` computing `op`; its nullability and fallibility follow from `op`.
+    pub(crate) fn new(ty: DevType, op: Op) -> Node {
+        let (nullable, fallible) = properties(&op);
+        Node {
+            ty,
+            nullable,
+            fallible,
+            op,
+        }
+    }
+}
+
+/// `(nullable, fallible)` of a node computing `op`.
+fn properties(op: &Op) -> (bool, bool) {
+    let either = |l: &Node, r: &Node| (l.nullable || r.nullable, l.fallible || r.fallible);
+    match op {
+        // A column's validity is what counts, whatever the schema says.
+        Op::Column { .. } | Op::Scalar { .. } => (true, false),
+        Op::Const(value) => (value.is_none(), false),
+        Op::Not(a) | Op::Negate(a) => (a.nullable, a.fallible),
+        Op::IsNull { arg, .. } => (false, arg.fallible),
+        Op::Length { arg, .. }
+        | Op::Substr { arg, .. }
+        | Op::DateAddInterval { arg, .. }
+        | Op::DatePart { arg, .. }
+        | Op::Like { arg, .. } => (arg.nullable, arg.fallible),
+        Op::Logic { left, right, .. } | Op::Compare { left, right, .. } => either(left, right),
+        Op::Distinct { left, right, .. } => (false, left.fallible || right.fallible),
+        Op::Arith { left, right, .. } => either(left, right),
+        Op::Decimal {
+            left,
+            right,
+            overflow,
+            ..
+        } => {
+            let (n, f) = either(left, right);
+            (n, f || overflow.is_some())
+        }
+        Op::Divide {
+            left,
+            right,
+            zero,
+            overflow,
+            ..
+        } => {
+            let (n, f) = either(left, right);
+            (n, f || zero.is_some() || overflow.is_some())
+        }
+        Op::DecimalDivide { left, right, .. } => (either(left, right).0, true),
+        Op::Cast { arg, fail, .. } => (
+            arg.nullable || *fail == OnFail::Null,
+            arg.fallible || matches!(fail, OnFail::Raise(_)),
+        ),
+        Op::InList { arg, items, .. } => (
+            arg.nullable || items.iter().any(|i| i.nullable),
+            arg.fallible || items.iter().any(|i| i.fallible),
+        ),
+        Op::Case {
+            branches,
+            otherwise,
+        } => (
+            otherwise.as_ref().is_none_or(|e| e.nullable)
+                || branches.iter().any(|(_, v)| v.nullable),
+            otherwise.as_ref().is_some_and(|e| e.fallible)
+                || branches.iter().any(|(c, v)| c.fallible || v.fallible),
+        ),
+        Op::Coalesce(args) => (
+            args.iter().all(|a| a.nullable),
+            args.iter().any(|a| a.fallible),
+        ),
+    }
+}

@@ -1,0 +1,505 @@
+//! `PhysicalExpr` → the kernel IR ([`super::ir`]). Every decision about an expression is made
+//! here: whether the GPU runs it (anything else is [`Unsupported`], with the expression named),
+//! its device type, and where it may fail. Parity with DataFusion lives here too: the decimal
+//! shapes ([`arith`]), the cast table ([`cast`]), and the AND/OR rule: DataFusion evaluates the
+//! right side of AND/OR for a batch-dependent set of rows, so an expression that can fail stays
+//! on the CPU there.
+
+mod arith;
+mod cast;
+
+use std::sync::Arc;
+
+use arrow::datatypes::{DataType, Schema};
+use datafusion::common::ScalarValue;
+use datafusion::logical_expr::Operator;
+use datafusion::physical_expr::expressions::{
+    BinaryExpr, CaseExpr, CastExpr, Column, InListExpr, IsNotNullExpr, IsNullExpr, LikeExpr,
+    Literal, NegativeExpr, NotExpr,
+};
+use datafusion::physical_expr::scalar_subquery::ScalarSubqueryExpr;
+use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
+
+use super::Unsupported;
+use super::abi::KernelInput;
+use super::ir::{Cmp, Const, DateField, LikePattern, Node, Op};
+use super::scalars::{RuntimeScalar, scalar_bits};
+use super::types::DevType;
+
+/// Lowers the expressions of one kernel, collecting the columns and runtime scalars they read
+/// (the kernel's parameters, in order).
+pub(crate) struct Lowerer<'a> {
+    schema: &'a Schema,
+    pub(crate) inputs: Vec<KernelInput>,
+    pub(crate) scalars: Vec<RuntimeScalar>,
+}
+
+fn boxed(node: Node) -> Box<Node> {
+    Box::new(node)
+}
+
+impl<'a> Lowerer<'a> {
+    pub(crate) fn new(schema: &'a Schema) -> Self {
+        Lowerer {
+            schema,
+            inputs: Vec::new(),
+            scalars: Vec::new(),
+        }
+    }
+
+    /// `expr`'s Arrow type over the input schema.
+    fn data_type(&self, expr: &dyn PhysicalExpr) -> Result<DataType, Unsupported> {
+        expr.data_type(self.schema)
+            .map_err(|e| Unsupported(format!("`{expr}`: {e}")))
+    }
+
+    pub(crate) fn lower(&mut self, expr: &dyn PhysicalExpr) -> Result<Node, Unsupported> {
+        if let Some(c) = expr.downcast_ref::<Column>() {
+            return self.column(c);
+        }
+        if let Some(l) = expr.downcast_ref::<Literal>() {
+            return literal(l.value());
+        }
+        if let Some(q) = expr.downcast_ref::<ScalarSubqueryExpr>() {
+            return self.scalar_subquery(q);
+        }
+        if let Some(b) = expr.downcast_ref::<BinaryExpr>() {
+            return self.binary(b);
+        }
+        if let Some(c) = expr.downcast_ref::<CastExpr>() {
+            return self.cast(c);
+        }
+        if let Some(l) = expr.downcast_ref::<LikeExpr>() {
+            return self.like(l);
+        }
+        if let Some(l) = expr.downcast_ref::<InListExpr>() {
+            return self.in_list(l);
+        }
+        if let Some(c) = expr.downcast_ref::<CaseExpr>() {
+            return self.case(c);
+        }
+        if let Some(f) = expr.downcast_ref::<ScalarFunctionExpr>() {
+            match f.name() {
+                "coalesce" => return self.coalesce(f.args()),
+                "date_part" => return self.date_part(f),
+                "character_length" | "octet_length" => return self.length(f),
+                "substr" | "substring" => return self.substr(f),
+                _ => {}
+            }
+        }
+        if let Some(n) = expr.downcast_ref::<NotExpr>() {
+            let a = self.lower(n.arg().as_ref())?;
+            if a.ty != DevType::Bool {
+                return Err(Unsupported(format!("NOT of a non-boolean in `{expr}`")));
+            }
+            return Ok(Node::new(DevType::Bool, Op::Not(boxed(a))));
+        }
+        if let Some(neg) = expr.downcast_ref::<NegativeExpr>() {
+            let a = self.lower(neg.arg().as_ref())?;
+            if !matches!(
+                a.ty,
+                DevType::Int { signed: true, .. }
+                    | DevType::Dec { .. }
+                    | DevType::F32
+                    | DevType::F64
+            ) {
+                return Err(Unsupported(format!(
+                    "negation of {:?} in `{expr}` is not supported on the GPU yet",
+                    a.ty
+                )));
+            }
+            return Ok(Node::new(a.ty, Op::Negate(boxed(a))));
+        }
+        if let Some(n) = expr.downcast_ref::<IsNullExpr>() {
+            let arg = boxed(self.lower(n.arg().as_ref())?);
+            return Ok(Node::new(
+                DevType::Bool,
+                Op::IsNull {
+                    arg,
+                    negated: false,
+                },
+            ));
+        }
+        if let Some(n) = expr.downcast_ref::<IsNotNullExpr>() {
+            let arg = boxed(self.lower(n.arg().as_ref())?);
+            return Ok(Node::new(DevType::Bool, Op::IsNull { arg, negated: true }));
+        }
+        Err(Unsupported(format!(
+            "expression `{expr}` is not supported on the GPU yet"
+        )))
+    }
+
+    fn column(&mut self, c: &Column) -> Result<Node, Unsupported> {
+        let field = self.schema.fields().get(c.index()).ok_or_else(|| {
+            Unsupported(format!("column {} is outside the input schema", c.index()))
+        })?;
+        let ty = DevType::of(field.data_type()).ok_or_else(|| {
+            Unsupported(format!(
+                "column `{}` has type {}, which GPU expressions do not support yet",
+                field.name(),
+                field.data_type()
+            ))
+        })?;
+        let slot = match self.inputs.iter().position(|i| i.index == c.index()) {
+            Some(slot) => slot,
+            None => {
+                self.inputs.push(KernelInput {
+                    index: c.index(),
+                    data_type: field.data_type().clone(),
+                });
+                self.inputs.len() - 1
+            }
+        };
+        Ok(Node::new(ty, Op::Column { slot }))
+    }
+
+    /// A scalar subquery's result, read from the kernel's parameters.
+    fn scalar_subquery(&mut self, q: &ScalarSubqueryExpr) -> Result<Node, Unsupported> {
+        let data_type = q
+            .return_field(self.schema)
+            .map_err(|e| Unsupported(format!("`{q}`: {e}")))?
+            .data_type()
+            .clone();
+        let ty = DevType::of(&data_type)
+            .filter(|t| *t != DevType::Str)
+            .ok_or_else(|| {
+                Unsupported(format!(
+                    "a scalar subquery of type {data_type} is not supported on the GPU yet"
+                ))
+            })?;
+        #[allow(
+            deprecated,
+            reason = "the index is the only handle on the subquery's result; the accessor is \
+                      deprecated only for protobuf serialization"
+        )]
+        let index = q.index();
+        self.scalars.push(RuntimeScalar {
+            results: q.results().clone(),
+            index,
+            data_type,
+        });
+        Ok(Node::new(
+            ty,
+            Op::Scalar {
+                slot: self.scalars.len() - 1,
+            },
+        ))
+    }
+
+    /// `x [NOT] IN (list)`.
+    fn in_list(&mut self, l: &InListExpr) -> Result<Node, Unsupported> {
+        let x = self.lower(l.expr().as_ref())?;
+        let float = matches!(x.ty, DevType::F32 | DevType::F64);
+        let mut items = Vec::with_capacity(l.list().len());
+        for item in l.list() {
+            let o = self.lower(item.as_ref())?;
+            if !x.ty.comparable(o.ty) || x.ty == DevType::Bool {
+                return Err(Unsupported(format!(
+                    "IN list of mixed or boolean types in `{l}` is not supported on the GPU yet"
+                )));
+            }
+            // DataFusion matches a list of float literals through a set, by total-order
+            // equality: -0.0 does not match 0.0 there (unlike `=`), NaN matches NaN.
+            if float && item.downcast_ref::<Literal>().is_none() {
+                return Err(Unsupported(format!(
+                    "a float IN list with non-literal values in `{l}` is not supported on the \
+                     GPU yet"
+                )));
+            }
+            items.push(o);
+        }
+        Ok(Node::new(
+            DevType::Bool,
+            Op::InList {
+                arg: boxed(x),
+                items,
+                total_order: float,
+                negated: l.negated(),
+            },
+        ))
+    }
+
+    /// `CASE [x] WHEN ... THEN ... [ELSE ...] END`. `CASE x WHEN v` matches where `x = v` is
+    /// TRUE (a NULL x matches nothing), so it lowers to a searched CASE over `x = v`.
+    fn case(&mut self, c: &CaseExpr) -> Result<Node, Unsupported> {
+        if let Some(base) = c.expr() {
+            // Floats stay on the CPU: its CASE compares them with Arrow's `eq`, not SQL's `=`.
+            let base_type = self.data_type(base.as_ref())?;
+            if matches!(
+                DevType::of(&base_type),
+                None | Some(DevType::F32 | DevType::F64)
+            ) {
+                return Err(Unsupported(format!(
+                    "`CASE <expr> WHEN ...` on {base_type} in `{c}` is not supported on the GPU yet"
+                )));
+            }
+        }
+        let data_type = self.data_type(c)?;
+        let ty = DevType::of(&data_type).ok_or_else(|| {
+            Unsupported(format!(
+                "CASE yielding {data_type} is not supported on the GPU yet"
+            ))
+        })?;
+        let mut branches = Vec::with_capacity(c.when_then_expr().len());
+        for (when, then) in c.when_then_expr() {
+            let cond = match c.expr() {
+                Some(base) => self.binary(&BinaryExpr::new(
+                    Arc::clone(base),
+                    Operator::Eq,
+                    Arc::clone(when),
+                ))?,
+                None => self.lower(when.as_ref())?,
+            };
+            if cond.ty != DevType::Bool {
+                return Err(Unsupported(format!("a non-boolean WHEN in `{c}`")));
+            }
+            let value = self.lower(then.as_ref())?;
+            if value.ty != ty {
+                return Err(Unsupported(format!(
+                    "CASE branches of different types in `{c}`"
+                )));
+            }
+            branches.push((cond, value));
+        }
+        let otherwise = match c.else_expr() {
+            Some(e) => {
+                let value = self.lower(e.as_ref())?;
+                if value.ty != ty {
+                    return Err(Unsupported(format!(
+                        "CASE branches of different types in `{c}`"
+                    )));
+                }
+                Some(boxed(value))
+            }
+            None => None,
+        };
+        Ok(Node::new(
+            ty,
+            Op::Case {
+                branches,
+                otherwise,
+            },
+        ))
+    }
+
+    /// `coalesce(a, b, ...)`: the first non-NULL argument.
+    fn coalesce(&mut self, args: &[Arc<dyn PhysicalExpr>]) -> Result<Node, Unsupported> {
+        let mut lowered = Vec::with_capacity(args.len());
+        for a in args {
+            let node = self.lower(a.as_ref())?;
+            if lowered.first().is_some_and(|f: &Node| f.ty != node.ty) {
+                return Err(Unsupported(
+                    "coalesce of different types on the GPU is not supported yet".into(),
+                ));
+            }
+            lowered.push(node);
+        }
+        let Some(ty) = lowered.first().map(|n| n.ty) else {
+            return Err(Unsupported("coalesce() without arguments".into()));
+        };
+        Ok(Node::new(ty, Op::Coalesce(lowered)))
+    }
+
+    /// `s [NOT] LIKE 'pattern'` (case-sensitive, a literal pattern).
+    fn like(&mut self, l: &LikeExpr) -> Result<Node, Unsupported> {
+        let unsupported =
+            |why: &str| Unsupported(format!("`{l}`: {why} is not supported on the GPU yet"));
+        if l.case_insensitive() {
+            return Err(unsupported("ILIKE"));
+        }
+        let pattern = match l.pattern().downcast_ref::<Literal>().map(Literal::value) {
+            Some(
+                ScalarValue::Utf8(Some(p))
+                | ScalarValue::LargeUtf8(Some(p))
+                | ScalarValue::Utf8View(Some(p)),
+            ) => p.clone(),
+            _ => return Err(unsupported("a LIKE pattern that is not a string literal")),
+        };
+        let arg = self.lower(l.expr().as_ref())?;
+        if arg.ty != DevType::Str {
+            return Err(unsupported("LIKE on a non-string"));
+        }
+        Ok(Node::new(
+            DevType::Bool,
+            Op::Like {
+                arg: boxed(arg),
+                pattern: like_pattern(&pattern),
+                negated: l.negated(),
+            },
+        ))
+    }
+
+    /// `character_length(s)` (also `length`, `char_length`: code points) and
+    /// `octet_length(s)` (bytes), typed as DataFusion types them (Int32, or Int64 for
+    /// LargeUtf8).
+    fn length(&mut self, f: &ScalarFunctionExpr) -> Result<Node, Unsupported> {
+        let unsupported = || Unsupported(format!("`{f}` is not supported on the GPU yet"));
+        let [arg] = f.args() else {
+            return Err(unsupported());
+        };
+        let ty = DevType::of(f.return_type())
+            .filter(|t| {
+                matches!(
+                    t,
+                    DevType::Int {
+                        bits: 32 | 64,
+                        signed: true
+                    }
+                )
+            })
+            .ok_or_else(unsupported)?;
+        let a = self.lower(arg.as_ref())?;
+        if a.ty != DevType::Str {
+            return Err(unsupported());
+        }
+        Ok(Node::new(
+            ty,
+            Op::Length {
+                arg: boxed(a),
+                chars: f.name() != "octet_length",
+            },
+        ))
+    }
+
+    /// `substr(s, start[, count])` with literal positions: the characters at 1-based positions
+    /// `[start, start + count)` that exist, as DataFusion (and PostgreSQL) define it. A
+    /// negative count is an error on the CPU, so it stays there.
+    fn substr(&mut self, f: &ScalarFunctionExpr) -> Result<Node, Unsupported> {
+        let unsupported = || Unsupported(format!("`{f}` is not supported on the GPU yet"));
+        let literal_int = |e: &Arc<dyn PhysicalExpr>| match e.downcast_ref::<Literal>()?.value() {
+            ScalarValue::Int64(Some(v)) => Some(*v),
+            ScalarValue::Int32(Some(v)) => Some(i64::from(*v)),
+            _ => None,
+        };
+        let (arg, start, count) = match f.args() {
+            [arg, start] => (arg, literal_int(start).ok_or_else(unsupported)?, None),
+            [arg, start, count] => (
+                arg,
+                literal_int(start).ok_or_else(unsupported)?,
+                Some(literal_int(count).ok_or_else(unsupported)?),
+            ),
+            _ => return Err(unsupported()),
+        };
+        if count.is_some_and(|c| c < 0) {
+            return Err(unsupported());
+        }
+        let a = self.lower(arg.as_ref())?;
+        if a.ty != DevType::Str {
+            return Err(unsupported());
+        }
+        Ok(Node::new(
+            DevType::Str,
+            Op::Substr {
+                arg: boxed(a),
+                from: start.max(1),
+                to: count.map_or(i64::MAX, |c| start.saturating_add(c)),
+            },
+        ))
+    }
+
+    /// `extract(year|month|day FROM <Date32>)` (DataFusion's `date_part`), as Int32.
+    fn date_part(&mut self, f: &ScalarFunctionExpr) -> Result<Node, Unsupported> {
+        let unsupported = || Unsupported(format!("`{f}` is not supported on the GPU yet"));
+        let [part, arg] = f.args() else {
+            return Err(unsupported());
+        };
+        let part = match part.downcast_ref::<Literal>().map(Literal::value) {
+            Some(ScalarValue::Utf8(Some(p)) | ScalarValue::Utf8View(Some(p))) => p.to_lowercase(),
+            _ => return Err(unsupported()),
+        };
+        let field = match part.as_str() {
+            "year" => DateField::Year,
+            "month" => DateField::Month,
+            "day" => DateField::Day,
+            _ => return Err(unsupported()),
+        };
+        if arg.data_type(self.schema).ok() != Some(DataType::Date32)
+            || f.return_type() != &DataType::Int32
+        {
+            return Err(unsupported());
+        }
+        let a = self.lower(arg.as_ref())?;
+        Ok(Node::new(
+            INT32,
+            Op::DatePart {
+                arg: boxed(a),
+                field,
+            },
+        ))
+    }
+
+    /// A comparison, after both sides were lowered.
+    fn compare(&self, b: &BinaryExpr, cmp: Cmp, l: Node, r: Node) -> Result<Node, Unsupported> {
+        if !l.ty.comparable(r.ty) {
+            return Err(Unsupported(format!(
+                "comparison of different types in `{b}` ({:?} vs {:?})",
+                l.ty, r.ty
+            )));
+        }
+        Ok(Node::new(
+            DevType::Bool,
+            Op::Compare {
+                cmp,
+                left: boxed(l),
+                right: boxed(r),
+            },
+        ))
+    }
+}
+
+const INT32: DevType = DevType::Int {
+    bits: 32,
+    signed: true,
+};
+
+/// A literal as a constant node.
+fn literal(value: &ScalarValue) -> Result<Node, Unsupported> {
+    let ty = DevType::of(&value.data_type()).ok_or_else(|| {
+        Unsupported(format!(
+            "literal {value} of type {} is not supported on the GPU yet",
+            value.data_type()
+        ))
+    })?;
+    if value.is_null() {
+        return Ok(Node::new(ty, Op::Const(None)));
+    }
+    if let ScalarValue::Utf8(Some(text))
+    | ScalarValue::LargeUtf8(Some(text))
+    | ScalarValue::Utf8View(Some(text)) = value
+    {
+        return Ok(Node::new(
+            ty,
+            Op::Const(Some(Const::Bytes(text.as_bytes().to_vec()))),
+        ));
+    }
+    let (lo, hi) = scalar_bits(value)
+        .ok_or_else(|| Unsupported(format!("literal {value} is not supported on the GPU yet")))?;
+    Ok(Node::new(ty, Op::Const(Some(Const::Bits(lo, hi)))))
+}
+
+/// A LIKE pattern compiled, as Arrow's LIKE reads it: `\x` is a literal `x` (a trailing `\` is
+/// itself), `_` one character, `%` any run of characters.
+fn like_pattern(pattern: &str) -> LikePattern {
+    if !pattern.contains('_') && !pattern.contains('\\') {
+        return LikePattern::Segments(pattern.split('%').map(|s| s.as_bytes().to_vec()).collect());
+    }
+    let (mut kinds, mut bytes) = (Vec::new(), Vec::new());
+    let mut chars = pattern.chars();
+    while let Some(ch) = chars.next() {
+        let literal = match ch {
+            '%' | '_' => {
+                kinds.push(if ch == '%' { 2 } else { 1 });
+                bytes.push(0);
+                continue;
+            }
+            '\\' => chars.next().unwrap_or('\\'),
+            other => other,
+        };
+        let mut buf = [0u8; 4];
+        for b in literal.encode_utf8(&mut buf).bytes() {
+            kinds.push(0);
+            bytes.push(b);
+        }
+    }
+    LikePattern::Tokens { kinds, bytes }
+}
