@@ -79,6 +79,7 @@ pub mod counted;
 pub mod cross_join;
 pub(crate) mod device_counts;
 pub mod filter;
+pub(crate) mod hash_table;
 pub mod join;
 pub mod limit;
 pub mod projection;

@@ -120,4 +120,14 @@ __device__ __forceinline__ u64 hash_combine(u64 seed, u64 h) {
     return seed ^ (h + 0x9e3779b97f4a7c15ull + (seed << 6) + (seed >> 2));
 }
 
+// Group and join keys compare floats as DataFusion's group values do: by bit pattern after
+// folding -0.0 into +0.0 (so each NaN payload is its own group).
+__device__ __forceinline__ u32 key_bits(f32 v) {
+    return v == 0.0f ? 0u : __float_as_uint(v);
+}
+
+__device__ __forceinline__ u64 key_bits(f64 v) {
+    return v == 0.0 ? 0ull : (u64)__double_as_longlong(v);
+}
+
 }  // namespace spate

@@ -18,7 +18,7 @@ use spate_kernels::{DeviceBuffer, Event, KernelArg, Stream as DeviceStream};
 use super::JoinPlan;
 use crate::column::{DeviceBatch, DeviceColumn};
 use crate::error::{Result, SpateError};
-use crate::exec::aggregate::{GroupCount, Grouping, Kernels, build_table, launch};
+use crate::exec::hash_table::{GroupCount, Grouping, Kernels, build_table, launch};
 
 /// The build side: the left input's rows, grouped by key and listed group by group.
 pub(super) struct BuildSide {

@@ -3,7 +3,7 @@
 //! Kernels (columns take the five-parameter layout of `crate::expr::abi`; `k` columns
 //! are the build side's keys, `p` columns the probe side's):
 //! - `hash`, `build`, `flags`, `assign`: the build side's table and its groups of equal keys,
-//!   as for aggregation (see `exec::aggregate::codegen`).
+//!   the shared hash table's (see `exec::hash_table`).
 //! - `bcount(const u32* gid, const u32* live, u64 n, u32* sizes, u32* largest)`: rows per
 //!   group, and the largest group's size (`largest` starts at 0; null: not wanted). `live`
 //!   (here and below) is the build side's device row count, or null for `n` rows.
@@ -50,7 +50,7 @@
 
 use std::fmt::Write as _;
 
-use crate::exec::aggregate::codegen::{
+use crate::exec::hash_table::codegen::{
     NUMBERING, finish_program, hash_and_build, key_equal, key_hash,
 };
 use crate::expr::{DevType, column_params};

@@ -48,8 +48,8 @@ use spate_kernels::{DeviceSlice, Stream as DeviceStream};
 use self::build::{BuildSide, build_side};
 use self::codegen::JoinProgram;
 use self::probe::ProbeState;
-use super::aggregate::Kernels;
 use super::batching::KeepsCounts;
+use super::hash_table::Kernels;
 use super::{
     DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, collected_input, gpu_context,
     per_batch_input, to_df,

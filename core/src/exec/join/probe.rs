@@ -42,9 +42,9 @@ use crate::column::{
     gather_batch, gather_columns, upload_batch,
 };
 use crate::error::{Result, SpateError};
-use crate::exec::aggregate::{Kernels, launch};
 use crate::exec::batching::KeepsCounts;
 use crate::exec::device_counts::Settlement;
+use crate::exec::hash_table::{Kernels, launch};
 use crate::expr::{column_args, evaluate_predicate};
 
 /// Candidate pairs of a join: probe rows, build rows, and how many of them are pairs.
