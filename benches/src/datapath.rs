@@ -1,9 +1,9 @@
 //! A GPU query's data path in the result files: what it launched, synchronised, allocated and
 //! moved over the bus, its peak device memory, its host exchanges, and the modeled H200 time
-//! those add up to ([`spate::model`]).
+//! those add up to ([`spate::ModelInputs`]).
 
 use serde::{Deserialize, Serialize};
-use spate::model::ModelInputs;
+use spate::ModelInputs;
 
 use crate::runner::QueryRun;
 
@@ -28,7 +28,7 @@ pub struct DataPath {
     pub host_exchanges: u64,
     /// The Arrow size of the result, bytes.
     pub result_bytes: u64,
-    /// The modeled H200 time, milliseconds ([`spate::model`]): a model, not a measurement.
+    /// The modeled H200 time, milliseconds ([`spate::ModelInputs`]): a model, not a measurement.
     pub modeled_h200_ms: f64,
 }
 

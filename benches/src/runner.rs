@@ -8,8 +8,8 @@ use arrow::array::{Array, ArrayData, RecordBatch};
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_plan::metrics::MetricValue;
 use datafusion::physical_plan::{ExecutionPlan, collect};
-use spate::device::CompileStats;
-use spate::plan::offload::{Placement, placement};
+use spate::CompileStats;
+use spate::placement::{Placement, placement};
 use spate::{Engine, SpateError};
 use spate_kernels::CounterSnapshot;
 
@@ -93,8 +93,8 @@ fn add_traffic(plan: &dyn ExecutionPlan, traffic: &mut DeviceTraffic) {
             Some(MetricValue::Count { count, .. }) => count.value() as u64,
             _ => 0,
         };
-        traffic.read_bytes += count(spate::exec::DEV_READ_BYTES);
-        traffic.write_bytes += count(spate::exec::DEV_WRITE_BYTES);
+        traffic.read_bytes += count(spate::metrics::DEV_READ_BYTES);
+        traffic.write_bytes += count(spate::metrics::DEV_WRITE_BYTES);
         traffic.h2d_bytes += count("h2d_bytes");
         traffic.d2h_bytes += count("d2h_bytes");
     }

@@ -19,33 +19,53 @@
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
 //! use spate::{Backend, Engine};
 //! let engine = Engine::builder().backend(Backend::Cpu).build()?;
-//! spate::tpch::register_tpch(&engine, 0.001)?;
-//! let df = engine.sql("SELECT count(*) AS n FROM nation").await?;
+//! let df = engine
+//!     .sql("SELECT count(*) AS n FROM (VALUES (1), (2), (3)) AS t(x) WHERE x > 1")
+//!     .await?;
 //! let batches = df.collect().await?;
 //! assert_eq!(batches[0].num_rows(), 1);
 //! # Ok::<(), spate::SpateError>(())
 //! # }).unwrap();
 //! ```
+//!
+//! The crate exposes the embedding API: the [`Engine`] and its settings, errors, cached tables,
+//! [`placement`] (where each operator of a plan runs, and why), the [`GpuOffloadRule`] for
+//! applications that assemble their own DataFusion session, and the kernel runtime
+//! ([`kernels`]). The operators, the expression JIT and the device columns are internal. With
+//! the `tpch` feature, [`tpch`] generates TPC-H data.
 
-pub mod cache;
-pub mod column;
-pub mod config;
-pub mod device;
-pub mod engine;
-pub mod error;
-pub mod exec;
-pub mod expr;
-pub mod model;
-pub mod plan;
-pub mod source;
+mod cache;
+mod column;
+mod config;
+mod device;
+mod engine;
+mod error;
+mod exec;
+mod expr;
+mod model;
+mod plan;
+mod source;
+#[cfg(feature = "tpch")]
 pub mod tpch;
 
 pub use cache::{CacheLocation, CachedTable};
-pub use config::Backend;
-pub use device::{BackendSelection, GpuInventory};
+pub use config::{Backend, parse_byte_size};
+pub use device::{BackendSelection, CompileStats, GpuInventory};
 pub use engine::{Engine, EngineBuilder};
 pub use error::{Location, Result, SpateError};
+pub use model::ModelInputs;
+pub use plan::GpuOffloadRule;
 pub use source::FileFormat;
+
+/// Where each operator of a physical plan runs: on the GPU, or on the CPU with the reason.
+pub mod placement {
+    pub use crate::plan::offload::{Placement, annotate, placement};
+}
+
+/// The names of the metrics GPU operators report, beyond DataFusion's.
+pub mod metrics {
+    pub use crate::exec::{DEV_READ_BYTES, DEV_WRITE_BYTES};
+}
 
 /// Re-exported so that embedders use exactly the DataFusion and Arrow versions Spate is built on.
 pub use datafusion;

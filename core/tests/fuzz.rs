@@ -2634,9 +2634,9 @@ impl Engines {
             return unplanned();
         };
         if env_only().is_some() {
-            println!("{}", spate::plan::offload::annotate(&plan));
+            println!("{}", spate::placement::annotate(&plan));
         }
-        let placement = spate::plan::offload::placement(&plan);
+        let placement = spate::placement::placement(&plan);
         let cpu = placement
             .cpu
             .iter()

@@ -9,8 +9,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyString;
 use spate::arrow::datatypes::SchemaRef;
 use spate::arrow::record_batch::RecordBatch;
-use spate::config::parse_byte_size;
 use spate::datafusion::common::TableReference;
+use spate::parse_byte_size;
 use spate::{Backend, Engine, FileFormat};
 
 use crate::errors::{self, IntoPyResult, Origin};

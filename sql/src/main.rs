@@ -114,7 +114,7 @@ fn parse_scale_factor(text: &str) -> Result<f64, String> {
 }
 
 fn parse_size(text: &str) -> Result<usize, String> {
-    spate::config::parse_byte_size(text).map_err(|e| e.to_string())
+    spate::parse_byte_size(text).map_err(|e| e.to_string())
 }
 
 fn parse_table(text: &str) -> Result<(String, PathBuf), String> {

@@ -165,6 +165,7 @@ fn part<'a>(
 /// The kernel launches [`append_device_batches`] makes for `batches`: one per column, one
 /// per column with a validity bitmap in any part, and one for the count alone when there are
 /// no columns.
+#[cfg(test)]
 pub fn append_launches(batches: &[DeviceBatch]) -> usize {
     let Some(first) = batches.first() else {
         return 0;

@@ -9,7 +9,7 @@ use arrow::array::{
     make_array, make_view,
 };
 use arrow::buffer::{BooleanBuffer, Buffer, NullBuffer, OffsetBuffer, ScalarBuffer};
-use arrow::datatypes::{DataType, Field, Schema};
+use arrow::datatypes::DataType;
 use arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use spate_kernels::{DeviceSlice, Stream};
 
@@ -84,12 +84,11 @@ pub fn download_batch(stream: &Stream, batch: &DeviceBatch) -> Result<RecordBatc
 }
 
 /// Downloads one column as an array of its type.
+#[cfg(test)]
 pub fn download_column(stream: &Stream, column: &DeviceColumn) -> Result<ArrayRef> {
-    let schema = Arc::new(Schema::new(vec![Field::new(
-        "c",
-        column.data_type().clone(),
-        true,
-    )]));
+    let schema = Arc::new(arrow::datatypes::Schema::new(vec![
+        arrow::datatypes::Field::new("c", column.data_type().clone(), true),
+    ]));
     let batch = DeviceBatch::try_new(schema, vec![column.clone()], column.len())?;
     Ok(Arc::clone(download_batch(stream, &batch)?.column(0)))
 }

@@ -21,34 +21,6 @@ use super::{
 };
 use crate::error::{Result, SpateError};
 
-/// Gathers `indices` (which must all be valid rows of `column`) into a new column.
-pub fn gather_column(
-    stream: &Stream,
-    column: &DeviceColumn,
-    indices: DeviceSlice<'_, u32>,
-) -> Result<DeviceColumn> {
-    one(gather_columns(stream, &[Gather::rows(column, indices)])?)
-}
-
-/// [`gather_column`] where indices may also be `NULL_INDEX` ("no row", as outer joins
-/// produce), which gives NULL.
-pub fn gather_column_or_null(
-    stream: &Stream,
-    column: &DeviceColumn,
-    indices: DeviceSlice<'_, u32>,
-) -> Result<DeviceColumn> {
-    one(gather_columns(
-        stream,
-        &[Gather::rows_or_null(column, indices)],
-    )?)
-}
-
-fn one(mut columns: Vec<DeviceColumn>) -> Result<DeviceColumn> {
-    columns.pop().ok_or_else(|| SpateError::Internal {
-        message: "a gather of one column returned none".into(),
-    })
-}
-
 /// One column of a [`gather_columns`] call: `out[i] = column[indices[i]]`.
 #[derive(Debug, Clone, Copy)]
 pub struct Gather<'a> {

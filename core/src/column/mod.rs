@@ -28,12 +28,16 @@ use spate_kernels::{DeviceBitmap, DeviceBuffer, DeviceSlice};
 
 use crate::error::{Result, SpateError};
 
-pub use concat::{append_device_batches, append_launches, concat_device_batches};
-pub use download::{download_batch, download_column};
-pub use gather::{
-    Gather, gather_batch, gather_column, gather_column_or_null, gather_columns, gather_counted,
-};
-pub use upload::{upload_batch, upload_batches, upload_column};
+#[cfg(test)]
+pub use concat::append_launches;
+pub use concat::{append_device_batches, concat_device_batches};
+pub use download::download_batch;
+#[cfg(test)]
+pub use download::download_column;
+pub use gather::{Gather, gather_batch, gather_columns, gather_counted};
+#[cfg(test)]
+pub use upload::upload_column;
+pub use upload::{upload_batch, upload_batches};
 
 /// A range of bytes in a shared device allocation (a batch's arena, or an operator's output).
 #[derive(Debug, Clone)]
@@ -65,11 +69,6 @@ impl DeviceBytes {
     /// Length in bytes.
     pub fn len(&self) -> usize {
         self.len
-    }
-
-    /// True when empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// The bytes as a device slice.
@@ -271,11 +270,6 @@ impl DeviceColumn {
     /// Rows.
     pub fn len(&self) -> usize {
         self.len
-    }
-
-    /// True when the column has no rows.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// Null rows, when the host knows them: uploads do; gathers, value kernels and aggregate

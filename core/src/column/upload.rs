@@ -16,7 +16,7 @@ use arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, LargeStringArray, StringArray, StringViewArray,
 };
 use arrow::buffer::Buffer;
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::datatypes::{DataType, Field, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use arrow::util::bit_mask::set_bits;
 use spate_kernels::gather::StringBuffers;
@@ -187,8 +187,9 @@ pub fn upload_batches(
 }
 
 /// Uploads one array as a column.
+#[cfg(test)]
 pub fn upload_column(stream: &Stream, array: &ArrayRef) -> Result<DeviceColumn> {
-    let schema = Arc::new(Schema::new(vec![Field::new(
+    let schema = Arc::new(arrow::datatypes::Schema::new(vec![Field::new(
         "c",
         array.data_type().clone(),
         true,

@@ -133,11 +133,6 @@ impl DeviceTable {
         self.facts.get(column).copied().unwrap_or_default()
     }
 
-    /// The table's schema.
-    pub fn schema(&self) -> &SchemaRef {
-        &self.schema
-    }
-
     /// Rows cached.
     pub fn num_rows(&self) -> usize {
         self.num_rows
@@ -146,11 +141,6 @@ impl DeviceTable {
     /// Device memory the cached columns take.
     pub fn device_bytes(&self) -> usize {
         self.device_bytes
-    }
-
-    /// Partitions (each scanned by one stream).
-    pub fn num_partitions(&self) -> usize {
-        self.partitions.len()
     }
 }
 
@@ -187,11 +177,6 @@ impl CachedTableProvider {
     /// A provider over `table`, remembering the `original` provider.
     pub fn new(table: Arc<DeviceTable>, original: Arc<dyn TableProvider>) -> Self {
         CachedTableProvider { table, original }
-    }
-
-    /// The cached data.
-    pub fn table(&self) -> &Arc<DeviceTable> {
-        &self.table
     }
 
     /// The provider the cache replaced.
@@ -266,11 +251,6 @@ impl GpuCachedScanExec {
             properties: Arc::new(properties),
             metrics: ExecutionPlanMetricsSet::new(),
         })
-    }
-
-    /// The cached table.
-    pub fn table(&self) -> &Arc<DeviceTable> {
-        &self.table
     }
 
     /// What is known of output column `column` (see [`column_facts`]).

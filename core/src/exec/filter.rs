@@ -74,16 +74,6 @@ impl GpuFilterExec {
         })
     }
 
-    /// The predicate.
-    pub fn predicate(&self) -> &Arc<dyn PhysicalExpr> {
-        self.cpu.predicate()
-    }
-
-    /// The generated kernel source (for EXPLAIN VERBOSE and debugging).
-    pub fn kernel_source(&self) -> &str {
-        &self.kernel.source
-    }
-
     fn rebuild(cpu: Arc<dyn ExecutionPlan>) -> DFResult<Arc<dyn ExecutionPlan>> {
         rebuild_gpu::<FilterExec, _>(cpu, GpuFilterExec::try_new)
     }
