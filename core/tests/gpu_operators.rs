@@ -362,13 +362,45 @@ async fn sorts_match_the_cpu_order() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sorts_by_expressions_match_the_cpu_order() {
+    // Each ORDER BY is followed by the selected columns, which fix the order of the rows the
+    // expression ties.
+    const QUERIES: [&str; 5] = [
+        "SELECT a, t FROM t ORDER BY a - t, a, t",
+        "SELECT a, t FROM t ORDER BY a - t DESC NULLS LAST, a, t LIMIT 7",
+        "SELECT a, s FROM t ORDER BY CASE WHEN a > 0 THEN s END NULLS FIRST, a, s",
+        "SELECT f FROM t ORDER BY f * 2 DESC, f LIMIT 11",
+        "SELECT m, b FROM t ORDER BY m + 1, b",
+    ];
+    for (seed, rows_in_table, batch_size) in
+        [(21u64, 3000usize, 8192usize), (22, 300, 7), (23, 0, 8192)]
+    {
+        let data = table(rows_in_table, seed);
+        let gpu = engine(Backend::Emulated, batch_size);
+        let cpu = engine(Backend::Cpu, batch_size);
+        gpu.register_batches("t", data.clone()).unwrap();
+        cpu.register_batches("t", data).unwrap();
+        for sql in QUERIES {
+            let want = ordered(&cpu.collect(sql).await.unwrap());
+            let got = ordered(&gpu.collect(sql).await.unwrap());
+            assert_eq!(got, want, "{sql} seed={seed} batch_size={batch_size}");
+            let plan = explain(&gpu, sql).await;
+            assert!(
+                plan.contains("GpuSortExec") && !plan.contains(" SortExec"),
+                "{sql}: {plan}"
+            );
+        }
+    }
+}
+
 async fn explain(engine: &Engine, sql: &str) -> String {
     let batches = engine.collect(&format!("EXPLAIN {sql}")).await.unwrap();
     rows(&batches).join("\n")
 }
 
 /// Where the operators of `sql`'s physical plan run.
-async fn placement(engine: &Engine, sql: &str) -> spate::plan::offload::Placement {
+async fn placement(engine: &Engine, sql: &str) -> spate::placement::Placement {
     let physical = engine
         .sql(sql)
         .await
@@ -376,7 +408,7 @@ async fn placement(engine: &Engine, sql: &str) -> spate::plan::offload::Placemen
         .create_physical_plan()
         .await
         .unwrap();
-    spate::plan::offload::placement(&physical)
+    spate::placement::placement(&physical)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

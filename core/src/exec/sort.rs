@@ -15,7 +15,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use arrow::datatypes::DataType;
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::Result as DFResult;
 use datafusion::execution::TaskContext;
@@ -39,7 +39,7 @@ use super::{
 };
 use crate::column::{DeviceBatch, DeviceValues, Gather, concat_device_batches, gather_columns};
 use crate::error::{Result, SpateError};
-use crate::expr::Unsupported;
+use crate::expr::{Unsupported, ValueKernel, evaluate_values, value_kernel};
 
 /// The radix key family of a sort column.
 #[derive(Debug, Clone, Copy)]
@@ -73,7 +73,19 @@ pub(crate) struct SortKey {
 pub struct GpuSortExec {
     cpu: Arc<SortExec>,
     keys: Vec<SortKey>,
+    /// Sort keys that are expressions (`ORDER BY a - b`): computed by one value kernel into
+    /// columns appended to each input batch, which `keys` then refer to, and left out of the
+    /// output.
+    computed: Option<ComputedKeys>,
     metrics: ExecutionPlanMetricsSet,
+}
+
+/// Sort keys computed from the input's columns.
+#[derive(Debug)]
+struct ComputedKeys {
+    kernel: ValueKernel,
+    /// The input's schema with the computed keys appended.
+    wide: SchemaRef,
 }
 
 impl GpuSortExec {
@@ -81,10 +93,40 @@ impl GpuSortExec {
     pub fn try_new(sort: Arc<SortExec>) -> std::result::Result<Self, Unsupported> {
         let schema = sort.input().schema();
         check_input_types(&schema)?;
-        let keys = sort_keys(sort.expr().iter(), &schema)?;
+        let mut fields = schema.fields().to_vec();
+        let mut ordering = Vec::with_capacity(sort.expr().len());
+        let mut computed: Vec<&dyn PhysicalExpr> = Vec::new();
+        for e in sort.expr().iter() {
+            if e.expr.downcast_ref::<Column>().is_some() {
+                ordering.push(e.clone());
+                continue;
+            }
+            let data_type = e
+                .expr
+                .data_type(&schema)
+                .map_err(|err| Unsupported(format!("sort key `{}`: {err}", e.expr)))?;
+            let name = format!("__spate_sort_key_{}", computed.len());
+            ordering.push(PhysicalSortExpr {
+                expr: Arc::new(Column::new(&name, fields.len())),
+                options: e.options,
+            });
+            fields.push(Arc::new(Field::new(name, data_type, true)));
+            computed.push(e.expr.as_ref());
+        }
+        let wide: SchemaRef = Arc::new(Schema::new(fields));
+        let keys = sort_keys(ordering.iter(), &wide)?;
+        let computed = if computed.is_empty() {
+            None
+        } else {
+            Some(ComputedKeys {
+                kernel: value_kernel(&computed, &schema)?,
+                wide,
+            })
+        };
         Ok(GpuSortExec {
             cpu: sort,
             keys,
+            computed,
             metrics: ExecutionPlanMetricsSet::new(),
         })
     }
@@ -97,7 +139,7 @@ impl GpuSortExec {
 /// The GPU sort keys of `ordering` over `schema`: each a column of a type GPU sorts take.
 pub(crate) fn sort_keys<'a>(
     ordering: impl IntoIterator<Item = &'a PhysicalSortExpr>,
-    schema: &arrow::datatypes::Schema,
+    schema: &Schema,
 ) -> std::result::Result<Vec<SortKey>, Unsupported> {
     let mut keys = Vec::new();
     for e in ordering {
@@ -155,7 +197,14 @@ impl Sorter {
 
     /// `batch` sorted.
     pub(crate) fn sort(&self, stream: &DeviceStream, batch: &DeviceBatch) -> Result<DeviceBatch> {
-        sort_batch(stream, batch, &self.keys, None, &self.null_kernels)
+        sort_batch(
+            stream,
+            batch,
+            &self.keys,
+            None,
+            &self.null_kernels,
+            batch.schema(),
+        )
     }
 }
 
@@ -313,12 +362,15 @@ fn string_pass<O: gather::OffsetElem>(
     Ok(order)
 }
 
+/// `batch` sorted by `keys` (the first `fetch` rows of it), with the columns of `output`: the
+/// batch's first ones (a sort drops the keys it computed).
 fn sort_batch(
     stream: &DeviceStream,
     batch: &DeviceBatch,
     keys: &[SortKey],
     fetch: Option<usize>,
     null_kernels: &(spate_kernels::Kernel, spate_kernels::Kernel),
+    output: &SchemaRef,
 ) -> Result<DeviceBatch> {
     // The radix passes size their histograms by the row count: it must be on the host.
     let batch = &batch.resolve(stream)?;
@@ -388,18 +440,36 @@ fn sort_batch(
             perm = Some(ks::sort_pairs(stream, ranks.as_slice(), current, 8)?.values);
         }
     }
+    let width = output.fields().len();
     let Some(perm) = perm else {
-        return Ok(batch.clone());
+        let columns = batch.columns()[..width].to_vec();
+        return DeviceBatch::try_new_counted(
+            Arc::clone(output),
+            columns,
+            batch.row_count().clone(),
+        );
     };
     let rows = fetch.map_or(n, |k| k.min(n));
     let indices = perm.slice(..rows)?;
-    let gathers: Vec<Gather<'_>> = batch
-        .columns()
+    let gathers: Vec<Gather<'_>> = batch.columns()[..width]
         .iter()
         .map(|c| Gather::rows(c, indices))
         .collect();
     let columns = gather_columns(stream, &gathers)?;
-    DeviceBatch::try_new(Arc::clone(batch.schema()), columns, rows)
+    DeviceBatch::try_new(Arc::clone(output), columns, rows)
+}
+
+/// `batch` with the computed sort keys appended (schema `wide`).
+fn with_keys(
+    stream: &DeviceStream,
+    kernel: &spate_kernels::Kernel,
+    values: &ValueKernel,
+    wide: &SchemaRef,
+    batch: DeviceBatch,
+) -> Result<DeviceBatch> {
+    let mut columns = batch.columns().to_vec();
+    columns.extend(evaluate_values(stream, kernel, values, &batch)?);
+    DeviceBatch::try_new_counted(Arc::clone(wide), columns, batch.row_count().clone())
 }
 
 impl DisplayAs for GpuSortExec {
@@ -473,6 +543,16 @@ impl GpuExec for GpuSortExec {
     ) -> DFResult<DeviceBatchStream> {
         let gpu = gpu_context(&context)?;
         let null_kernels = null_kernels(&gpu).map_err(to_df)?;
+        // Computed keys: their kernel, and the schema of the batches that carry them.
+        let computed = match &self.computed {
+            Some(c) => Some((
+                gpu.generated_kernel(&c.kernel.source, &c.kernel.entry)
+                    .map_err(to_df)?,
+                c.kernel.clone(),
+                Arc::clone(&c.wide),
+            )),
+            None => None,
+        };
         let transfer = TransferMetrics::new(&self.metrics, partition);
         let input = collected_input(
             self.cpu.input(),
@@ -488,7 +568,10 @@ impl GpuExec for GpuSortExec {
         let kept_rows = MetricBuilder::new(&self.metrics).counter("topk_kept_rows", partition);
         let keys = self.keys.clone();
         let fetch = self.cpu.fetch();
-        let schema = self.schema();
+        let output = self.schema();
+        let schema = computed
+            .as_ref()
+            .map_or_else(|| Arc::clone(&output), |(_, _, wide)| Arc::clone(wide));
         let sorted = futures::stream::once(async move {
             let mut input = input;
             let mut held: Vec<DeviceBatch> = Vec::new();
@@ -496,6 +579,13 @@ impl GpuExec for GpuSortExec {
             // (`top_k.rs`); once it has a bound, each batch keeps only its rows within it.
             let mut top = fetch.and_then(|k| top_k::TopK::new(&keys, k));
             while let Some(batch) = input.try_next().await? {
+                let batch = match &computed {
+                    Some((kernel, values, wide)) => {
+                        let _timer = baseline.elapsed_compute().timer();
+                        with_keys(&stream, kernel, values, wide, batch).map_err(to_df)?
+                    }
+                    None => batch,
+                };
                 let Some(top) = top.as_mut() else {
                     held.push(batch);
                     continue;
@@ -514,7 +604,8 @@ impl GpuExec for GpuSortExec {
             }
             let _timer = baseline.elapsed_compute().timer();
             let all = concat_device_batches(&stream, &schema, held).map_err(to_df)?;
-            let out = sort_batch(&stream, &all, &keys, fetch, &null_kernels).map_err(to_df)?;
+            let out =
+                sort_batch(&stream, &all, &keys, fetch, &null_kernels, &output).map_err(to_df)?;
             baseline.record_output(out.bound());
             Ok(out)
         });
