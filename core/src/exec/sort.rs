@@ -10,7 +10,9 @@
 //! gathered by the permutation. Decimal128 keys take two 64-bit passes (low word, then the
 //! signed high word). String keys sort byte-wise (UTF-8 code point order, as Arrow's): a pass
 //! on the length, then one 64-bit pass per 8-byte chunk from the last chunk to the first. Rows
-//! equal on every key may come out in any order, as with DataFusion.
+//! equal on every key may come out in any order, as with DataFusion. Keys that are
+//! expressions (`ORDER BY a - b`) are computed by one value kernel into columns appended to
+//! each input batch; they are sorted on and left out of the output.
 
 use std::fmt;
 use std::sync::Arc;
