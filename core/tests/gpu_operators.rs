@@ -263,6 +263,11 @@ const PROJECTIONS: &[&str] = &[
      CAST(m AS DECIMAL(20,5)) AS c4",
     "CAST(a * 0.5 AS INT) AS c1, CAST(m * 3 AS BIGINT) AS c2",
     "m / (m * m + 1) AS q1, m % 0.7 AS q2, m / 3 AS q3, a / 2.5 AS q4, m / -0.03 AS q5",
+    "abs(a), abs(CAST(t AS INT)), abs(f), abs(g), abs(m), abs(u), abs(-m)",
+    "round(f, 2), round(f), round(g, 1), round(m, 1), round(m), round(a, 2), round(f * 1e300, -2)",
+    "a & 3, b | 5, b << 3, a >> 2, t << 9, u & 255, a >> -1, b << 70",
+    "s || 'x', s || '-' || s, CASE WHEN a > 0 THEN s ELSE '' END || ','",
+    "CASE f WHEN 0 THEN 'zero' WHEN 1.5 THEN 'x' ELSE 'other' END, CASE g WHEN -0.0 THEN 1 END",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -488,13 +493,13 @@ async fn explain_shows_gpu_filters_and_the_cpu_keeps_the_rest() {
         plan.contains("[CPU: there is no GPU operator for it yet]"),
         "{plan}"
     );
-    let plan = explain(&gpu, "SELECT a FROM t WHERE abs(a) = 2").await;
+    let plan = explain(&gpu, "SELECT a FROM t WHERE cos(a) = 1").await;
     assert!(
-        plan.contains("[CPU: expression `abs(a@0)` is not supported"),
+        plan.contains("[CPU: expression `cos(CAST(a@0 AS Float64))` is not supported"),
         "{plan}"
     );
-    // abs() is not supported yet: the filter stays on the CPU.
-    let plan = explain(&gpu, "SELECT a FROM t WHERE abs(a) = 2").await;
+    // cos() is not supported yet: the filter stays on the CPU.
+    let plan = explain(&gpu, "SELECT a FROM t WHERE cos(a) = 1").await;
     assert!(
         plan.contains("FilterExec") && !plan.contains("GpuFilterExec"),
         "{plan}"
@@ -532,7 +537,7 @@ async fn the_fallback_policy_decides_what_happens_to_cpu_operators() {
     gpu.collect("SET spate.gpu.fallback = 'warn'")
         .await
         .unwrap();
-    gpu.collect("SELECT a FROM t WHERE abs(a) = 2")
+    gpu.collect("SELECT a FROM t WHERE cos(a) = 1")
         .await
         .unwrap();
 
@@ -540,7 +545,7 @@ async fn the_fallback_policy_decides_what_happens_to_cpu_operators() {
         .await
         .unwrap();
     let err = gpu
-        .collect("SELECT a FROM t WHERE abs(a) = 2")
+        .collect("SELECT a FROM t WHERE cos(a) = 1")
         .await
         .unwrap_err();
     let message = err.to_string();
@@ -735,6 +740,29 @@ async fn assert_same_outcome(cpu: &Engine, gpu: &Engine, sql: &str) {
 }
 
 /// The kind of a query error, for comparing the GPU's with the CPU's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abs_of_the_smallest_integer_fails_on_the_gpu_as_on_the_cpu() {
+    // Every 13th row's b is i64::MIN.
+    let data = table(500, 31);
+    let gpu = engine_with(Backend::Emulated, 8192, 1);
+    let cpu = engine_with(Backend::Cpu, 8192, 1);
+    gpu.register_batches("t", data.clone()).unwrap();
+    cpu.register_batches("t", data).unwrap();
+    for sql in [
+        "SELECT abs(b) FROM t WHERE a IS NULL OR a > -15",
+        "SELECT abs(b) FROM t WHERE b > 0",
+    ] {
+        let plan = explain(&gpu, sql).await;
+        assert!(plan.contains("GpuProjectionExec"), "{plan}");
+        assert_same_outcome(&cpu, &gpu, sql).await;
+    }
+    assert!(
+        gpu.collect("SELECT abs(b) FROM t WHERE a IS NULL OR a > -15")
+            .await
+            .is_err()
+    );
+}
+
 fn error_kind(sql: &str, e: &SpateError) -> &'static str {
     let m = e.to_string();
     for (needle, kind) in [
@@ -742,6 +770,7 @@ fn error_kind(sql: &str, e: &SpateError) -> &'static str {
         ("Arithmetic overflow", "overflow"),
         ("Cast error", "cast"),
         ("to store in a Decimal128", "precision"),
+        ("overflow on abs", "abs"),
     ] {
         if m.contains(needle) {
             return kind;

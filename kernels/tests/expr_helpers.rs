@@ -92,6 +92,49 @@ fn cases() -> Vec<(&'static str, &'static str, u64)> {
             "r = (u64)__double_as_longlong(spate::float_rem<f64>(-7.5, 2.0));",
             f(-1.5),
         ),
+        // Bitwise operators, abs, round.
+        ("6 ^ 3", "r = (u64)spate::bit_xor<i32>(6, 3);", 5),
+        (
+            "i32 1 << 33 wraps the amount",
+            "r = (u64)spate::bit_shl<i32>(1, 33);",
+            2,
+        ),
+        (
+            "i32 -8 >> -1 is an arithmetic shift by 31",
+            "r = (u64)(i64)spate::bit_shr<i32>(-8, -1);",
+            i(-1),
+        ),
+        ("u8 200 << 1", "r = spate::bit_shl<u8>(200, 1);", 144),
+        (
+            "abs(i16 MIN) fails",
+            "bool o; spate::checked_abs<i16>(-32768, &o); r = o;",
+            1,
+        ),
+        (
+            "abs(-7)",
+            "bool o; r = (u64)spate::checked_abs<i32>(-7, &o) | (o ? 1ull << 40 : 0);",
+            7,
+        ),
+        (
+            "abs(-NaN) clears the sign",
+            "r = (u64)__double_as_longlong(spate::float_abs(__longlong_as_double((i64)0xfff8000000000001ull)));",
+            0x7ff8_0000_0000_0001,
+        ),
+        (
+            "round(2.345, 2) as DataFusion's",
+            "r = (u64)__double_as_longlong(spate::round_float<f64>(2.345, 100.0));",
+            f((2.345f64 * 100.0).round() / 100.0),
+        ),
+        (
+            "round(-2.5) is -3",
+            "r = (u64)__double_as_longlong(spate::round_float<f64>(-2.5, 1.0));",
+            f(-3.0),
+        ),
+        (
+            "round(-NaN, 2) keeps its sign",
+            "r = (u64)__double_as_longlong(spate::round_float<f64>(__longlong_as_double((i64)0xfff8000000000000ull), 100.0));",
+            0xfff8_0000_0000_0000,
+        ),
         // Decimals.
         (
             "1.00 / 3.00 at scale 6",

@@ -55,6 +55,8 @@ impl ErrorBits {
     pub(crate) const CAST: u32 = 4;
     /// A decimal too large for its target precision.
     pub(crate) const PRECISION: u32 = 8;
+    /// Another failure Arrow reports as a compute error (`abs` of a signed integer's MIN).
+    pub(crate) const COMPUTE: u32 = 16;
 }
 
 /// The C parameters of `count` columns named with `prefix`, each followed by `, `.

@@ -9,6 +9,7 @@ use datafusion::physical_expr::PhysicalExpr;
 
 use super::abi::{KernelInput, column_params, scalar_params};
 use super::emit::{Emitter, Operand};
+use super::ir::{Node, Op};
 use super::lower::Lowerer;
 use super::scalars::RuntimeScalar;
 use super::types::DevType;
@@ -150,10 +151,19 @@ fn build(
                 ),
             }));
         }
+        if contains_concat(&node) {
+            return Err(Unsupported(format!(
+                "`{expr}`: a `||` inside another expression is not supported on the GPU yet"
+            )));
+        }
         nodes.push(node);
     }
     let mut emitter = Emitter::default();
     let roots: Vec<Operand> = nodes.iter().map(|n| emitter.node(n)).collect();
+    let parts: Vec<Option<Vec<String>>> = roots
+        .iter()
+        .map(|r| emitter.parts_of(r).map(<[String]>::to_vec))
+        .collect();
     let mut params = column_params("", lowerer.inputs.len());
     params.push_str(&scalar_params(lowerer.scalars.len()));
     let err = if emitter.checks.is_empty() {
@@ -168,7 +178,7 @@ fn build(
         ),
         Store::Values(outputs) => (
             "proj",
-            values_loop(&params, err, &emitter.body, &roots, outputs),
+            values_loop(&params, err, &emitter.body, &roots, &parts, outputs),
         ),
     };
     let entry = format!("spate_{kind}_{}", blake3_hex(&body));
@@ -187,6 +197,14 @@ fn build(
     })
 }
 
+/// Whether a concatenation sits below `node`: its bytes would have to be somewhere before
+/// they are stored.
+fn contains_concat(node: &Node) -> bool {
+    node.children()
+        .into_iter()
+        .any(|c| matches!(c.op, Op::Concat(_)) || contains_concat(c))
+}
+
 /// A predicate's kernel: a byte per row, 1 where the predicate is TRUE (SQL's `WHERE` keeps
 /// only TRUE), 0 past the live rows.
 fn predicate_loop(params: &str, err: &str, rows: &str, root: &Operand) -> String {
@@ -202,6 +220,7 @@ fn values_loop(
     err: &str,
     rows: &str,
     roots: &[Operand],
+    parts: &[Option<Vec<String>>],
     outputs: &[DataType],
 ) -> String {
     let mut params = format!("{params}const u32* live, u64 n, const u32* rows, u32 pass");
@@ -215,9 +234,20 @@ fn values_loop(
             // offsets by an exclusive scan; pass 1 copies the bytes to them.
             let _ = write!(params, ", u64* offs{j}, u8* bytes{j}, u32* valid{j}");
             let _ = writeln!(declare, "        bool ok{j} = false;");
+            // A concatenation's parts are copied one after the other.
+            let copy: String = match &parts[j] {
+                Some(parts) => parts
+                    .iter()
+                    .map(|p| format!("for (u64 k = 0; k < {p}_n; ++k) *dst++ = {p}[k]; "))
+                    .collect(),
+                None => format!(
+                    "for (u64 k = 0; k < {v}_n; ++k) dst[k] = {v}[k]; ",
+                    v = f.value
+                ),
+            };
             let _ = writeln!(
                 store,
-                "            ok{j} = !{null};\n            if (pass == 0u) {{ offs{j}[o] = ok{j} ? (u64){v}_n : 0ull; }} else if (ok{j}) {{ u8* dst = bytes{j} + offs{j}[o]; for (u64 k = 0; k < {v}_n; ++k) dst[k] = {v}[k]; }}",
+                "            ok{j} = !{null};\n            if (pass == 0u) {{ offs{j}[o] = ok{j} ? (u64){v}_n : 0ull; }} else if (ok{j}) {{ u8* dst = bytes{j} + offs{j}[o]; {copy}}}",
                 null = f.null,
                 v = f.value
             );

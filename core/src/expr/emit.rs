@@ -6,7 +6,7 @@
 
 use std::fmt::Write as _;
 
-use super::ir::{Arith, Cast, Check, Cmp, Const, DateField, LikePattern, Node, OnFail, Op};
+use super::ir::{Arith, BitOp, Cast, Check, Cmp, Const, DateField, LikePattern, Node, OnFail, Op};
 use super::types::DevType;
 
 /// An emitted value: C expressions for its value and its null flag. A string's value is a byte
@@ -30,6 +30,9 @@ pub(crate) struct Emitter {
     guards: Vec<String>,
     /// What the kernel can raise: the error-word bit and the message, each once.
     pub checks: Vec<(u32, String)>,
+    /// The parts of each concatenation emitted (by the operand's value): its bytes are these
+    /// strings' one after the other, `<value>_n` in all.
+    concats: Vec<(String, Vec<String>)>,
 }
 
 /// `10^k` as an i128 literal (`k` <= 38, as the planner guarantees).
@@ -119,6 +122,15 @@ impl Emitter {
         let v = self.var();
         self.line(&format!("const {} {v} = {value};", ty.c_type()));
         Operand { value: v, null, ty }
+    }
+
+    /// The parts of `operand` when it is a concatenation: the string operands whose bytes
+    /// follow one another.
+    pub(crate) fn parts_of(&self, operand: &Operand) -> Option<&[String]> {
+        self.concats
+            .iter()
+            .find(|(v, _)| *v == operand.value)
+            .map(|(_, parts)| parts.as_slice())
     }
 
     pub(crate) fn node(&mut self, node: &Node) -> Operand {
@@ -215,8 +227,15 @@ impl Emitter {
             }
             Op::Compare { cmp, left, right } => {
                 let (l, r) = (self.node(left), self.node(right));
+                if *cmp == Cmp::TotalEq && matches!(l.ty, DevType::F32 | DevType::F64) {
+                    let value = format!(
+                        "spate::total_order({}) == spate::total_order({})",
+                        l.value, r.value
+                    );
+                    return self.bind(ty, &value, either_null(&l, &r));
+                }
                 let op = match cmp {
-                    Cmp::Eq => "==",
+                    Cmp::TotalEq | Cmp::Eq => "==",
                     Cmp::NotEq => "!=",
                     Cmp::Lt => "<",
                     Cmp::LtEq => "<=",
@@ -273,6 +292,71 @@ impl Emitter {
                     r.value
                 );
                 self.bind(ty, &value, either_null(&l, &r))
+            }
+            Op::Bitwise { op, left, right } => {
+                let (l, r) = (self.node(left), self.node(right));
+                let f = match op {
+                    BitOp::And => "bit_and",
+                    BitOp::Or => "bit_or",
+                    BitOp::Xor => "bit_xor",
+                    BitOp::ShiftLeft => "bit_shl",
+                    BitOp::ShiftRight => "bit_shr",
+                };
+                let value = format!("spate::{f}<{c}>({}, {})", l.value, r.value);
+                self.bind(ty, &value, either_null(&l, &r))
+            }
+            Op::Abs { arg, overflow } => {
+                let a = self.node(arg);
+                match (ty, overflow) {
+                    (DevType::F32 | DevType::F64, _) => {
+                        self.bind(ty, &format!("spate::float_abs({})", a.value), a.null)
+                    }
+                    (DevType::Dec { .. }, _) => {
+                        self.bind(ty, &format!("spate::wrapping_abs({})", a.value), a.null)
+                    }
+                    (_, check) => {
+                        let v = self.var();
+                        self.line(&format!(
+                            "bool {v}_ovf;\nconst {c} {v} = spate::checked_abs<{c}>({}, &{v}_ovf);",
+                            a.value
+                        ));
+                        if let Some(check) = check {
+                            self.raise(&format!("!{} && {v}_ovf", a.null), check);
+                        }
+                        Operand {
+                            value: v,
+                            null: a.null,
+                            ty,
+                        }
+                    }
+                }
+            }
+            Op::RoundFloat { arg, factor } => {
+                let a = self.node(arg);
+                let factor = match ty {
+                    DevType::F32 => format!("__uint_as_float({}u)", (*factor as f32).to_bits()),
+                    _ => f64_literal(*factor),
+                };
+                let value = format!("spate::round_float<{c}>({}, {factor})", a.value);
+                self.bind(ty, &value, a.null)
+            }
+            Op::Concat(parts) => {
+                let operands: Vec<Operand> = parts.iter().map(|p| self.node(p)).collect();
+                let v = self.var();
+                let lengths: Vec<String> =
+                    operands.iter().map(|o| format!("{}_n", o.value)).collect();
+                let nulls: Vec<String> = operands.iter().map(|o| o.null.clone()).collect();
+                self.line(&format!(
+                    "const u8* {v} = nullptr;\nconst u64 {v}_n = {};",
+                    lengths.join(" + ")
+                ));
+                self.concats
+                    .push((v.clone(), operands.into_iter().map(|o| o.value).collect()));
+                Operand {
+                    value: v,
+                    null: format!("({})", nulls.join(" || ")),
+                    ty,
+                }
             }
             Op::Decimal {
                 op,

@@ -42,9 +42,12 @@ pub(crate) enum Const {
     Bytes(Vec<u8>),
 }
 
-/// `= <> < <= > >=`.
+/// `= <> < <= > >=`, and Arrow's `eq`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Cmp {
+    /// Arrow's `eq` kernel, which `CASE x WHEN v` uses: on floats, equality in IEEE total
+    /// order (-0.0 differs from +0.0, NaN equals NaN); on other types, `=`.
+    TotalEq,
     Eq,
     NotEq,
     Lt,
@@ -59,6 +62,18 @@ pub(crate) enum Arith {
     Add,
     Sub,
     Mul,
+}
+
+/// `& | ^ << >>` on integers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BitOp {
+    And,
+    Or,
+    Xor,
+    /// Wrapping: the shift amount is taken modulo the width, as Rust's `wrapping_shl`.
+    ShiftLeft,
+    /// Arithmetic for signed types; wrapping as [`BitOp::ShiftLeft`].
+    ShiftRight,
 }
 
 /// A field `extract` reads from a Date32.
@@ -166,6 +181,27 @@ pub(crate) enum Op {
         left: Box<Node>,
         right: Box<Node>,
     },
+    /// Bitwise operators on two integers of the node's type.
+    Bitwise {
+        op: BitOp,
+        left: Box<Node>,
+        right: Box<Node>,
+    },
+    /// `abs`: floats clear the sign bit, decimals wrap, signed integers raise `overflow` for
+    /// MIN (unsigned ones are never lowered to it).
+    Abs {
+        arg: Box<Node>,
+        overflow: Option<Check>,
+    },
+    /// `round(x, dp)` on a float: `(x * factor).round() / factor` with `factor = 10^dp`,
+    /// half away from zero, as DataFusion's.
+    RoundFloat {
+        arg: Box<Node>,
+        factor: f64,
+    },
+    /// `a || b || ...`: a string made of the parts' bytes, NULL when any part is. Only a
+    /// value kernel's output is one (its bytes are never contiguous before they are stored).
+    Concat(Vec<Node>),
     /// Decimal `+ - *` at the node's scale. `+ -` multiply the sides by `10^left_shift` and
     /// `10^right_shift`; with `overflow` the result may not fit an i128 and is checked (the
     /// shifts are then 0).
@@ -259,6 +295,43 @@ impl Node {
     }
 }
 
+impl Node {
+    /// The nodes this one computes from, in evaluation order.
+    pub(crate) fn children(&self) -> Vec<&Node> {
+        match &self.op {
+            Op::Column { .. } | Op::Scalar { .. } | Op::Const(_) => Vec::new(),
+            Op::Not(a) | Op::Negate(a) => vec![a],
+            Op::IsNull { arg, .. }
+            | Op::Abs { arg, .. }
+            | Op::RoundFloat { arg, .. }
+            | Op::Cast { arg, .. }
+            | Op::Like { arg, .. }
+            | Op::Length { arg, .. }
+            | Op::Substr { arg, .. }
+            | Op::DateAddInterval { arg, .. }
+            | Op::DatePart { arg, .. } => vec![arg],
+            Op::Logic { left, right, .. }
+            | Op::Compare { left, right, .. }
+            | Op::Distinct { left, right, .. }
+            | Op::Arith { left, right, .. }
+            | Op::Bitwise { left, right, .. }
+            | Op::Decimal { left, right, .. }
+            | Op::Divide { left, right, .. }
+            | Op::DecimalDivide { left, right, .. } => vec![left, right],
+            Op::InList { arg, items, .. } => std::iter::once(&**arg).chain(items).collect(),
+            Op::Case {
+                branches,
+                otherwise,
+            } => branches
+                .iter()
+                .flat_map(|(c, v)| [c, v])
+                .chain(otherwise.as_deref())
+                .collect(),
+            Op::Coalesce(args) | Op::Concat(args) => args.iter().collect(),
+        }
+    }
+}
+
 /// `(nullable, fallible)` of a node computing `op`.
 fn properties(op: &Op) -> (bool, bool) {
     let either = |l: &Node, r: &Node| (l.nullable || r.nullable, l.fallible || r.fallible);
@@ -267,6 +340,13 @@ fn properties(op: &Op) -> (bool, bool) {
         Op::Column { .. } | Op::Scalar { .. } => (true, false),
         Op::Const(value) => (value.is_none(), false),
         Op::Not(a) | Op::Negate(a) => (a.nullable, a.fallible),
+        Op::Abs { arg, overflow } => (arg.nullable, arg.fallible || overflow.is_some()),
+        Op::RoundFloat { arg, .. } => (arg.nullable, arg.fallible),
+        Op::Bitwise { left, right, .. } => either(left, right),
+        Op::Concat(parts) => (
+            parts.iter().any(|p| p.nullable),
+            parts.iter().any(|p| p.fallible),
+        ),
         Op::IsNull { arg, .. } => (false, arg.fallible),
         Op::Length { arg, .. }
         | Op::Substr { arg, .. }

@@ -290,6 +290,8 @@ impl ErrorFlag {
             ArrowError::CastError(message(ErrorBits::CAST))
         } else if bits & ErrorBits::PRECISION != 0 {
             ArrowError::InvalidArgumentError(message(ErrorBits::PRECISION))
+        } else if bits & ErrorBits::COMPUTE != 0 {
+            ArrowError::ComputeError(message(ErrorBits::COMPUTE))
         } else {
             ArrowError::ArithmeticOverflow(message(ErrorBits::OVERFLOW))
         }

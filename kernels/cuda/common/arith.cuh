@@ -176,4 +176,71 @@ __device__ inline i128 dec_rem(i128 a, i128 b, i128 a_mul, i128 b_mul, bool* zer
     return (*zero || *overflow || r == -1) ? (i128)0 : l % r;
 }
 
+// Bitwise operators on integers, as Arrow's kernels. Shifts wrap: the amount is taken modulo the
+// width (Rust's wrapping_shl/shr over `b as usize as u32`); `>>` is arithmetic for signed types.
+template <typename T>
+__device__ __forceinline__ T bit_and(T a, T b) {
+    return (T)(a & b);
+}
+
+template <typename T>
+__device__ __forceinline__ T bit_or(T a, T b) {
+    return (T)(a | b);
+}
+
+template <typename T>
+__device__ __forceinline__ T bit_xor(T a, T b) {
+    return (T)(a ^ b);
+}
+
+template <typename T>
+__device__ __forceinline__ u32 shift_amount(T b) {
+    return (u32)(u64)(i64)b & (u32)(sizeof(T) * 8 - 1);
+}
+
+template <typename T>
+__device__ __forceinline__ T bit_shl(T a, T b) {
+    typedef typename unsigned_twin<T>::wide W;
+    typedef typename unsigned_twin<T>::type U;
+    return (T)(U)((W)(U)a << shift_amount(b));
+}
+
+template <typename T>
+__device__ __forceinline__ T bit_shr(T a, T b) {
+    return (T)(a >> shift_amount(b));
+}
+
+// abs of a signed integer: `*overflow` (and MIN) for MIN, as Rust's checked_abs.
+template <typename T>
+__device__ __forceinline__ T checked_abs(T a, bool* overflow) {
+    typedef typename unsigned_twin<T>::type U;
+    const T min = (T)((U)1 << (sizeof(T) * 8 - 1));
+    *overflow = a == min;
+    return a < (T)0 && !*overflow ? (T)-a : a;
+}
+
+// abs of a decimal: wrapping (abs(MIN) is MIN), as Arrow's wrapping_abs.
+__device__ __forceinline__ i128 wrapping_abs(i128 a) {
+    return a < 0 ? wrapping_neg<i128>(a) : a;
+}
+
+// abs of a float: the sign bit cleared (NaN's too), as Rust's.
+__device__ __forceinline__ f64 float_abs(f64 a) {
+    return __longlong_as_double(__double_as_longlong(a) & 0x7fffffffffffffffll);
+}
+
+__device__ __forceinline__ f32 float_abs(f32 a) {
+    return __uint_as_float(__float_as_uint(a) & 0x7fffffffu);
+}
+
+// round(x, dp) on a float as DataFusion's: (x * factor).round() / factor with factor = 10^dp,
+// rounding half away from zero. A NaN product comes back as it is, as the CPU's round and
+// division pass it through.
+template <typename F>
+__device__ __forceinline__ F round_float(F x, F factor) {
+    const F m = float_mul<F>(x, factor);
+    if (m != m) return m;
+    return float_div<F>((F)round(m), factor);
+}
+
 }  // namespace spate

@@ -10,7 +10,7 @@ use datafusion::physical_expr::expressions::{BinaryExpr, Literal};
 use super::{INT32, Lowerer, boxed};
 use crate::expr::Unsupported;
 use crate::expr::abi::ErrorBits;
-use crate::expr::ir::{Arith, Check, Cmp, Node, Op};
+use crate::expr::ir::{Arith, BitOp, Check, Cmp, Node, Op};
 use crate::expr::types::DevType;
 
 /// `(precision, scale)`.
@@ -102,6 +102,45 @@ impl Lowerer<'_> {
                         right: boxed(r),
                     },
                 ))
+            }
+            Operator::BitwiseAnd
+            | Operator::BitwiseOr
+            | Operator::BitwiseXor
+            | Operator::BitwiseShiftLeft
+            | Operator::BitwiseShiftRight => {
+                if l.ty != r.ty || !matches!(l.ty, DevType::Int { .. }) {
+                    return Err(unsupported(b, "bitwise operators on these types"));
+                }
+                let op = match op {
+                    Operator::BitwiseAnd => BitOp::And,
+                    Operator::BitwiseOr => BitOp::Or,
+                    Operator::BitwiseXor => BitOp::Xor,
+                    Operator::BitwiseShiftLeft => BitOp::ShiftLeft,
+                    _ => BitOp::ShiftRight,
+                };
+                Ok(Node::new(
+                    l.ty,
+                    Op::Bitwise {
+                        op,
+                        left: boxed(l),
+                        right: boxed(r),
+                    },
+                ))
+            }
+            // `||`: NULL when either side is. The parts of a concatenation of concatenations
+            // are flattened.
+            Operator::StringConcat => {
+                if l.ty != DevType::Str || r.ty != DevType::Str {
+                    return Err(unsupported(b, "`||` of non-strings"));
+                }
+                let mut parts = Vec::new();
+                for side in [l, r] {
+                    match side.op {
+                        Op::Concat(inner) => parts.extend(inner),
+                        _ => parts.push(side),
+                    }
+                }
+                Ok(Node::new(DevType::Str, Op::Concat(parts)))
             }
             Operator::Divide | Operator::Modulo
                 if matches!(l.ty, DevType::Dec { .. }) || matches!(r.ty, DevType::Dec { .. }) =>

@@ -12,7 +12,6 @@ use std::sync::Arc;
 
 use arrow::datatypes::{DataType, Schema};
 use datafusion::common::ScalarValue;
-use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::expressions::{
     BinaryExpr, CaseExpr, CastExpr, Column, InListExpr, IsNotNullExpr, IsNullExpr, LikeExpr,
     Literal, NegativeExpr, NotExpr,
@@ -21,8 +20,9 @@ use datafusion::physical_expr::scalar_subquery::ScalarSubqueryExpr;
 use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 
 use super::Unsupported;
+use super::abi::ErrorBits;
 use super::abi::KernelInput;
-use super::ir::{Cmp, Const, DateField, LikePattern, Node, Op};
+use super::ir::{Cast, Check, Cmp, Const, DateField, LikePattern, Node, OnFail, Op};
 use super::scalars::{RuntimeScalar, scalar_bits};
 use super::types::DevType;
 
@@ -84,6 +84,8 @@ impl<'a> Lowerer<'a> {
                 "date_part" => return self.date_part(f),
                 "character_length" | "octet_length" => return self.length(f),
                 "substr" | "substring" => return self.substr(f),
+                "abs" => return self.abs(f),
+                "round" => return self.round(f),
                 _ => {}
             }
         }
@@ -219,21 +221,14 @@ impl<'a> Lowerer<'a> {
         ))
     }
 
-    /// `CASE [x] WHEN ... THEN ... [ELSE ...] END`. `CASE x WHEN v` matches where `x = v` is
-    /// TRUE (a NULL x matches nothing), so it lowers to a searched CASE over `x = v`.
+    /// `CASE [x] WHEN ... THEN ... [ELSE ...] END`. `CASE x WHEN v` matches where Arrow's `eq`
+    /// (which DataFusion's CASE uses) finds `x` and `v` equal (a NULL x matches nothing), so it
+    /// lowers to a searched CASE over that comparison.
     fn case(&mut self, c: &CaseExpr) -> Result<Node, Unsupported> {
-        if let Some(base) = c.expr() {
-            // Floats stay on the CPU: its CASE compares them with Arrow's `eq`, not SQL's `=`.
-            let base_type = self.data_type(base.as_ref())?;
-            if matches!(
-                DevType::of(&base_type),
-                None | Some(DevType::F32 | DevType::F64)
-            ) {
-                return Err(Unsupported(format!(
-                    "`CASE <expr> WHEN ...` on {base_type} in `{c}` is not supported on the GPU yet"
-                )));
-            }
-        }
+        let base = match c.expr() {
+            Some(base) => Some(self.lower(base.as_ref())?),
+            None => None,
+        };
         let data_type = self.data_type(c)?;
         let ty = DevType::of(&data_type).ok_or_else(|| {
             Unsupported(format!(
@@ -242,13 +237,26 @@ impl<'a> Lowerer<'a> {
         })?;
         let mut branches = Vec::with_capacity(c.when_then_expr().len());
         for (when, then) in c.when_then_expr() {
-            let cond = match c.expr() {
-                Some(base) => self.binary(&BinaryExpr::new(
-                    Arc::clone(base),
-                    Operator::Eq,
-                    Arc::clone(when),
-                ))?,
-                None => self.lower(when.as_ref())?,
+            let w = self.lower(when.as_ref())?;
+            let cond = match &base {
+                Some(base) => {
+                    if !base.ty.comparable(w.ty) {
+                        return Err(Unsupported(format!(
+                            "`CASE <expr> WHEN ...` comparing {:?} with {:?} in `{c}` is not \
+                             supported on the GPU yet",
+                            base.ty, w.ty
+                        )));
+                    }
+                    Node::new(
+                        DevType::Bool,
+                        Op::Compare {
+                            cmp: Cmp::TotalEq,
+                            left: boxed(base.clone()),
+                            right: boxed(w),
+                        },
+                    )
+                }
+                None => w,
             };
             if cond.ty != DevType::Bool {
                 return Err(Unsupported(format!("a non-boolean WHEN in `{c}`")));
@@ -426,6 +434,103 @@ impl<'a> Lowerer<'a> {
                 field,
             },
         ))
+    }
+
+    /// `abs(x)` as DataFusion's: floats clear the sign bit, decimals wrap, unsigned integers
+    /// are themselves, and a signed integer's MIN fails ("overflow on abs").
+    fn abs(&mut self, f: &ScalarFunctionExpr) -> Result<Node, Unsupported> {
+        let unsupported = || Unsupported(format!("`{f}` is not supported on the GPU yet"));
+        let [arg] = f.args() else {
+            return Err(unsupported());
+        };
+        let a = self.lower(arg.as_ref())?;
+        if DevType::of(f.return_type()) != Some(a.ty) {
+            return Err(unsupported());
+        }
+        let overflow = match a.ty {
+            DevType::Int { signed: false, .. } => return Ok(a),
+            DevType::Int { bits, signed: true } => {
+                let array = format!("Int{bits}Array");
+                let min = -(1i128 << (bits - 1));
+                Some(Check {
+                    code: ErrorBits::COMPUTE,
+                    message: format!("{array} overflow on abs({min}) (on the GPU)"),
+                })
+            }
+            DevType::F32 | DevType::F64 | DevType::Dec { .. } => None,
+            _ => return Err(unsupported()),
+        };
+        Ok(Node::new(
+            a.ty,
+            Op::Abs {
+                arg: boxed(a),
+                overflow,
+            },
+        ))
+    }
+
+    /// `round(x[, dp])` with a literal `dp`, as DataFusion's: floats through
+    /// `(x * 10^dp).round() / 10^dp`; a decimal rounds half away from zero to scale `dp` (its
+    /// result type's scale) when `dp` is below its scale, else stays as it is; an integer with
+    /// `dp >= 0` stays as it is.
+    fn round(&mut self, f: &ScalarFunctionExpr) -> Result<Node, Unsupported> {
+        let unsupported = || Unsupported(format!("`{f}` is not supported on the GPU yet"));
+        let (arg, dp) = match f.args() {
+            [arg] => (arg, 0),
+            [arg, dp] => {
+                let dp = match dp.downcast_ref::<Literal>().map(Literal::value) {
+                    Some(ScalarValue::Int32(Some(v))) => i64::from(*v),
+                    Some(ScalarValue::Int64(Some(v))) => *v,
+                    _ => return Err(unsupported()),
+                };
+                (arg, i32::try_from(dp).map_err(|_| unsupported())?)
+            }
+            _ => return Err(unsupported()),
+        };
+        let a = self.lower(arg.as_ref())?;
+        let to = DevType::of(f.return_type()).ok_or_else(unsupported)?;
+        match (a.ty, to) {
+            (DevType::F32 | DevType::F64, _) if to == a.ty => Ok(Node::new(
+                to,
+                Op::RoundFloat {
+                    arg: boxed(a),
+                    factor: 10f64.powi(dp),
+                },
+            )),
+            (DevType::Int { .. }, _) if to == a.ty && dp >= 0 => Ok(a),
+            (
+                DevType::Dec {
+                    precision: p1,
+                    scale: s1,
+                },
+                DevType::Dec {
+                    precision: p2,
+                    scale: s2,
+                },
+            ) if p1 == p2 && dp >= 0 && s1 >= 0 => {
+                if i32::from(s1) <= dp {
+                    return if s2 == s1 { Ok(a) } else { Err(unsupported()) };
+                }
+                if i32::from(s2) != dp {
+                    return Err(unsupported());
+                }
+                // Fewer digits after the point, as many before (or one more, the carry, which
+                // the precision leaves room for): the rescale cannot fail.
+                Ok(Node::new(
+                    to,
+                    Op::Cast {
+                        arg: boxed(a),
+                        cast: Cast::ToDecimal {
+                            from: s1,
+                            to: s2,
+                            precision: p2,
+                        },
+                        fail: OnFail::Never,
+                    },
+                ))
+            }
+            _ => Err(unsupported()),
+        }
     }
 
     /// A comparison, after both sides were lowered.
