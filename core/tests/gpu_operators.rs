@@ -613,7 +613,22 @@ async fn calendar_fields_match_the_cpu_over_a_wide_range_of_dates() {
 }
 
 const GROUP_KEYS: &[&str] = &[
-    "", "a", "p", "s", "a, s", "dt, t", "f", "g, p", "m", "u", "b", "t * 2", "a, b, f",
+    "",
+    "a",
+    "p",
+    "s",
+    "a, s",
+    "dt, t",
+    "f",
+    "g, p",
+    "m",
+    "u",
+    "b",
+    "t * 2",
+    "a, b, f",
+    // Computed string keys.
+    "substr(s, 1, 2)",
+    "s || 'x', t",
 ];
 
 /// Every aggregate the GPU runs. The float columns hold small multiples of 1/16 (plus NaN,
@@ -624,6 +639,41 @@ const AGGREGATES: &str = "count(*), count(a), count(s), count(p), sum(a), sum(b)
 
 /// Float MIN/MAX run on the GPU only without GROUP BY (see `GpuAggregateExec`).
 const FLOAT_MIN_MAX: &str = "min(f), max(f), min(g), max(g)";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grouping_sets_match_the_cpu() {
+    const QUERIES: [&str; 6] = [
+        "SELECT a, p, sum(b), count(*), min(m) FROM t GROUP BY ROLLUP(a, p)",
+        "SELECT s, t, count(a), avg(f) FROM t GROUP BY CUBE(s, t)",
+        "SELECT a, p, dt, sum(m) FROM t GROUP BY GROUPING SETS ((a), (p, dt), ())",
+        "SELECT a, count(*) FROM t GROUP BY GROUPING SETS ((a), (a), ())",
+        "SELECT a, p, grouping(a), grouping(p), sum(b) FROM t GROUP BY ROLLUP(a, p)",
+        "SELECT substr(s, 1, 1) AS k, t, max(a) FROM t GROUP BY ROLLUP(substr(s, 1, 1), t)",
+    ];
+    for (seed, rows_in_table, batch_size, partitions) in [
+        (41u64, 2000usize, 8192usize, 2usize),
+        (42, 300, 7, 1),
+        (43, 0, 8192, 2),
+    ] {
+        let data = table(rows_in_table, seed);
+        let gpu = engine_with(Backend::Emulated, batch_size, partitions);
+        let cpu = engine_with(Backend::Cpu, batch_size, partitions);
+        gpu.register_batches("t", data.clone()).unwrap();
+        cpu.register_batches("t", data).unwrap();
+        for sql in QUERIES {
+            let want = rows(&cpu.collect(sql).await.unwrap());
+            let got = rows(
+                &gpu.collect(sql)
+                    .await
+                    .unwrap_or_else(|e| panic!("{sql} seed={seed}: {e}")),
+            );
+            assert_eq!(got, want, "{sql} seed={seed} rows={rows_in_table}");
+            let plan = explain(&gpu, sql).await;
+            assert!(plan.contains("GpuAggregateExec"), "{plan}");
+            assert!(!plan.contains("  AggregateExec"), "{sql}: {plan}");
+        }
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aggregations_match_the_cpu() {

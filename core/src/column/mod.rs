@@ -171,6 +171,45 @@ impl DeviceColumn {
         column
     }
 
+    /// `len` NULLs of `data_type` (zeroed values, an all-zero validity bitmap).
+    pub fn nulls(stream: &spate_kernels::Stream, data_type: &DataType, len: usize) -> Result<Self> {
+        let bitmap = |len: usize| spate_kernels::gather::bitmap_bytes(len).max(4);
+        let values = match device_layout(data_type) {
+            Some(Layout::Fixed(width)) => DeviceValues::Fixed {
+                bytes: DeviceBytes::new(stream.alloc_zeroed::<u8>((len * width).max(16))?),
+                width,
+            },
+            Some(Layout::Bits) => DeviceValues::Bits {
+                bytes: DeviceBytes::new(stream.alloc_zeroed::<u8>(bitmap(len))?),
+                offset: 0,
+            },
+            Some(Layout::Strings) => DeviceValues::Utf8 {
+                offsets: DeviceBytes::new(stream.alloc_zeroed::<u8>((len + 1) * 4)?),
+                bytes: DeviceBytes::new(stream.alloc::<u8>(0)?),
+            },
+            Some(Layout::LargeStrings) => DeviceValues::LargeUtf8 {
+                offsets: DeviceBytes::new(stream.alloc_zeroed::<u8>((len + 1) * 8)?),
+                bytes: DeviceBytes::new(stream.alloc::<u8>(0)?),
+            },
+            None => {
+                return Err(SpateError::Internal {
+                    message: format!("no device layout for a column of NULL {data_type}"),
+                });
+            }
+        };
+        let validity = DeviceValidity {
+            bytes: DeviceBytes::new(stream.alloc_zeroed::<u8>(bitmap(len))?),
+            offset: 0,
+        };
+        Ok(DeviceColumn::new(
+            data_type.clone(),
+            len,
+            len,
+            Some(validity),
+            values,
+        ))
+    }
+
     /// A column from its parts whose null rows have not been counted: the bitmap's count stays
     /// on the device until something needs it ([`DeviceColumn::count_nulls`]), which saves a
     /// readback per column for every gather. `validity` is `None` when no row is null.

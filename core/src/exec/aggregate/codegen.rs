@@ -120,6 +120,9 @@ pub(super) struct AggSpec {
     pub(super) slots: Vec<Slot>,
     /// The aggregate output columns (after the keys) and their device types.
     pub(super) outputs: Vec<(Out, DevType)>,
+    /// GROUPING SETS / ROLLUP / CUBE: per set, the keys it leaves NULL (bit `k` for key `k`)
+    /// and its `__grouping_id`, the last of `keys`. Empty for a plain GROUP BY.
+    pub(super) sets: Vec<(u64, u64)>,
 }
 
 /// The generated program.
@@ -374,6 +377,39 @@ fn finish_value(spec: &AggSpec, lay: &Layout, out: &Out, ty: DevType) -> (String
     }
 }
 
+/// `expand(u64 n, u32* rows, u32* key_rows, ID* ids)` for grouping sets: output row
+/// `o = set * n + r` reads input row `r` (`rows[o]`), key `k` of it or NULL when the set leaves
+/// key `k` out (`key_rows[k * n * sets + o]`, `SPATE_NULL_INDEX` for NULL), and its set's
+/// `__grouping_id` (`ids[o]`). `None` without grouping sets.
+fn expand_kernel(spec: &AggSpec) -> Option<String> {
+    let (&id_ty, keys) = spec.keys.split_last()?;
+    if spec.sets.is_empty() {
+        return None;
+    }
+    let mut cases = String::new();
+    for (s, (mask, id)) in spec.sets.iter().enumerate() {
+        let _ = write!(cases, "case {s}: mask = {mask}ull; id = {id}ull; break; ");
+    }
+    let (sets, nkeys, id_c) = (spec.sets.len(), keys.len(), id_ty.c_type());
+    Some(format!(
+        r#"extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_expand(u64 n, u32* rows, u32* key_rows, {id_c}* ids) {{
+    const u64 total = n * {sets}ull;
+    for (u64 o = spate::global_thread_index(); o < total; o += spate::grid_stride()) {{
+        const u64 s = o / n;
+        const u32 r = (u32)(o - s * n);
+        u64 mask = 0ull, id = 0ull;
+        switch (s) {{ {cases}default: break; }}
+        rows[o] = r;
+        for (u64 k = 0; k < {nkeys}ull; ++k) key_rows[k * total + o] = ((mask >> k) & 1ull) ? SPATE_NULL_INDEX : r;
+        ids[o] = ({id_c})id;
+    }}
+}}
+SPATE_EXPORT(ENTRY_expand)
+
+"#
+    ))
+}
+
 /// Helpers of the aggregation kernels, ahead of them in the program.
 const AGG_HELPERS: &str = r#"
 // A wrapping 128-bit atomic add as two 64-bit ones: the low word's carry goes to the high word.
@@ -505,6 +541,10 @@ SPATE_EXPORT(ENTRY_finish)
     if let Some(wide) = wide_kernel(spec, &lay, &args) {
         body.push_str(&wide);
         names.push("wide".into());
+    }
+    if let Some(expand) = expand_kernel(spec) {
+        body.push_str(&expand);
+        names.push("expand".into());
     }
     for (j, slot) in spec.slots.iter().enumerate() {
         let (SlotKind::CountDistinct, Some(a)) = (slot.kind, slot.arg) else {

@@ -126,11 +126,6 @@ impl Operands<'_> {
         if let Some(c) = expr.downcast_ref::<Column>() {
             return Ok((Operand::Input(c.index()), ty));
         }
-        if ty == DevType::Str {
-            return Err(Unsupported(format!(
-                "`{expr}` computes a string, which GPU expressions do not produce yet"
-            )));
-        }
         if let Some(k) = self.computed.iter().position(|e| e == expr) {
             return Ok((Operand::Computed(k), ty));
         }
@@ -147,13 +142,62 @@ fn dev_type(data_type: &DataType, what: &str) -> std::result::Result<DevType, Un
     })
 }
 
+/// Per grouping set, the keys it leaves NULL (bit `k` for key `k`) and its `__grouping_id`,
+/// and that column's type, as DataFusion computes them (`group_id_array`): the low bits are the
+/// NULL keys with the first key as the most significant, the high bits the set's ordinal among
+/// the sets with the same pattern; the type is the smallest unsigned integer that holds both.
+fn grouping_sets(
+    groups: &[Vec<bool>],
+) -> std::result::Result<(Vec<(u64, u64)>, DataType), Unsupported> {
+    let n = groups.first().map_or(0, Vec::len);
+    let mut ordinals: Vec<(&[bool], u64)> = Vec::new();
+    let mut sets = Vec::with_capacity(groups.len());
+    for group in groups {
+        let ordinal = match ordinals.iter_mut().find(|(g, _)| *g == group.as_slice()) {
+            Some((_, next)) => {
+                *next += 1;
+                *next
+            }
+            None => {
+                ordinals.push((group, 0));
+                0
+            }
+        };
+        let mask = group
+            .iter()
+            .enumerate()
+            .fold(0u64, |m, (k, &null)| m | (u64::from(null) << k));
+        let semantic = group
+            .iter()
+            .fold(0u64, |acc, &null| (acc << 1) | u64::from(null));
+        sets.push((mask, semantic | ordinal.checked_shl(n as u32).unwrap_or(0)));
+    }
+    let max_ordinal = ordinals.iter().map(|(_, o)| *o).max().unwrap_or(0);
+    let total_bits = n + (64 - max_ordinal.leading_zeros() as usize);
+    if n > 64 || total_bits > 64 {
+        return Err(Unsupported(format!(
+            "grouping sets over {n} columns do not run on the GPU"
+        )));
+    }
+    let id_type = match total_bits {
+        0..=8 => DataType::UInt8,
+        9..=16 => DataType::UInt16,
+        17..=32 => DataType::UInt32,
+        _ => DataType::UInt64,
+    };
+    Ok((sets, id_type))
+}
+
 fn analyze(agg: &AggregateExec) -> std::result::Result<AggPlan, Unsupported> {
     let input_schema = agg.input().schema();
     check_input_types(&input_schema)?;
     let group = agg.group_expr();
-    if !group.is_single() {
+    let raw = agg.mode().input_mode() == AggregateInputMode::Raw;
+    if !group.is_single() && !raw {
         return Err(Unsupported(
-            "grouping sets (ROLLUP, CUBE, GROUPING SETS) do not run on the GPU yet".into(),
+            "grouping sets (ROLLUP, CUBE, GROUPING SETS) run on the GPU only in the first \
+             aggregation phase"
+                .into(),
         ));
     }
     if agg.limit_options().is_some() {
@@ -181,7 +225,6 @@ fn analyze(agg: &AggregateExec) -> std::result::Result<AggPlan, Unsupported> {
             "aggregate FILTER (WHERE {f}) does not run on the GPU yet"
         )));
     }
-    let raw = agg.mode().input_mode() == AggregateInputMode::Raw;
     let partial_out = agg.mode().output_mode() == AggregateOutputMode::Partial;
     let first_phase_schema = agg.input_schema();
 
@@ -196,6 +239,13 @@ fn analyze(agg: &AggregateExec) -> std::result::Result<AggPlan, Unsupported> {
         keys.push(operand);
         key_types.push(ty);
     }
+    let sets = if group.is_single() {
+        Vec::new()
+    } else {
+        let (sets, id_type) = grouping_sets(group.groups())?;
+        key_types.push(dev_type(&id_type, "`__grouping_id`")?);
+        sets
+    };
 
     let mut args: Vec<Operand> = Vec::new();
     let mut arg_types: Vec<DevType> = Vec::new();
@@ -426,14 +476,23 @@ fn analyze(agg: &AggregateExec) -> std::result::Result<AggPlan, Unsupported> {
 
     // The output schema must be exactly keys + these outputs.
     let schema = agg.schema();
-    if schema.fields().len() != keys.len() + outputs.len() {
+    if schema.fields().len() != key_types.len() + outputs.len() {
         return Err(Unsupported(format!(
             "its output has {} columns; the GPU plan makes {}",
             schema.fields().len(),
-            keys.len() + outputs.len()
+            key_types.len() + outputs.len()
         )));
     }
-    for (field, (_, ty)) in schema.fields()[keys.len()..].iter().zip(&outputs) {
+    for (field, ty) in schema.fields().iter().zip(&key_types) {
+        if DevType::of(field.data_type()) != Some(*ty) {
+            return Err(Unsupported(format!(
+                "group key `{}` is {}, which the GPU plan does not produce",
+                field.name(),
+                field.data_type()
+            )));
+        }
+    }
+    for (field, (_, ty)) in schema.fields()[key_types.len()..].iter().zip(&outputs) {
         if DevType::of(field.data_type()) != Some(*ty) {
             return Err(Unsupported(format!(
                 "output `{}` is {}, which the GPU plan does not produce",
@@ -454,6 +513,7 @@ fn analyze(agg: &AggregateExec) -> std::result::Result<AggPlan, Unsupported> {
         args: arg_types,
         slots,
         outputs,
+        sets,
     };
     let program = codegen::generate(&spec, &format!("{:?} aggregate", agg.mode()));
     Ok(AggPlan {
@@ -592,6 +652,18 @@ fn aggregate_batch(
     };
     let keys: Vec<DeviceColumn> = plan.keys.iter().map(pick).collect();
     let args: Vec<DeviceColumn> = plan.args.iter().map(pick).collect();
+    // Grouping sets: every row once per set, with the set's keys NULL and its id.
+    let (keys, args, n) = if plan.spec.sets.is_empty() {
+        (keys, args, n)
+    } else {
+        expand_sets(stream, kernels, plan, keys, args, n)?
+    };
+    let rows = RowCount::Host(n);
+    let row_count = if plan.spec.sets.is_empty() {
+        batch.row_count()
+    } else {
+        &rows
+    };
 
     let (gid, reps, groups) = if keys.is_empty() {
         (None, None, 1)
@@ -602,14 +674,7 @@ fn aggregate_batch(
 
     let acc = Accumulators::new(stream, plan, groups)?;
     if groups > 0 {
-        acc.update(
-            stream,
-            kernels,
-            &args,
-            batch.row_count(),
-            gid.as_ref(),
-            groups,
-        )?;
+        acc.update(stream, kernels, &args, row_count, gid.as_ref(), groups)?;
     }
     let Accumulators { acc, seen } = acc;
     for (j, slot) in plan.spec.slots.iter().enumerate() {
@@ -681,6 +746,129 @@ fn aggregate_batch(
     DeviceBatch::try_new(Arc::clone(schema), columns, groups)
 }
 
+/// The key and argument columns of `n` rows expanded for grouping sets: `n * sets` rows, set
+/// by set, each set's left-out keys NULL, and its `__grouping_id` as one more key.
+fn expand_sets(
+    stream: &DeviceStream,
+    kernels: &Kernels,
+    plan: &AggPlan,
+    keys: Vec<DeviceColumn>,
+    args: Vec<DeviceColumn>,
+    n: usize,
+) -> Result<(Vec<DeviceColumn>, Vec<DeviceColumn>, usize)> {
+    let total = n * plan.spec.sets.len();
+    if total >= u32::MAX as usize {
+        return Err(SpateError::Unsupported {
+            message: format!(
+                "a GPU aggregation over grouping sets of {total} rows (the limit is 2^32 - 2)"
+            ),
+        });
+    }
+    let id_type = match plan.spec.keys.last() {
+        Some(DevType::Int { bits, .. }) => match bits {
+            8 => DataType::UInt8,
+            16 => DataType::UInt16,
+            32 => DataType::UInt32,
+            _ => DataType::UInt64,
+        },
+        _ => {
+            return Err(SpateError::Internal {
+                message: "grouping sets without an integer `__grouping_id` key".into(),
+            });
+        }
+    };
+    let width = id_type.primitive_width().unwrap_or(8);
+    let rows = stream.alloc::<u32>(total.max(1))?;
+    let key_rows = stream.alloc::<u32>((total * keys.len()).max(1))?;
+    let ids = stream.alloc::<u8>((total * width).max(16))?;
+    launch(
+        stream,
+        kernels.get("expand")?,
+        total,
+        &[
+            KernelArg::U64(n as u64),
+            (&rows).into(),
+            (&key_rows).into(),
+            (&ids).into(),
+        ],
+    )?;
+    let mut gathers = Vec::with_capacity(keys.len() + args.len());
+    for (k, key) in keys.iter().enumerate() {
+        let indices = key_rows.slice(k * total..(k + 1) * total)?;
+        gathers.push(Gather::rows_or_null(key, indices));
+    }
+    let indices = rows.slice(..total)?;
+    gathers.extend(args.iter().map(|a| Gather::rows(a, indices)));
+    let mut columns = gather_columns(stream, &gathers)?;
+    let expanded_args = columns.split_off(keys.len());
+    columns.push(DeviceColumn::new(
+        id_type,
+        total,
+        0,
+        None,
+        DeviceValues::Fixed {
+            bytes: DeviceBytes::new(ids),
+            width,
+        },
+    ));
+    Ok((columns, expanded_args, total))
+}
+
+/// The groups a partition that saw no rows still produces, as DataFusion's: one per grouping
+/// set that leaves every key NULL (its "grand total"), with the accumulators' values over no
+/// rows (COUNT 0, SUM NULL). `None` without such a set.
+fn empty_sets_batch(
+    stream: &DeviceStream,
+    kernels: &Kernels,
+    plan: &AggPlan,
+    schema: &SchemaRef,
+) -> Result<Option<DeviceBatch>> {
+    let keys = plan.keys.len();
+    let all = if keys >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << keys) - 1
+    };
+    let ids: Vec<u64> = plan
+        .spec
+        .sets
+        .iter()
+        .filter(|(mask, _)| *mask == all)
+        .map(|(_, id)| *id)
+        .collect();
+    if ids.is_empty() {
+        return Ok(None);
+    }
+    let m = ids.len();
+    let mut columns = Vec::with_capacity(schema.fields().len());
+    for field in &schema.fields()[..keys] {
+        columns.push(DeviceColumn::nulls(stream, field.data_type(), m)?);
+    }
+    // The ids, `width` little-endian bytes each: a few bytes cross the bus.
+    let id_field = schema.field(keys);
+    let width = id_field.data_type().primitive_width().unwrap_or(8);
+    let mut padded: Vec<u8> = ids
+        .iter()
+        .flat_map(|id| id.to_le_bytes()[..width].to_vec())
+        .collect();
+    padded.resize(padded.len().max(16), 0);
+    columns.push(DeviceColumn::new(
+        id_field.data_type().clone(),
+        m,
+        0,
+        None,
+        DeviceValues::Fixed {
+            bytes: DeviceBytes::new(stream.from_host(&padded)?),
+            width,
+        },
+    ));
+    let acc = Accumulators::new(stream, plan, m)?;
+    columns.extend(finish_outputs(
+        stream, kernels, plan, schema, m, &acc.acc, &acc.seen,
+    )?);
+    Ok(Some(DeviceBatch::try_new(Arc::clone(schema), columns, m)?))
+}
+
 /// The accumulators of an aggregation: `acc` words and `seen` flags for `groups` groups,
 /// zeroed (see `codegen`'s module docs).
 struct Accumulators {
@@ -750,7 +938,7 @@ fn finish_outputs(
     let mut outputs = Vec::with_capacity(plan.spec.outputs.len());
     let mut a = vec![KernelArg::U64(groups as u64), acc.into(), seen.into()];
     for (j, (_, ty)) in plan.spec.outputs.iter().enumerate() {
-        let field = schema.field(plan.keys.len() + j);
+        let field = schema.field(plan.spec.keys.len() + j);
         let width = match ty {
             DevType::Int { bits, .. } => usize::from(*bits) / 8,
             DevType::F32 => 4,
@@ -921,6 +1109,12 @@ impl GpuExec for GpuAggregateExec {
             None => Ok(out),
         };
         if plan.per_batch {
+            // Whether any group came out: a partition that saw no rows still produces the
+            // groups of its empty grouping sets, at the end.
+            let produced = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let (seen, last) = (Arc::clone(&produced), Arc::clone(&stream));
+            let (last_kernels, last_plan, last_schema) =
+                (Arc::clone(&kernels), Arc::clone(&plan), schema.clone());
             let out = input.map(move |batch| {
                 let batch = batch?;
                 let _timer = baseline.elapsed_compute().timer();
@@ -928,10 +1122,21 @@ impl GpuExec for GpuAggregateExec {
                     aggregate_batch(&stream, &kernels, &plan, &schema, &batch).map_err(to_df)?;
                 let out = ordered(&stream, out).map_err(to_df)?;
                 baseline.record_output(out.bound());
+                if out.bound() > 0 {
+                    seen.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
                 Ok(out)
             });
+            let empty_sets = futures::stream::once(async move {
+                if produced.load(std::sync::atomic::Ordering::Relaxed) {
+                    return Ok(None);
+                }
+                empty_sets_batch(&last, &last_kernels, &last_plan, &last_schema).map_err(to_df)
+            })
+            .filter_map(|b: DFResult<Option<DeviceBatch>>| futures::future::ready(b.transpose()));
             return Ok(Box::pin(
-                out.try_filter(|b| futures::future::ready(b.bound() > 0)),
+                out.chain(empty_sets)
+                    .try_filter(|b| futures::future::ready(b.bound() > 0)),
             ));
         }
         let input_schema = self.cpu.input().schema();
@@ -940,6 +1145,12 @@ impl GpuExec for GpuAggregateExec {
             let _timer = baseline.elapsed_compute().timer();
             let all = concat_device_batches(&stream, &input_schema, batches).map_err(to_df)?;
             let out = aggregate_batch(&stream, &kernels, &plan, &schema, &all).map_err(to_df)?;
+            let out = match out.bound() {
+                0 => empty_sets_batch(&stream, &kernels, &plan, &schema)
+                    .map_err(to_df)?
+                    .unwrap_or(out),
+                _ => out,
+            };
             let out = ordered(&stream, out).map_err(to_df)?;
             baseline.record_output(out.bound());
             Ok(out)
