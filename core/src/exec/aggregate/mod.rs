@@ -1114,7 +1114,7 @@ impl GpuExec for GpuAggregateExec {
             let produced = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let (seen, last) = (Arc::clone(&produced), Arc::clone(&stream));
             let (last_kernels, last_plan, last_schema) =
-                (Arc::clone(&kernels), Arc::clone(&plan), schema.clone());
+                (Arc::clone(&kernels), Arc::clone(&plan), Arc::clone(&schema));
             let out = input.map(move |batch| {
                 let batch = batch?;
                 let _timer = baseline.elapsed_compute().timer();
