@@ -641,6 +641,58 @@ const AGGREGATES: &str = "count(*), count(a), count(s), count(p), sum(a), sum(b)
 const FLOAT_MIN_MAX: &str = "min(f), max(f), min(g), max(g)";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn variance_and_stddev_match_the_cpu() {
+    // The GPU computes m2 in two passes, DataFusion by Welford's updates: equal up to
+    // rounding, so floats compare within 1e-9 relative.
+    const QUERIES: [&str; 4] = [
+        "SELECT a, stddev(g), var(m), stddev_pop(t), var_pop(u), count(*) FROM t GROUP BY a",
+        "SELECT stddev(a), var_pop(m), var(b) FROM t",
+        "SELECT p, stddev(f), var_samp(a) FROM t WHERE a > 0 GROUP BY p",
+        "SELECT s, stddev_samp(a), var_pop(a) FROM t GROUP BY s",
+    ];
+    for (seed, rows_in_table, batch_size, partitions) in [
+        (51u64, 3000usize, 8192usize, 2usize),
+        (52, 400, 7, 2),
+        (53, 1, 8192, 1),
+        (54, 0, 8192, 2),
+    ] {
+        let data = table(rows_in_table, seed);
+        let gpu = engine_with(Backend::Emulated, batch_size, partitions);
+        let cpu = engine_with(Backend::Cpu, batch_size, partitions);
+        gpu.register_batches("t", data.clone()).unwrap();
+        cpu.register_batches("t", data).unwrap();
+        for sql in QUERIES {
+            let want = rows(&cpu.collect(sql).await.unwrap());
+            let got = rows(
+                &gpu.collect(sql)
+                    .await
+                    .unwrap_or_else(|e| panic!("{sql} seed={seed}: {e}")),
+            );
+            assert_eq!(got.len(), want.len(), "{sql} seed={seed}");
+            for (g, w) in got.iter().zip(&want) {
+                assert!(cells_close(g, w), "{sql} seed={seed}: {g} vs {w}");
+            }
+            let plan = explain(&gpu, sql).await;
+            assert!(plan.contains("GpuAggregateExec"), "{plan}");
+            assert!(!plan.contains("  AggregateExec"), "{sql}: {plan}");
+        }
+    }
+}
+
+/// Whether two rows (`|`-separated cells) are equal, floats within 1e-9 relative.
+fn cells_close(a: &str, b: &str) -> bool {
+    let (a, b): (Vec<&str>, Vec<&str>) = (a.split('|').collect(), b.split('|').collect());
+    a.len() == b.len()
+        && a.iter().zip(&b).all(|(x, y)| {
+            x == y
+                || match (x.parse::<f64>(), y.parse::<f64>()) {
+                    (Ok(x), Ok(y)) => (x - y).abs() <= 1e-9 * x.abs().max(y.abs()),
+                    _ => false,
+                }
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grouping_sets_match_the_cpu() {
     const QUERIES: [&str; 6] = [
         "SELECT a, p, sum(b), count(*), min(m) FROM t GROUP BY ROLLUP(a, p)",

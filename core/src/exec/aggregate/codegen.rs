@@ -37,11 +37,18 @@
 //! integer sums and counts add as wrapping `u64` (as DataFusion's `add_wrapping`), float sums as
 //! `double`, decimal sums as two words (low, high) with the carry added to the high word, and
 //! MIN/MAX as an order-preserving `u64` key (MIN stores the key's complement), so both are one
-//! `atomicMax`. MIN/MAX of a Decimal128 above 18 digits take two words and two passes, which
-//! are exact without a 128-bit atomic: `update` takes the `atomicMax` of the high 64 bits'
-//! order key, then `wide(args…, const u32* live, u64 n, const u32* gid, u64 groups, u64* acc)`
-//! takes the
-//! `atomicMax` of the low 64 bits (unsigned) over the rows whose high key equals the winner.
+//! `atomicMax`. Some slots need a second pass over the rows once `update` has finished,
+//! `second(args…, const u32* live, u64 n, const u32* gid, u64 groups, u64* acc)`:
+//! - MIN/MAX of a Decimal128 above 18 digits take two words, which is exact without a 128-bit
+//!   atomic: `update` takes the `atomicMax` of the high 64 bits' order key, then `second` takes
+//!   the `atomicMax` of the low 64 bits (unsigned) over the rows whose high key equals the
+//!   winner;
+//! - variance and standard deviation keep DataFusion's state (count, mean, m2): `update` counts
+//!   and sums, then `second` adds each row's squared distance from its group's mean to m2 (the
+//!   two-pass algorithm, as exact as DataFusion's Welford updates up to rounding); merging
+//!   states, `update` adds the counts and `count * mean`, and `second` adds each state's
+//!   `m2 + count * (mean - group mean)^2`.
+//!
 //! `seen[slot * groups + g]` is set once a non-null value reached the slot.
 
 use std::fmt::Write as _;
@@ -78,6 +85,19 @@ pub(super) enum SlotKind {
     /// Distinct non-null values per group (COUNT(DISTINCT)): counted by `dcount` from a second
     /// hash table over (group keys, value), not by `update`.
     CountDistinct,
+    /// The sum of squared distances from the group's mean (variance's m2), a `double` added by
+    /// `second` from slots `count` (the non-null rows) and `sum` (their sum).
+    M2 { count: usize, sum: usize },
+    /// m2 of merged variance states: `second` adds each state's `m2 + n * (mean - group
+    /// mean)^2`, the state's count being the slot's argument and its mean and m2 the arguments
+    /// `mean` and `m2`; the group's mean is slot `sum` (the sum of `n * mean`) over slot
+    /// `count`.
+    M2Merge {
+        count: usize,
+        sum: usize,
+        mean: usize,
+        m2: usize,
+    },
 }
 
 impl SlotKind {
@@ -107,6 +127,16 @@ pub(super) enum Out {
     /// `sum * 10^shift / count` truncated toward zero (DataFusion's `DecimalAverager`); NULL
     /// when the count is 0.
     AvgDec { count: usize, sum: usize, shift: i8 },
+    /// `sum / count` as `double`, 0.0 when the count is 0 (a variance state's mean).
+    Mean { count: usize, sum: usize },
+    /// `m2 / (count - 1)` (`sample`) or `m2 / count`, its square root when `sqrt`; NULL without
+    /// enough rows (a sample needs two, a population one), as DataFusion's.
+    Variance {
+        count: usize,
+        m2: usize,
+        sample: bool,
+        sqrt: bool,
+    },
 }
 
 /// What the generated program computes.
@@ -190,7 +220,10 @@ fn update_row(spec: &AggSpec, lay: &Layout, acc: &str, seen: &str, stride: &str)
         let w = lay.base[j];
         let word = |x: usize| format!("{acc}[{} * {stride} + g]", w + x);
         let mark = format!("if (!{seen}[{j} * {stride} + g]) {seen}[{j} * {stride} + g] = 1u;");
-        if slot.kind == SlotKind::CountDistinct {
+        if matches!(
+            slot.kind,
+            SlotKind::CountDistinct | SlotKind::M2 { .. } | SlotKind::M2Merge { .. }
+        ) {
             continue;
         }
         let Some(a) = slot.arg else {
@@ -230,7 +263,7 @@ fn update_row(spec: &AggSpec, lay: &Layout, acc: &str, seen: &str, stride: &str)
             SlotKind::Min => format!("atomicMax(&{}, ~{}); {mark}", word(0), order_key(ty)),
             SlotKind::MaxWide => format!("atomicMax(&{}, {HIGH_KEY}); {mark}", word(0)),
             SlotKind::MinWide => format!("atomicMax(&{}, ~{HIGH_KEY}); {mark}", word(0)),
-            SlotKind::CountDistinct => continue,
+            SlotKind::CountDistinct | SlotKind::M2 { .. } | SlotKind::M2Merge { .. } => continue,
         };
         let _ = writeln!(
             code,
@@ -240,32 +273,64 @@ fn update_row(spec: &AggSpec, lay: &Layout, acc: &str, seen: &str, stride: &str)
     code
 }
 
-/// The `wide` kernel (see the module docs), when a slot is a wide MIN/MAX.
-fn wide_kernel(spec: &AggSpec, lay: &Layout, args: &str) -> Option<String> {
+/// The `second` kernel (see the module docs), when a slot needs a second pass.
+fn second_kernel(spec: &AggSpec, lay: &Layout, args: &str) -> Option<String> {
     let mut rows = String::new();
+    let word = |slot: usize| format!("acc[{} * groups + g]", lay.base[slot]);
+    let group_mean = |count: usize, sum: usize| {
+        format!(
+            "__longlong_as_double((i64){}) / (f64){}",
+            word(sum),
+            word(count)
+        )
+    };
     for (j, slot) in spec.slots.iter().enumerate() {
-        let (hi, lo) = match slot.kind {
-            SlotKind::MaxWide => (HIGH_KEY.to_string(), "(u64)v".to_string()),
-            SlotKind::MinWide => (format!("~{HIGH_KEY}"), "~(u64)v".to_string()),
+        let Some(a) = slot.arg else {
+            continue;
+        };
+        let w = lay.base[j];
+        let row = match slot.kind {
+            SlotKind::MaxWide | SlotKind::MinWide => {
+                let (hi, lo) = match slot.kind {
+                    SlotKind::MaxWide => (HIGH_KEY.to_string(), "(u64)v".to_string()),
+                    _ => (format!("~{HIGH_KEY}"), "~(u64)v".to_string()),
+                };
+                format!(
+                    "const i128 v = ((const i128*)ad{a})[i]; if ({hi} == acc[{w} * groups + g]) atomicMax(&acc[{} * groups + g], {lo});",
+                    w + 1
+                )
+            }
+            SlotKind::M2 { count, sum } => format!(
+                "const f64 d = ((const f64*)ad{a})[i] - ({}); atomicAdd((f64*)&{}, d * d);",
+                group_mean(count, sum),
+                word(j)
+            ),
+            SlotKind::M2Merge {
+                count,
+                sum,
+                mean,
+                m2,
+            } => format!(
+                "const u64 c = ((const u64*)ad{a})[i]; if (c != 0ull) {{ const f64 d = ((const f64*)ad{mean})[i] - ({}); atomicAdd((f64*)&{}, ((const f64*)ad{m2})[i] + (f64)c * d * d); }}",
+                group_mean(count, sum),
+                word(j)
+            ),
             _ => continue,
         };
-        let a = slot.arg?;
-        let w = lay.base[j];
         let _ = writeln!(
             rows,
-            "        if (spate::row_is_valid(av{a}, ao{a}, i)) {{ const i128 v = ((const i128*)ad{a})[i]; if ({hi} == acc[{w} * groups + g]) atomicMax(&acc[{} * groups + g], {lo}); }}",
-            w + 1
+            "        if (spate::row_is_valid(av{a}, ao{a}, i)) {{ {row} }}"
         );
     }
     (!rows.is_empty()).then(|| {
         format!(
-            r#"extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_wide({args}const u32* live, u64 n, const u32* gid, u64 groups, u64* acc) {{
+            r#"extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_second({args}const u32* live, u64 n, const u32* gid, u64 groups, u64* acc) {{
     const u64 m = spate::live_rows(live, n);
     for (u64 i = spate::global_thread_index(); i < m; i += spate::grid_stride()) {{
         const u64 g = gid != nullptr ? (u64)gid[i] : 0ull;
 {rows}    }}
 }}
-SPATE_EXPORT(ENTRY_wide)
+SPATE_EXPORT(ENTRY_second)
 
 "#
         )
@@ -283,7 +348,7 @@ fn flush_shared(spec: &AggSpec, lay: &Layout) -> String {
         let seen = format!("sseen[{j} * {small} + t]");
         let mark = format!("seen[{j} * groups + t] = 1u;");
         let body = match slot.kind {
-            SlotKind::CountDistinct => continue,
+            SlotKind::CountDistinct | SlotKind::M2 { .. } | SlotKind::M2Merge { .. } => continue,
             SlotKind::Count { .. } => {
                 format!("if ({} != 0) atomicAdd(&{}, {});", sh(0), gl(0), sh(0))
             }
@@ -302,7 +367,7 @@ fn flush_shared(spec: &AggSpec, lay: &Layout) -> String {
                 sh(1),
                 sh(0)
             ),
-            // The wide kinds' low words are folded by `wide`, straight into `acc`.
+            // The wide kinds' low words are folded by `second`, straight into `acc`.
             SlotKind::Min | SlotKind::Max | SlotKind::MinWide | SlotKind::MaxWide => {
                 format!("if ({seen}) {{ atomicMax(&{}, {}); {mark} }}", gl(0), sh(0))
             }
@@ -324,6 +389,10 @@ fn finish_value(spec: &AggSpec, lay: &Layout, out: &Out, ty: DevType) -> (String
             SlotKind::Count { .. } | SlotKind::CountDistinct => {
                 (format!("({})({})", ty.c_type(), word(j, 0)), "true".into())
             }
+            SlotKind::M2 { .. } | SlotKind::M2Merge { .. } => (
+                format!("__longlong_as_double((i64){})", word(j, 0)),
+                "true".into(),
+            ),
             SlotKind::SumInt => (format!("({})({})", ty.c_type(), word(j, 0)), seen(j)),
             SlotKind::SumF64 => (
                 format!("__longlong_as_double((i64){})", word(j, 0)),
@@ -364,6 +433,37 @@ fn finish_value(spec: &AggSpec, lay: &Layout, out: &Out, ty: DevType) -> (String
             ),
             format!("({} != 0ull)", word(count, 0)),
         ),
+        Out::Mean { count, sum } => (
+            format!(
+                "({c} != 0ull ? __longlong_as_double((i64){s}) / (f64){c} : 0.0)",
+                c = word(count, 0),
+                s = word(sum, 0)
+            ),
+            "true".into(),
+        ),
+        Out::Variance {
+            count,
+            m2,
+            sample,
+            sqrt,
+        } => {
+            let c = word(count, 0);
+            let (divisor, least) = if sample {
+                (format!("(f64)({c} - 1ull)"), 2)
+            } else {
+                (format!("(f64){c}"), 1)
+            };
+            let variance = format!("(__longlong_as_double((i64){}) / {divisor})", word(m2, 0));
+            let value = if sqrt {
+                format!("sqrt({variance})")
+            } else {
+                variance
+            };
+            (
+                format!("({c} >= {least}ull ? {value} : 0.0)"),
+                format!("({c} >= {least}ull)"),
+            )
+        }
         Out::AvgDec { count, sum, shift } => (
             format!(
                 "({c} != 0ull ? ((i128)(((u128i){hi} << 64) | (u128i){lo}) * (i128){mul}ull) / (i128){c} : (i128)0)",
@@ -538,9 +638,9 @@ SPATE_EXPORT(ENTRY_finish)
     .iter()
     .map(|n| n.to_string())
     .collect();
-    if let Some(wide) = wide_kernel(spec, &lay, &args) {
-        body.push_str(&wide);
-        names.push("wide".into());
+    if let Some(second) = second_kernel(spec, &lay, &args) {
+        body.push_str(&second);
+        names.push("second".into());
     }
     if let Some(expand) = expand_kernel(spec) {
         body.push_str(&expand);

@@ -43,8 +43,9 @@ use arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::Result as DFResult;
 use datafusion::execution::TaskContext;
+use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_expr::expressions::{Column, Literal};
+use datafusion::physical_expr::expressions::{BinaryExpr, CastExpr, Column, Literal};
 use datafusion::physical_plan::aggregates::{
     AggregateExec, AggregateInputMode, AggregateMode, AggregateOutputMode,
 };
@@ -283,7 +284,12 @@ fn analyze(agg: &AggregateExec) -> std::result::Result<AggPlan, Unsupported> {
             .data_type(&first_phase_schema)
             .map_err(|e| Unsupported(format!("`{label}`: {e}")))?;
         let arg_ty = dev_type(&arg_type, &format!("the argument of `{label}`"))?;
-        let expected_states = if name == "avg" { 2 } else { 1 };
+        let variance = matches!(name.as_str(), "var" | "var_pop" | "stddev" | "stddev_pop");
+        let expected_states = match name.as_str() {
+            "avg" => 2,
+            _ if variance => 3,
+            _ => 1,
+        };
         if states.len() != expected_states {
             return Err(Unsupported(format!(
                 "`{label}` has {} state fields; the GPU expects {expected_states}",
@@ -458,13 +464,95 @@ fn analyze(agg: &AggregateExec) -> std::result::Result<AggPlan, Unsupported> {
                     ));
                 }
             }
+            _ if variance => {
+                // DataFusion's state: (count UInt64, mean Float64, m2 Float64).
+                let f64_ty = DevType::F64;
+                let u64_ty = DevType::Int {
+                    bits: 64,
+                    signed: false,
+                };
+                if result_ty != f64_ty
+                    || (raw && arg_ty != f64_ty)
+                    || state_types != [u64_ty, f64_ty, f64_ty]
+                {
+                    return Err(Unsupported(format!(
+                        "`{label}` over {arg_type} does not run on the GPU yet"
+                    )));
+                }
+                let (count, sum) = (first, first + 1);
+                if raw {
+                    let x = slot_arg(0, f64_ty)?;
+                    slots.push(Slot {
+                        kind: SlotKind::Count { add_values: false },
+                        arg: Some(x),
+                    });
+                    slots.push(Slot {
+                        kind: SlotKind::SumF64,
+                        arg: Some(x),
+                    });
+                    slots.push(Slot {
+                        kind: SlotKind::M2 { count, sum },
+                        arg: Some(x),
+                    });
+                } else {
+                    let n = slot_arg(0, u64_ty)?;
+                    let mean = slot_arg(1, f64_ty)?;
+                    let m2 = slot_arg(2, f64_ty)?;
+                    // The states' count * mean, summed: the group's mean times its count.
+                    let state = |k: usize| -> Arc<dyn PhysicalExpr> {
+                        Arc::new(Column::new(states[k].name(), next_state + k))
+                    };
+                    let weighted: Arc<dyn PhysicalExpr> = Arc::new(BinaryExpr::new(
+                        Arc::new(CastExpr::new(state(0), DataType::Float64, None)),
+                        Operator::Multiply,
+                        state(1),
+                    ));
+                    let (operand, ty) = operands.add(&weighted)?;
+                    args.push(operand);
+                    arg_types.push(ty);
+                    slots.push(Slot {
+                        kind: SlotKind::Count { add_values: true },
+                        arg: Some(n),
+                    });
+                    slots.push(Slot {
+                        kind: SlotKind::SumF64,
+                        arg: Some(args.len() - 1),
+                    });
+                    slots.push(Slot {
+                        kind: SlotKind::M2Merge {
+                            count,
+                            sum,
+                            mean,
+                            m2,
+                        },
+                        arg: Some(n),
+                    });
+                }
+                if partial_out {
+                    outputs.push((Out::Slot(count), u64_ty));
+                    outputs.push((Out::Mean { count, sum }, f64_ty));
+                    outputs.push((Out::Slot(first + 2), f64_ty));
+                } else {
+                    outputs.push((
+                        Out::Variance {
+                            count,
+                            m2: first + 2,
+                            sample: !name.ends_with("_pop"),
+                            sqrt: name.starts_with("stddev"),
+                        },
+                        f64_ty,
+                    ));
+                }
+            }
             other => {
                 return Err(Unsupported(format!(
                     "aggregate function `{other}` does not run on the GPU yet"
                 )));
             }
         }
-        if partial_out {
+        if variance {
+            // Its outputs are made above.
+        } else if partial_out {
             for (k, ty) in state_types.iter().enumerate() {
                 outputs.push((Out::Slot(first + k), *ty));
             }
@@ -562,12 +650,17 @@ impl GpuAggregateExec {
 impl AggPlan {
     /// Whether the whole input folds batch by batch into one row of accumulators, with no
     /// batch concatenated and no row count read back: an aggregation of every row (no group
-    /// keys, not partial) whose slots fold in one pass. A wide MIN/MAX's second pass needs the
-    /// final high words, and COUNT(DISTINCT) a table over all rows, so those concatenate.
+    /// keys, not partial) whose slots fold in one pass. A second pass (wide MIN/MAX, variance)
+    /// needs the final first-pass words, and COUNT(DISTINCT) a table over all rows, so those
+    /// concatenate.
     fn folds(&self) -> bool {
         self.keys.is_empty()
             && !self.per_batch
-            && !self.program.entries.iter().any(|(name, _)| name == "wide")
+            && !self
+                .program
+                .entries
+                .iter()
+                .any(|(name, _)| name == "second")
             && !self
                 .spec
                 .slots
@@ -914,11 +1007,11 @@ impl Accumulators {
             (&self.seen).into(),
         ]);
         launch(stream, kernels.get("update")?, n, &a)?;
-        if kernels.program.contains_key("wide") {
-            // The same arguments, without `seen`: the low words of wide MIN/MAX, once every
-            // high word is final.
+        if kernels.program.contains_key("second") {
+            // The same arguments, without `seen`, once every first-pass word is final: the
+            // low words of wide MIN/MAX, variance's m2.
             a.pop();
-            launch(stream, kernels.get("wide")?, n, &a)?;
+            launch(stream, kernels.get("second")?, n, &a)?;
         }
         Ok(())
     }
