@@ -771,6 +771,19 @@ async fn aggregations_match_the_cpu() {
             let want = rows(&cpu.collect(sql).await.unwrap());
             assert_eq!(rows(&gpu.collect(sql).await.unwrap()), want, "{sql}");
         }
+        // A GROUP BY with a pushed-down LIMIT keeps any k groups.
+        let all = rows(&cpu.collect("SELECT DISTINCT a FROM t").await.unwrap());
+        let sql = "SELECT DISTINCT a FROM t LIMIT 5";
+        let mut got = rows(&gpu.collect(sql).await.unwrap());
+        assert_eq!(got.len(), all.len().min(5), "{sql}");
+        assert!(got.iter().all(|r| all.contains(r)), "{sql}: {got:?}");
+        got.dedup();
+        assert_eq!(got.len(), all.len().min(5), "{sql}: {got:?}");
+        let plan = explain(&gpu, sql).await;
+        assert!(
+            plan.contains("GpuAggregateExec") && !plan.contains("  AggregateExec"),
+            "{plan}"
+        );
         // DataFusion's grouped float MIN/MAX depends on row order (NaN, -0.0): CPU, said why.
         let plan = explain(&gpu, "SELECT a, max(f) FROM t GROUP BY a").await;
         assert!(plan.contains("depends on row order"), "{plan}");
@@ -813,6 +826,10 @@ async fn integer_division_errors_match_the_cpu() {
             format!("SELECT a FROM {name} WHERE a % b = 0"),
             // Branches the CPU skips for a row never fail it.
             format!("SELECT a FROM {name} WHERE CASE WHEN b = 0 THEN 0 ELSE a % b END = 1"),
+            // A WHEN that rules zero out makes the division infallible, so it may sit on the
+            // right of AND.
+            format!("SELECT a FROM {name} WHERE a > 0 AND CASE WHEN b > 0 THEN a / b END >= 1"),
+            format!("SELECT a FROM {name} WHERE a > 0 OR CASE WHEN 0 <> b THEN a % b END = 1"),
             format!("SELECT sum(a / b) FROM {name}"),
         ] {
             let plan = explain(&gpu, &sql).await;

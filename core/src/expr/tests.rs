@@ -286,6 +286,33 @@ fn unsupported_expressions_say_what() {
     assert!(err.0.contains("operator ~"), "{err}");
     let mixed = bin(col(&s, "a"), Operator::Gt, col(&s, "b"));
     assert!(predicate_kernel(mixed.as_ref(), &s).is_err());
+    // A division that can fail stays off the right of AND, unless its WHEN rules zero out.
+    let quotient = || bin(col(&s, "b"), Operator::Divide, col(&s, "b"));
+    let unguarded = bin(
+        col(&s, "p"),
+        Operator::And,
+        bin(quotient(), Operator::Gt, lit(ScalarValue::Int64(Some(1)))),
+    );
+    let err = predicate_kernel(unguarded.as_ref(), &s).unwrap_err();
+    assert!(err.0.contains("batch-dependent"), "{err}");
+    let guarded: E = Arc::new(
+        CaseExpr::try_new(
+            None,
+            vec![(
+                bin(col(&s, "b"), Operator::Gt, lit(ScalarValue::Int64(Some(0)))),
+                quotient(),
+            )],
+            None,
+        )
+        .unwrap(),
+    );
+    let guarded = bin(
+        col(&s, "p"),
+        Operator::And,
+        bin(guarded, Operator::Gt, lit(ScalarValue::Int64(Some(1)))),
+    );
+    let kernel = predicate_kernel(guarded.as_ref(), &s).unwrap();
+    assert!(kernel.checks.is_empty(), "{:?}", kernel.checks);
 }
 
 #[test]

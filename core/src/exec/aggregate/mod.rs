@@ -26,8 +26,11 @@
 //! COUNT(DISTINCT x) (not on floats) runs in single-stage aggregations (`Single`,
 //! `SinglePartitioned`): a second hash table over (group keys, x) finds the distinct pairs.
 //! In two-stage plans its partial state is a list, which stays on the CPU; DataFusion rewrites
-//! a query's single COUNT(DISTINCT x) into a two-level GROUP BY, which runs here anyway. Grouping sets, FILTER clauses, ordered
-//! aggregates and GROUP BY with a pushed-down limit also stay on the CPU.
+//! a query's single COUNT(DISTINCT x) into a two-level GROUP BY, which runs here anyway. FILTER
+//! clauses and ordered aggregates stay on the CPU. Grouping sets (ROLLUP, CUBE) run in the first
+//! phase: each row once per set, its left-out keys NULL, with DataFusion's `__grouping_id`.
+//! VAR/STDDEV keep DataFusion's (count, mean, m2) state, m2 computed in a second pass. A
+//! GROUP BY with a pushed-down LIMIT computes every group; the limit above keeps k.
 //!
 //! Float sums are added in a different order than on the CPU, so they agree within rounding,
 //! not bit for bit. Dynamic filters this aggregate would publish (MIN/MAX bounds for the scan)
@@ -201,11 +204,9 @@ fn analyze(agg: &AggregateExec) -> std::result::Result<AggPlan, Unsupported> {
                 .into(),
         ));
     }
-    if agg.limit_options().is_some() {
-        return Err(Unsupported(
-            "a GROUP BY with a pushed-down LIMIT does not run on the GPU yet".into(),
-        ));
-    }
+    // A pushed-down LIMIT (DataFusion's limited-distinct and top-k aggregation rules) lets the
+    // CPU stop at k groups; the rules keep the limit, or the top-k sort, above the aggregation,
+    // so the GPU computes every group and the operator above keeps k of them.
     // Over input sorted on (some of) its group keys the CPU streams its groups out in that
     // order, and the plan above may rely on it: the GPU aggregates by hash, then sorts its
     // groups by the order the aggregation declares.

@@ -7,7 +7,7 @@ use datafusion::common::ScalarValue;
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::expressions::{BinaryExpr, Literal};
 
-use super::{INT32, Lowerer, boxed};
+use super::{INT32, Lowerer, Sign, boxed};
 use crate::expr::Unsupported;
 use crate::expr::abi::ErrorBits;
 use crate::expr::ir::{Arith, BitOp, Check, Cmp, Node, Op};
@@ -147,7 +147,10 @@ impl Lowerer<'_> {
             {
                 self.decimal_divide(b, l, r)
             }
-            Operator::Divide | Operator::Modulo => divide(b, l, r),
+            Operator::Divide | Operator::Modulo => {
+                let sign = self.sign_of(&r);
+                divide(b, l, r, sign)
+            }
             other => Err(Unsupported(format!(
                 "operator {other} in `{b}` is not supported on the GPU yet"
             ))),
@@ -306,15 +309,17 @@ fn divide_by_zero() -> Check {
 /// Integer and float `/` and `%` as Arrow's checked kernels: an integer division by zero fails
 /// with "Divide by zero error", a signed `MIN / -1` with an overflow (`MIN % -1` is 0); floats
 /// follow IEEE (`%` is C's `fmod`, as Rust's).
-fn divide(b: &BinaryExpr, l: Node, r: Node) -> Result<Node, Unsupported> {
+/// A divisor a CASE branch knows not to be zero (`sign`) needs no check, nor one above zero
+/// (so not -1) the overflow check.
+fn divide(b: &BinaryExpr, l: Node, r: Node, sign: Option<Sign>) -> Result<Node, Unsupported> {
     if l.ty != r.ty {
         return Err(unsupported(b, "division of different types"));
     }
     let remainder = *b.op() == Operator::Modulo;
     let (zero, overflow) = match l.ty {
         DevType::Int { signed, .. } => (
-            Some(divide_by_zero()),
-            (signed && !remainder).then(|| overflow(b)),
+            sign.is_none().then(divide_by_zero),
+            (signed && !remainder && sign != Some(Sign::Positive)).then(|| overflow(b)),
         ),
         DevType::F32 | DevType::F64 => (None, None),
         _ => {

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use arrow::datatypes::{DataType, Schema};
 use datafusion::common::ScalarValue;
+use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::expressions::{
     BinaryExpr, CaseExpr, CastExpr, Column, InListExpr, IsNotNullExpr, IsNullExpr, LikeExpr,
     Literal, NegativeExpr, NotExpr,
@@ -32,6 +33,19 @@ pub(crate) struct Lowerer<'a> {
     schema: &'a Schema,
     pub(crate) inputs: Vec<KernelInput>,
     pub(crate) scalars: Vec<RuntimeScalar>,
+    /// What the CASE branches being lowered know of the rows they run for: input columns that
+    /// are not zero there (`Sign::Positive` when above it), from their WHEN (`WHEN c > 0 THEN
+    /// x / c`). A division by such a column cannot fail.
+    facts: Vec<(usize, Sign)>,
+}
+
+/// What a WHEN tells of a column's sign.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Sign {
+    /// Not zero.
+    NonZero,
+    /// Above zero (so neither zero nor -1).
+    Positive,
 }
 
 fn boxed(node: Node) -> Box<Node> {
@@ -44,6 +58,7 @@ impl<'a> Lowerer<'a> {
             schema,
             inputs: Vec::new(),
             scalars: Vec::new(),
+            facts: Vec::new(),
         }
     }
 
@@ -261,7 +276,14 @@ impl<'a> Lowerer<'a> {
             if cond.ty != DevType::Bool {
                 return Err(Unsupported(format!("a non-boolean WHEN in `{c}`")));
             }
-            let value = self.lower(then.as_ref())?;
+            // The THEN runs only where the WHEN is TRUE: what that tells holds there.
+            let known = self.facts.len();
+            if base.is_none() {
+                sign_facts(when.as_ref(), &mut self.facts);
+            }
+            let value = self.lower(then.as_ref());
+            self.facts.truncate(known);
+            let value = value?;
             if value.ty != ty {
                 return Err(Unsupported(format!(
                     "CASE branches of different types in `{c}`"
@@ -533,6 +555,30 @@ impl<'a> Lowerer<'a> {
         }
     }
 
+    /// What the CASE branches being lowered know of input column `index`'s sign.
+    pub(super) fn sign_of(&self, node: &Node) -> Option<Sign> {
+        let slot = match &node.op {
+            Op::Column { slot } => *slot,
+            Op::Cast {
+                arg,
+                cast: Cast::Convert,
+                ..
+            } => return self.sign_of(arg),
+            _ => return None,
+        };
+        let index = self.inputs.get(slot)?.index;
+        let mut known = None;
+        for (column, sign) in &self.facts {
+            if *column == index {
+                known = Some(match (known, sign) {
+                    (Some(Sign::Positive), _) | (_, Sign::Positive) => Sign::Positive,
+                    _ => Sign::NonZero,
+                });
+            }
+        }
+        known
+    }
+
     /// A comparison, after both sides were lowered.
     fn compare(&self, b: &BinaryExpr, cmp: Cmp, l: Node, r: Node) -> Result<Node, Unsupported> {
         if !l.ty.comparable(r.ty) {
@@ -556,6 +602,38 @@ const INT32: DevType = DevType::Int {
     bits: 32,
     signed: true,
 };
+
+/// The signs of input columns that `when` being TRUE implies: `c > 0`, `c <> 0`, `c < 0`
+/// (and `0 < c`, ...), and each side of an AND.
+fn sign_facts(when: &dyn PhysicalExpr, facts: &mut Vec<(usize, Sign)>) {
+    let Some(b) = when.downcast_ref::<BinaryExpr>() else {
+        return;
+    };
+    if *b.op() == Operator::And {
+        sign_facts(b.left().as_ref(), facts);
+        sign_facts(b.right().as_ref(), facts);
+        return;
+    }
+    let zero = |e: &Arc<dyn PhysicalExpr>| {
+        e.downcast_ref::<Literal>().is_some_and(|l| {
+            l.value().data_type().is_integer() && scalar_bits(l.value()) == Some((0, 0))
+        })
+    };
+    let column = |e: &Arc<dyn PhysicalExpr>| e.downcast_ref::<Column>().map(Column::index);
+    let (c, op) = match (column(b.left()), column(b.right())) {
+        (Some(c), None) if zero(b.right()) => (c, *b.op()),
+        (None, Some(c)) if zero(b.left()) => match b.op().swap() {
+            Some(op) => (c, op),
+            None => return,
+        },
+        _ => return,
+    };
+    match op {
+        Operator::Gt => facts.push((c, Sign::Positive)),
+        Operator::NotEq | Operator::Lt => facts.push((c, Sign::NonZero)),
+        _ => {}
+    }
+}
 
 /// A literal as a constant node.
 fn literal(value: &ScalarValue) -> Result<Node, Unsupported> {
