@@ -487,10 +487,10 @@ async fn explain_shows_gpu_filters_and_the_cpu_keeps_the_rest() {
         placed.host_exchanges.iter().any(|n| n == "RepartitionExec"),
         "{placed:?}"
     );
-    // Window functions have no GPU operator yet.
-    let plan = explain(&gpu, "SELECT a, row_number() OVER (ORDER BY a) FROM t").await;
+    // lag has no GPU version yet.
+    let plan = explain(&gpu, "SELECT a, lag(a) OVER (ORDER BY a) FROM t").await;
     assert!(
-        plan.contains("[CPU: there is no GPU operator for it yet]"),
+        plan.contains("[CPU: window function `lag` does not run on the GPU yet]"),
         "{plan}"
     );
     let plan = explain(&gpu, "SELECT a FROM t WHERE cos(a) = 1").await;
@@ -517,7 +517,7 @@ async fn the_fallback_policy_decides_what_happens_to_cpu_operators() {
     let context = gpu.gpu().unwrap();
 
     let before = context.fallbacks();
-    gpu.collect("SELECT a, row_number() OVER (ORDER BY a) FROM t")
+    gpu.collect("SELECT a, lag(a) OVER (ORDER BY a) FROM t")
         .await
         .unwrap();
     assert!(
@@ -559,7 +559,7 @@ async fn the_fallback_policy_decides_what_happens_to_cpu_operators() {
     );
     assert!(matches!(err, SpateError::Unsupported { .. }), "{err:?}");
     let err = gpu
-        .collect("SELECT a, row_number() OVER (ORDER BY a) FROM t")
+        .collect("SELECT a, lag(a) OVER (ORDER BY a) FROM t")
         .await
         .unwrap_err();
     assert!(err.to_string().contains("cannot run on the GPU"), "{err}");
@@ -690,6 +690,56 @@ fn cells_close(a: &str, b: &str) -> bool {
                     _ => false,
                 }
         })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn window_functions_match_the_cpu() {
+    // Each query selects the partition and ORDER BY keys, which fix every value a tie could
+    // move (two tied rows swap only identical output rows).
+    const QUERIES: [&str; 7] = [
+        "SELECT a, b, row_number() OVER (PARTITION BY a ORDER BY b) FROM t",
+        "SELECT s, f, rank() OVER (PARTITION BY s ORDER BY f DESC), \
+         dense_rank() OVER (PARTITION BY s ORDER BY f DESC) FROM t",
+        "SELECT a, m, dt, sum(m) OVER (PARTITION BY a), count(*) OVER (PARTITION BY a), \
+         avg(a) OVER (PARTITION BY a), min(dt) OVER (PARTITION BY a) FROM t",
+        "SELECT a, rank() OVER (ORDER BY a NULLS FIRST), row_number() OVER (ORDER BY a NULLS FIRST) FROM t",
+        "SELECT t, u, max(u) OVER (), count(a) OVER () FROM t",
+        "SELECT a, b, sum(b) OVER (PARTITION BY a ORDER BY b \
+         ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) FROM t",
+        "SELECT g, dt, dense_rank() OVER (PARTITION BY g ORDER BY dt), sum(u) OVER (PARTITION BY g) FROM t",
+    ];
+    for (seed, rows_in_table, batch_size, partitions) in [
+        (61u64, 3000usize, 8192usize, 2usize),
+        (62, 400, 7, 1),
+        (63, 1, 8192, 2),
+        (64, 0, 8192, 2),
+    ] {
+        let data = table(rows_in_table, seed);
+        let gpu = engine_with(Backend::Emulated, batch_size, partitions);
+        let cpu = engine_with(Backend::Cpu, batch_size, partitions);
+        gpu.register_batches("t", data.clone()).unwrap();
+        cpu.register_batches("t", data).unwrap();
+        for sql in QUERIES {
+            let want = rows(&cpu.collect(sql).await.unwrap());
+            let got = rows(
+                &gpu.collect(sql)
+                    .await
+                    .unwrap_or_else(|e| panic!("{sql} seed={seed}: {e}")),
+            );
+            assert_eq!(got, want, "{sql} seed={seed} rows={rows_in_table}");
+            let plan = explain(&gpu, sql).await;
+            assert!(
+                plan.contains("GpuWindowExec")
+                    || plan.contains("GpuBoundedWindowAggExec")
+                    || plan.contains("GpuWindowAggExec"),
+                "{plan}"
+            );
+            assert!(
+                !plan.contains(" WindowAggExec") && !plan.contains(" BoundedWindowAggExec"),
+                "{sql}: {plan}"
+            );
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -86,6 +86,7 @@ pub mod projection;
 pub mod sort;
 mod top_k;
 pub mod union;
+pub mod window;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -117,6 +118,7 @@ pub use limit::GpuLimitExec;
 pub use projection::GpuProjectionExec;
 pub use sort::GpuSortExec;
 pub use union::GpuUnionExec;
+pub use window::GpuWindowExec;
 
 /// A GPU operator's EXPLAIN text: its CPU twin's, with `Gpu` before the operator name (the
 /// tree format prints names itself, from `ExecutionPlan::name`).

@@ -36,7 +36,7 @@ use crate::config::{FallbackPolicy, SpateOptions};
 use crate::device::GpuContext;
 use crate::exec::{
     GpuAggregateExec, GpuCoalescePartitionsExec, GpuCrossJoinExec, GpuFilterExec, GpuHashJoinExec,
-    GpuLimitExec, GpuProjectionExec, GpuSortExec, GpuUnionExec, as_gpu_exec,
+    GpuLimitExec, GpuProjectionExec, GpuSortExec, GpuUnionExec, GpuWindowExec, as_gpu_exec,
 };
 
 /// Operators that move or read data but compute nothing a GPU would do for them.
@@ -99,6 +99,11 @@ fn is_column_selection(node: &dyn ExecutionPlan) -> bool {
     })
 }
 
+/// Whether `node` is one of DataFusion's window operators.
+fn is_window(node: &dyn ExecutionPlan) -> bool {
+    matches!(node.name(), "WindowAggExec" | "BoundedWindowAggExec")
+}
+
 /// Why a node the rule left on the CPU is there, in words for `EXPLAIN`.
 fn cpu_reason(node: &dyn ExecutionPlan) -> String {
     match node.name() {
@@ -149,6 +154,11 @@ fn cpu_reason(node: &dyn ExecutionPlan) -> String {
                 match GpuCrossJoinExec::check(cross) {
                     Err(reason) => reason.0,
                     Ok(()) => "a GPU cross join was not chosen for it".into(),
+                }
+            } else if is_window(node) {
+                match GpuWindowExec::check(node) {
+                    Err(reason) => reason.0,
+                    Ok(()) => "a GPU window operator was not chosen for it".into(),
                 }
             } else if is_column_selection(node) {
                 "only selects or renames columns of a CPU input".into()
@@ -422,6 +432,11 @@ impl PhysicalOptimizerRule for GpuOffloadRule {
             }
             if node.downcast_ref::<CrossJoinExec>().is_some()
                 && let Ok(gpu) = GpuCrossJoinExec::try_new(Arc::clone(&node))
+            {
+                return Ok(Transformed::yes(Arc::new(gpu) as Arc<dyn ExecutionPlan>));
+            }
+            if is_window(node.as_ref())
+                && let Ok(gpu) = GpuWindowExec::try_new(Arc::clone(&node))
             {
                 return Ok(Transformed::yes(Arc::new(gpu) as Arc<dyn ExecutionPlan>));
             }

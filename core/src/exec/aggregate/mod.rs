@@ -38,6 +38,9 @@
 //! and only forgoes the pruning.
 
 pub(crate) mod codegen;
+mod segments;
+
+pub(crate) use segments::SegmentAggregate;
 
 use std::fmt;
 use std::sync::Arc;
