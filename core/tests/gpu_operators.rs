@@ -729,14 +729,13 @@ async fn window_functions_match_the_cpu() {
             assert_eq!(got, want, "{sql} seed={seed} rows={rows_in_table}");
             let plan = explain(&gpu, sql).await;
             assert!(
-                plan.contains("GpuWindowExec")
-                    || plan.contains("GpuBoundedWindowAggExec")
-                    || plan.contains("GpuWindowAggExec"),
-                "{plan}"
-            );
-            assert!(
                 !plan.contains(" WindowAggExec") && !plan.contains(" BoundedWindowAggExec"),
                 "{sql}: {plan}"
+            );
+            let placed = placement(&gpu, sql).await;
+            assert!(
+                placed.gpu.iter().any(|n| n == "GpuWindowExec") && placed.cpu.is_empty(),
+                "{sql}: {placed:?}"
             );
         }
     }

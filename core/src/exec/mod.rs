@@ -193,6 +193,9 @@ pub fn as_gpu_exec(plan: &dyn ExecutionPlan) -> Option<&dyn GpuExec> {
     if let Some(l) = plan.downcast_ref::<GpuLimitExec>() {
         return Some(l);
     }
+    if let Some(w) = plan.downcast_ref::<GpuWindowExec>() {
+        return Some(w);
+    }
     None
 }
 
