@@ -696,8 +696,18 @@ fn cells_close(a: &str, b: &str) -> bool {
 async fn window_functions_match_the_cpu() {
     // Each query selects the partition and ORDER BY keys, which fix every value a tie could
     // move (two tied rows swap only identical output rows).
-    const QUERIES: [&str; 7] = [
+    const QUERIES: [&str; 12] = [
         "SELECT a, b, row_number() OVER (PARTITION BY a ORDER BY b) FROM t",
+        // Running aggregates: ROWS frames, and RANGE frames whose peers share a value.
+        "SELECT a, b, sum(b) OVER (PARTITION BY a ORDER BY b \
+         ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) FROM t",
+        "SELECT a, m, sum(m) OVER (PARTITION BY a ORDER BY m), count(*) OVER (PARTITION BY a ORDER BY m), \
+         max(dt) OVER (PARTITION BY a ORDER BY m), min(t) OVER (PARTITION BY a ORDER BY m) FROM t",
+        "SELECT s, t, count(t) OVER (PARTITION BY s ORDER BY t ROWS UNBOUNDED PRECEDING), \
+         max(u) OVER (PARTITION BY s ORDER BY t NULLS FIRST) FROM t",
+        "SELECT g, f, sum(f) OVER (PARTITION BY g ORDER BY f ROWS UNBOUNDED PRECEDING) FROM t",
+        // Keys that are expressions.
+        "SELECT a % 3, b, rank() OVER (PARTITION BY a % 3 ORDER BY b * 2) FROM t",
         "SELECT s, f, rank() OVER (PARTITION BY s ORDER BY f DESC), \
          dense_rank() OVER (PARTITION BY s ORDER BY f DESC) FROM t",
         "SELECT a, m, dt, sum(m) OVER (PARTITION BY a), count(*) OVER (PARTITION BY a), \

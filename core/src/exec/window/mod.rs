@@ -1,8 +1,9 @@
 //! `GpuWindowExec`: DataFusion's `WindowAggExec` and `BoundedWindowAggExec` on the GPU, for the
-//! ranking functions and for aggregates over whole partitions.
+//! ranking functions, aggregates over whole partitions and running aggregates.
 //!
 //! The input arrives sorted on the partition keys, then on the ORDER BY keys (DataFusion sorts
-//! it below, on the GPU too). A partition's device batches are concatenated, then:
+//! it below, on the GPU too). A partition's device batches are concatenated (keys that are
+//! expressions computed into columns appended to it), then:
 //! 1. a generated kernel flags each row that starts a window partition (its partition keys
 //!    differ from the previous row's) and each that starts a run of peers (its ORDER BY keys
 //!    differ too). Keys compare as DataFusion's partitioning compares them: NULL equals NULL,
@@ -12,22 +13,27 @@
 //! 3. `row_number`, `rank` and `dense_rank` follow from those starts. Aggregates over the whole
 //!    partition (no ORDER BY, or a frame from UNBOUNDED PRECEDING to UNBOUNDED FOLLOWING) run
 //!    as the aggregation's own kernels with the partition's number as the group
-//!    (`aggregate::SegmentAggregate`), and are gathered back to the partition's rows.
+//!    (`aggregate::SegmentAggregate`), and are gathered back to the partition's rows. Running
+//!    SUM, COUNT, MIN and MAX (UNBOUNDED PRECEDING to CURRENT ROW, ROWS or RANGE) walk each
+//!    partition in order on one thread, as DataFusion's accumulators do (`codegen.rs`): many
+//!    partitions run in parallel, one huge partition runs alone.
 //!
-//! Other frames (running and sliding aggregates), other functions (`lag`, `lead`, `ntile`, ...)
-//! and partition or ORDER BY keys that are expressions stay on the CPU, with the reason.
+//! Other frames (sliding windows), other functions (`lag`, `lead`, `ntile`, ...), float
+//! MIN/MAX and float sums over RANGE frames stay on the CPU, with the reason.
 
-use std::collections::HashMap;
+mod codegen;
+
 use std::fmt;
-use std::fmt::Write as _;
 use std::sync::Arc;
 
-use arrow::datatypes::DataType;
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::Result as DFResult;
 use datafusion::execution::TaskContext;
+use datafusion::logical_expr::{WindowFrameBound, WindowFrameUnits};
 use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
+use datafusion::physical_expr::expressions::{Column, Literal};
 use datafusion::physical_expr::window::{
     PlainAggregateWindowExpr, SlidingAggregateWindowExpr, StandardWindowExpr, WindowExpr,
 };
@@ -40,20 +46,20 @@ use datafusion::physical_plan::{
 use futures::TryStreamExt;
 use spate_kernels::{KernelArg, Stream as DeviceStream};
 
+use self::codegen::{Running, RunningKind};
 use super::aggregate::SegmentAggregate;
 use super::batching::KeepsCounts;
-use super::hash_table::codegen::{finish_program, key_equal};
 use super::hash_table::{Kernels, launch};
 use super::{
     DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, collected_input, gpu_context,
     to_df,
 };
 use crate::column::{
-    DeviceBatch, DeviceBytes, DeviceColumn, DeviceValues, Gather, concat_device_batches,
-    gather_columns,
+    DeviceBatch, DeviceBytes, DeviceColumn, DeviceValidity, DeviceValues, Gather,
+    concat_device_batches, gather_columns,
 };
 use crate::error::{Result, SpateError};
-use crate::expr::{DevType, Unsupported, column_args, column_params};
+use crate::expr::{DevType, Unsupported, ValueKernel, column_args, evaluate_values, value_kernel};
 
 /// What one window expression computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,29 +69,27 @@ enum Function {
     DenseRank,
     /// Output `k` of the partition aggregates.
     Aggregate(usize),
-}
-
-impl Function {
-    /// The `kind` argument of the `numbers` kernel.
-    fn kind(self) -> Option<u32> {
-        match self {
-            Function::RowNumber => Some(0),
-            Function::Rank => Some(1),
-            Function::DenseRank => Some(2),
-            Function::Aggregate(_) => None,
-        }
-    }
+    /// Running aggregate `k` (`codegen::Running`).
+    Running(usize),
 }
 
 /// What the GPU computes for one window operator.
 #[derive(Debug)]
 struct WindowPlan {
-    /// Partition key columns, then ORDER BY key columns (input indices).
+    /// Partition key columns and ORDER BY key columns, in the batch with the computed keys
+    /// appended.
     partition: Vec<usize>,
     order: Vec<usize>,
+    /// Keys that are expressions, computed by one value kernel into columns appended to the
+    /// input batch; the output leaves them out.
+    computed: Option<ValueKernel>,
     functions: Vec<Function>,
     aggregates: Option<SegmentAggregate>,
-    /// The generated program (`bounds`, `starts`, `numbers`) and its `(name, entry)` pairs.
+    running: Vec<Running>,
+    /// The input columns the running aggregates read, in the `running` kernel's order.
+    running_args: Vec<usize>,
+    /// The generated program (`bounds`, `starts`, `numbers`, `running`) and its
+    /// `(name, entry)` pairs.
     source: String,
     entries: Vec<(String, String)>,
 }
@@ -99,19 +103,39 @@ pub struct GpuWindowExec {
     metrics: ExecutionPlanMetricsSet,
 }
 
-/// Key columns of `exprs` (input indices), or why one is not a column.
-fn key_columns<'a>(
-    exprs: impl IntoIterator<Item = &'a Arc<dyn PhysicalExpr>>,
-    what: &str,
-) -> std::result::Result<Vec<usize>, Unsupported> {
-    exprs
-        .into_iter()
-        .map(|e| {
-            e.downcast_ref::<Column>()
-                .map(Column::index)
-                .ok_or_else(|| Unsupported(format!("{what} `{e}` is not a column")))
-        })
-        .collect()
+/// The window's keys as columns of the input batch with the computed ones appended.
+struct Keys<'a> {
+    schema: &'a Schema,
+    computed: Vec<Arc<dyn PhysicalExpr>>,
+}
+
+impl Keys<'_> {
+    /// The column of key `e`, and its device type compared by bits.
+    fn column(
+        &mut self,
+        e: &Arc<dyn PhysicalExpr>,
+    ) -> std::result::Result<(usize, DevType), Unsupported> {
+        let data_type = e
+            .data_type(self.schema)
+            .map_err(|err| Unsupported(format!("window key `{e}`: {err}")))?;
+        let ty = exact(DevType::of(&data_type)).ok_or_else(|| {
+            Unsupported(format!(
+                "window key `{e}` has type {data_type}, which the GPU does not compare yet"
+            ))
+        })?;
+        if let Some(c) = e.downcast_ref::<Column>() {
+            return Ok((c.index(), ty));
+        }
+        let width = self.schema.fields().len();
+        let k = match self.computed.iter().position(|c| c == e) {
+            Some(k) => k,
+            None => {
+                self.computed.push(Arc::clone(e));
+                self.computed.len() - 1
+            }
+        };
+        Ok((width + k, ty))
+    }
 }
 
 impl GpuWindowExec {
@@ -135,42 +159,57 @@ impl GpuWindowExec {
         let Some(first) = exprs.first() else {
             return Err(Unsupported("it computes no window function".into()));
         };
-        let partition = key_columns(first.partition_by(), "partition key")?;
-        let order = key_columns(first.order_by().iter().map(|s| &s.expr), "ORDER BY key")?;
+        let mut keys = Keys {
+            schema: &schema,
+            computed: Vec::new(),
+        };
+        let (mut partition, mut partition_types) = (Vec::new(), Vec::new());
+        for e in first.partition_by() {
+            let (k, ty) = keys.column(e)?;
+            partition.push(k);
+            partition_types.push(ty);
+        }
+        let (mut order, mut order_types) = (Vec::new(), Vec::new());
+        for s in first.order_by() {
+            let (k, ty) = keys.column(&s.expr)?;
+            order.push(k);
+            order_types.push(ty);
+        }
         let mut functions = Vec::with_capacity(exprs.len());
         let mut aggregates = Vec::new();
+        let (mut running, mut running_args) = (Vec::new(), Vec::new());
         for e in exprs {
-            let same_keys = key_columns(e.partition_by(), "partition key")? == partition
-                && key_columns(e.order_by().iter().map(|s| &s.expr), "ORDER BY key")? == order;
-            if !same_keys {
+            if e.partition_by() != first.partition_by() || e.order_by() != first.order_by() {
                 return Err(Unsupported(format!(
                     "`{}` has other PARTITION BY or ORDER BY keys than `{}`",
                     e.name(),
                     first.name()
                 )));
             }
-            functions.push(function(e.as_ref(), &mut aggregates)?);
-        }
-        for &k in partition.iter().chain(&order) {
-            let field = schema.field(k);
-            if DevType::of(field.data_type()).is_none() {
-                return Err(Unsupported(format!(
-                    "window key `{}` has type {}, which the GPU does not compare yet",
-                    field.name(),
-                    field.data_type()
-                )));
-            }
+            functions.push(function(
+                e.as_ref(),
+                &schema,
+                &mut aggregates,
+                &mut running,
+                &mut running_args,
+            )?);
         }
         let aggregates = if aggregates.is_empty() {
             None
         } else {
-            let planned = SegmentAggregate::try_new(aggregates, input)?;
-            Some(planned)
+            Some(SegmentAggregate::try_new(aggregates, input)?)
         };
-        let key_type = |k: &usize| exact(DevType::of(schema.field(*k).data_type()));
-        let (source, entries) = program(
-            &partition.iter().filter_map(key_type).collect::<Vec<_>>(),
-            &order.iter().filter_map(key_type).collect::<Vec<_>>(),
+        let computed = if keys.computed.is_empty() {
+            None
+        } else {
+            let exprs: Vec<&dyn PhysicalExpr> = keys.computed.iter().map(|e| e.as_ref()).collect();
+            Some(value_kernel(&exprs, &schema)?)
+        };
+        let (source, entries) = codegen::program(
+            &partition_types,
+            &order_types,
+            &running,
+            running_args.len(),
             window.name(),
         );
         let gpu = GpuWindowExec {
@@ -178,8 +217,11 @@ impl GpuWindowExec {
             plan: Arc::new(WindowPlan {
                 partition,
                 order,
+                computed,
                 functions,
                 aggregates,
+                running,
+                running_args,
                 source,
                 entries,
             }),
@@ -196,6 +238,9 @@ impl GpuWindowExec {
         for (field, f) in out.fields()[width..].iter().zip(&self.plan.functions) {
             let ok = match f {
                 Function::Aggregate(_) => DevType::of(field.data_type()).is_some(),
+                Function::Running(k) => {
+                    DevType::of(field.data_type()) == Some(self.plan.running[*k].out_ty)
+                }
                 _ => field.data_type() == &DataType::UInt64,
             };
             if !ok {
@@ -248,10 +293,14 @@ fn exact(ty: Option<DevType>) -> Option<DevType> {
     })
 }
 
-/// What window expression `e` computes on the GPU; an aggregate is added to `aggregates`.
+/// What window expression `e` computes on the GPU; an aggregate over the whole partition is
+/// added to `aggregates`, a running one to `running` (its argument column to `running_args`).
 fn function(
     e: &dyn WindowExpr,
-    aggregates: &mut Vec<Arc<datafusion::physical_expr::aggregate::AggregateFunctionExpr>>,
+    schema: &Schema,
+    aggregates: &mut Vec<Arc<AggregateFunctionExpr>>,
+    running: &mut Vec<Running>,
+    running_args: &mut Vec<usize>,
 ) -> std::result::Result<Function, Unsupported> {
     if let Some(standard) = e.as_any().downcast_ref::<StandardWindowExpr>() {
         let name = standard
@@ -279,117 +328,155 @@ fn function(
             e.name()
         )));
     };
-    // The whole partition: no ORDER BY (every row a peer of every other), or a frame from
-    // the first row to the last.
     let frame = e.get_window_frame();
-    let whole = frame.start_bound.is_unbounded()
-        && (frame.end_bound.is_unbounded() || e.order_by().is_empty());
-    if !whole {
+    if !frame.start_bound.is_unbounded() {
         return Err(Unsupported(format!(
-            "`{}`: only aggregates over the whole partition run on the GPU yet (frame {frame})",
+            "`{}`: sliding frames do not run on the GPU yet (frame {frame})",
             e.name()
         )));
     }
-    aggregates.push(Arc::new(aggregate.clone()));
-    Ok(Function::Aggregate(aggregates.len() - 1))
+    // The whole partition: no ORDER BY (every row a peer of every other), or a frame to the
+    // last row.
+    if frame.end_bound.is_unbounded() || e.order_by().is_empty() {
+        aggregates.push(Arc::new(aggregate.clone()));
+        return Ok(Function::Aggregate(aggregates.len() - 1));
+    }
+    if !matches!(frame.end_bound, WindowFrameBound::CurrentRow) {
+        return Err(Unsupported(format!(
+            "`{}`: this frame does not run on the GPU yet (frame {frame})",
+            e.name()
+        )));
+    }
+    let r = running_aggregate(e, aggregate, schema, running_args)?;
+    running.push(Running {
+        range: frame.units == WindowFrameUnits::Range,
+        ..r
+    });
+    if running
+        .last()
+        .is_some_and(|r| r.range && r.kind == RunningKind::SumF64)
+    {
+        // DataFusion adds a run of peers as one batch sum, in an order of its own.
+        return Err(Unsupported(format!(
+            "`{}`: a float sum over a RANGE frame adds peers in the CPU's own order",
+            e.name()
+        )));
+    }
+    Ok(Function::Running(running.len() - 1))
 }
 
-/// The window program: `bounds`, `starts` and `numbers` (see the module docs) for partition keys
-/// and ORDER BY keys of these (exact) types.
-fn program(
-    partition: &[DevType],
-    order: &[DevType],
-    label: &str,
-) -> (String, Vec<(String, String)>) {
-    let equal = |prefix: &str, keys: &[DevType]| -> String {
-        keys.iter()
-            .enumerate()
-            .map(|(k, ty)| key_equal(prefix, prefix, k, *ty))
-            .collect()
+/// A running SUM, COUNT, MIN or MAX of a column (or COUNT(*)).
+fn running_aggregate(
+    e: &dyn WindowExpr,
+    aggregate: &AggregateFunctionExpr,
+    schema: &Schema,
+    running_args: &mut Vec<usize>,
+) -> std::result::Result<Running, Unsupported> {
+    let unsupported = |why: &str| Unsupported(format!("`{}`: {why}", e.name()));
+    let name = aggregate.fun().name().to_ascii_lowercase();
+    if aggregate.is_distinct() {
+        return Err(unsupported(
+            "a running DISTINCT aggregate does not run on the GPU yet",
+        ));
+    }
+    let out_ty = DevType::of(aggregate.field().data_type())
+        .ok_or_else(|| unsupported("its result type does not run on the GPU"))?;
+    let exprs = aggregate.expressions();
+    let [arg] = exprs.as_slice() else {
+        return Err(unsupported("it takes several arguments"));
     };
-    let (pparams, oparams) = (
-        column_params("p", partition.len()),
-        column_params("o", order.len()),
-    );
-    let (pequal, oequal) = (equal("p", partition), equal("o", order));
-    let mut body = String::new();
-    let _ = write!(
-        body,
-        r#"extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_bounds({pparams}{oparams}u64 n, u32* np, u32* nq) {{
-    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{
-        bool newp = i == 0ull;
-        if (!newp) {{
-            const u64 a = i - 1ull;
-            const u64 b = i;
-            bool eq = true;
-{pequal}            newp = !eq;
-        }}
-        bool newq = newp;
-        if (!newq) {{
-            const u64 a = i - 1ull;
-            const u64 b = i;
-            bool eq = true;
-{oequal}            newq = !eq;
-        }}
-        np[i] = newp ? 1u : 0u;
-        nq[i] = newq ? 1u : 0u;
-    }}
-}}
-SPATE_EXPORT(ENTRY_bounds)
-
-extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_starts(const u32* np, const u32* nq, const u32* pe, const u32* qe, u64 n, u32* pid, u32* qid, u32* pstart, u32* qstart) {{
-    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{
-        const u32 p = pe[i] + np[i] - 1u;
-        const u32 q = qe[i] + nq[i] - 1u;
-        pid[i] = p;
-        qid[i] = q;
-        if (np[i] != 0u) pstart[p] = (u32)i;
-        if (nq[i] != 0u) qstart[q] = (u32)i;
-    }}
-}}
-SPATE_EXPORT(ENTRY_starts)
-
-// kind 0: row_number, 1: rank (the first row of the row's peers, counted from 1), 2: dense_rank
-// (the row's peer run, counted from 1), all within the row's partition.
-extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_numbers(const u32* pid, const u32* qid, const u32* pstart, const u32* qstart, u64 n, u32 kind, u64* out) {{
-    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{
-        const u32 s = pstart[pid[i]];
-        u64 v;
-        if (kind == 0u) v = i - (u64)s + 1ull;
-        else if (kind == 1u) v = (u64)qstart[qid[i]] - (u64)s + 1ull;
-        else v = (u64)qid[i] - (u64)qid[s] + 1ull;
-        out[i] = v;
-    }}
-}}
-SPATE_EXPORT(ENTRY_numbers)
-
-"#
-    );
-    let names: Vec<String> = ["bounds", "starts", "numbers"]
-        .iter()
-        .map(|n| n.to_string())
-        .collect();
-    finish_program(
-        &body,
-        &names,
-        "window",
-        &format!("spate::exec::window for {label}"),
-    )
+    let column = match arg.downcast_ref::<Column>() {
+        Some(c) => Some(c.index()),
+        None if name == "count"
+            && arg
+                .downcast_ref::<Literal>()
+                .is_some_and(|l| !l.value().is_null()) =>
+        {
+            None
+        }
+        None => return Err(unsupported("its argument is not a column")),
+    };
+    let arg_ty = match column {
+        Some(c) => DevType::of(schema.field(c).data_type())
+            .ok_or_else(|| unsupported("its argument's type does not run on the GPU"))?,
+        None => out_ty,
+    };
+    let int64 = DevType::Int {
+        bits: 64,
+        signed: true,
+    };
+    let kind = match (name.as_str(), arg_ty, out_ty) {
+        ("sum", DevType::Int { .. }, o) if o == int64 => RunningKind::SumInt,
+        ("sum", DevType::Dec { scale: a, .. }, DevType::Dec { scale: o, .. }) if a == o => {
+            RunningKind::SumDec
+        }
+        ("sum", DevType::F64, DevType::F64) => RunningKind::SumF64,
+        ("count", _, o) if o == int64 => RunningKind::Count,
+        ("min" | "max", DevType::Int { .. } | DevType::Dec { .. }, o) if o == arg_ty => {
+            if name == "min" {
+                RunningKind::Min
+            } else {
+                RunningKind::Max
+            }
+        }
+        _ => {
+            return Err(unsupported(
+                "this running aggregate does not run on the GPU yet (SUM, COUNT and, \
+                 except on floats, MIN and MAX do)",
+            ));
+        }
+    };
+    let arg = column.map(|c| {
+        running_args.push(c);
+        running_args.len() - 1
+    });
+    Ok(Running {
+        kind,
+        arg,
+        arg_ty,
+        out_ty,
+        out_type: aggregate.field().data_type().clone(),
+        range: false,
+    })
 }
 
-/// The window functions over one (host-counted, sorted) batch: its columns and one per function.
+/// `batch` with the window's computed keys appended.
+fn with_keys(
+    stream: &DeviceStream,
+    kernel: Option<&spate_kernels::Kernel>,
+    plan: &WindowPlan,
+    batch: DeviceBatch,
+) -> Result<DeviceBatch> {
+    let (Some(values), Some(kernel)) = (&plan.computed, kernel) else {
+        return Ok(batch);
+    };
+    let mut columns = batch.columns().to_vec();
+    columns.extend(evaluate_values(stream, kernel, values, &batch)?);
+    let mut fields = batch.schema().fields().to_vec();
+    for (k, data_type) in values.outputs.iter().enumerate() {
+        fields.push(Arc::new(Field::new(
+            format!("__spate_window_key_{k}"),
+            data_type.clone(),
+            true,
+        )));
+    }
+    DeviceBatch::try_new(Arc::new(Schema::new(fields)), columns, batch.bound())
+}
+
+/// The window functions over one (host-counted, sorted) batch: its input columns and one per
+/// function.
 fn window_batch(
     stream: &DeviceStream,
     kernels: &Kernels,
     aggregate_kernels: Option<&Kernels>,
     plan: &WindowPlan,
-    schema: &arrow::datatypes::SchemaRef,
+    schema: &SchemaRef,
     batch: &DeviceBatch,
 ) -> Result<DeviceBatch> {
     let n = batch.bound();
+    let width = schema.fields().len() - plan.functions.len();
+    let mut columns = batch.columns()[..width].to_vec();
     if n == 0 {
-        let mut columns = batch.columns().to_vec();
-        let width = schema.fields().len() - plan.functions.len();
         for field in &schema.fields()[width..] {
             columns.push(DeviceColumn::nulls(stream, field.data_type(), 0)?);
         }
@@ -404,13 +491,13 @@ fn window_batch(
     for &k in plan.partition.iter().chain(&plan.order) {
         column_args(&batch.columns()[k], &mut args);
     }
-    let np = stream.alloc::<u32>(n.max(1))?;
-    let nq = stream.alloc::<u32>(n.max(1))?;
+    let np = stream.alloc::<u32>(n)?;
+    let nq = stream.alloc::<u32>(n)?;
     args.extend([KernelArg::U64(n as u64), (&np).into(), (&nq).into()]);
     launch(stream, kernels.get("bounds")?, n, &args)?;
-    let (pe, partitions) = spate_kernels::scan::exclusive_sum_with_total(stream, np.slice(..n)?)?;
+    let (pe, partitions) = spate_kernels::scan::exclusive_sum_with_total(stream, np.as_slice())?;
     let partitions = partitions as usize;
-    let qe = spate_kernels::scan::exclusive_sum(stream, nq.slice(..n)?)?;
+    let qe = spate_kernels::scan::exclusive_sum(stream, nq.as_slice())?;
     let pid = stream.alloc::<u32>(n)?;
     let qid = stream.alloc::<u32>(n)?;
     let pstart = stream.alloc::<u32>(partitions.max(1))?;
@@ -431,36 +518,31 @@ fn window_batch(
             (&qstart).into(),
         ],
     )?;
+    // Aggregates over whole partitions: each row takes its partition's values.
     let per_partition = match (&plan.aggregates, aggregate_kernels) {
         (Some(aggregates), Some(k)) => aggregates.evaluate(stream, k, batch, &pid, partitions)?,
         _ => Vec::new(),
     };
-    let mut columns = batch.columns().to_vec();
-    let mut gathered: HashMap<usize, DeviceColumn> = HashMap::new();
-    if !per_partition.is_empty() {
-        // Each row takes its partition's values.
-        let indices = pid.slice(..n)?;
-        let gathers: Vec<Gather<'_>> = per_partition
-            .iter()
-            .map(|c| Gather::rows(c, indices))
-            .collect();
-        gathered = gather_columns(stream, &gathers)?
-            .into_iter()
-            .enumerate()
-            .collect();
-    }
+    let gathers: Vec<Gather<'_>> = per_partition
+        .iter()
+        .map(|c| Gather::rows(c, pid.as_slice()))
+        .collect();
+    let gathered = if gathers.is_empty() {
+        Vec::new()
+    } else {
+        gather_columns(stream, &gathers)?
+    };
+    let running = running_columns(stream, kernels, plan, batch, &pstart, partitions, &nq)?;
     for f in &plan.functions {
-        match (f, f.kind()) {
-            (Function::Aggregate(k), _) => {
-                let column = gathered
-                    .get(k)
-                    .cloned()
-                    .ok_or_else(|| SpateError::Internal {
-                        message: format!("the window's aggregate {k} was not computed"),
-                    })?;
-                columns.push(column);
-            }
-            (_, Some(kind)) => {
+        let column = match *f {
+            Function::Aggregate(k) => gathered.get(k).cloned(),
+            Function::Running(k) => running.get(k).cloned(),
+            Function::RowNumber | Function::Rank | Function::DenseRank => {
+                let kind = match f {
+                    Function::RowNumber => 0,
+                    Function::Rank => 1,
+                    _ => 2,
+                };
                 let out = stream.alloc::<u64>(n)?;
                 launch(
                     stream,
@@ -476,7 +558,7 @@ fn window_batch(
                         (&out).into(),
                     ],
                 )?;
-                columns.push(DeviceColumn::new(
+                Some(DeviceColumn::new(
                     DataType::UInt64,
                     n,
                     0,
@@ -485,12 +567,68 @@ fn window_batch(
                         bytes: DeviceBytes::new(out.into_bytes()),
                         width: 8,
                     },
-                ));
+                ))
             }
-            (_, None) => unreachable!("every function but an aggregate has a kind"),
-        }
+        };
+        columns.push(column.ok_or_else(|| SpateError::Internal {
+            message: format!("the window's {f:?} was not computed"),
+        })?);
     }
     DeviceBatch::try_new(Arc::clone(schema), columns, n)
+}
+
+/// The running aggregates' columns over `batch` (one `running` launch for all of them).
+fn running_columns(
+    stream: &DeviceStream,
+    kernels: &Kernels,
+    plan: &WindowPlan,
+    batch: &DeviceBatch,
+    pstart: &spate_kernels::DeviceBuffer<u32>,
+    partitions: usize,
+    nq: &spate_kernels::DeviceBuffer<u32>,
+) -> Result<Vec<DeviceColumn>> {
+    if plan.running.is_empty() {
+        return Ok(Vec::new());
+    }
+    let n = batch.bound();
+    let mut args = Vec::new();
+    for &c in &plan.running_args {
+        column_args(&batch.columns()[c], &mut args);
+    }
+    args.extend([
+        pstart.into(),
+        KernelArg::U64(partitions as u64),
+        nq.into(),
+        KernelArg::U64(n as u64),
+    ]);
+    let mut outputs = Vec::with_capacity(plan.running.len());
+    for r in &plan.running {
+        let width = r.out_type.primitive_width().unwrap_or(8);
+        let values = stream.alloc::<u8>((n * width).max(16))?;
+        let validity = stream.alloc_zeroed::<u8>(spate_kernels::gather::bitmap_bytes(n).max(4))?;
+        args.push((&values).into());
+        args.push((&validity).into());
+        outputs.push((values, validity, width));
+    }
+    launch(stream, kernels.get("running")?, partitions, &args)?;
+    Ok(outputs
+        .into_iter()
+        .zip(&plan.running)
+        .map(|((values, validity, width), r)| {
+            DeviceColumn::with_uncounted_nulls(
+                r.out_type.clone(),
+                n,
+                Some(DeviceValidity {
+                    bytes: DeviceBytes::new(validity),
+                    offset: 0,
+                }),
+                DeviceValues::Fixed {
+                    bytes: DeviceBytes::new(values),
+                    width,
+                },
+            )
+        })
+        .collect())
 }
 
 impl DisplayAs for GpuWindowExec {
@@ -568,6 +706,10 @@ impl GpuExec for GpuWindowExec {
             Some(a) => Some(a.kernels(&gpu).map_err(to_df)?),
             None => None,
         };
+        let keys_kernel = match &plan.computed {
+            Some(k) => Some(gpu.generated_kernel(&k.source, &k.entry).map_err(to_df)?),
+            None => None,
+        };
         let transfer = TransferMetrics::new(&self.metrics, partition);
         let input = collected_input(
             self.input(),
@@ -584,6 +726,7 @@ impl GpuExec for GpuWindowExec {
             let _timer = baseline.elapsed_compute().timer();
             let all = concat_device_batches(&stream, &input_schema, batches)
                 .and_then(|b| b.resolve(&stream))
+                .and_then(|b| with_keys(&stream, keys_kernel.as_ref(), &plan, b))
                 .map_err(to_df)?;
             let out = window_batch(
                 &stream,

@@ -1,0 +1,219 @@
+//! CUDA source for one GPU window operator (see [`super`]):
+//! - `bounds(p keys…, o keys…, u64 n, u32* np, u32* nq)`: 1 where a row starts a partition
+//!   (`np`) and where it starts a run of peers (`nq`), comparing each row with the one before
+//!   (columns take the five-parameter layout of `crate::expr::abi`);
+//! - `starts(np, nq, pe, qe, u64 n, u32* pid, u32* qid, u32* pstart, u32* qstart)`: each row's
+//!   partition and peer run (from the exclusive scans `pe`, `qe` of the flags), and the row each
+//!   starts at;
+//! - `numbers(pid, qid, pstart, qstart, u64 n, u32 kind, u64* out)`: row_number (kind 0), rank
+//!   (1) or dense_rank (2);
+//! - `running(r args…, const u32* pstart, u64 partitions, const u32* nq, u64 n, (T* out,
+//!   u32* valid)…)`, when the window has running aggregates: one thread per partition walks its
+//!   rows in order, as DataFusion's accumulators do, and writes each row's value (ROWS frames) or
+//!   each run of peers' value at its last row (RANGE frames). `valid` starts zeroed; bits are set
+//!   with `atomicOr`, since neighbouring partitions share words.
+
+use std::fmt::Write as _;
+
+use crate::exec::hash_table::codegen::{finish_program, key_equal};
+use crate::expr::{DevType, column_params};
+
+/// How a running aggregate folds a value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum RunningKind {
+    /// Wrapping 64-bit integer sum.
+    SumInt,
+    /// Wrapping 128-bit decimal sum (the argument's scale is the result's).
+    SumDec,
+    /// `double` sum, in row order from 0.0, as DataFusion's accumulator adds.
+    SumF64,
+    /// Non-null values (every row without an argument).
+    Count,
+    Min,
+    Max,
+}
+
+/// One running aggregate: `SUM`, `COUNT`, `MIN` or `MAX` from the partition's first row to the
+/// current row (ROWS) or to the current row's last peer (RANGE).
+#[derive(Debug, Clone)]
+pub(super) struct Running {
+    pub(super) kind: RunningKind,
+    /// Its argument among the `running` kernel's `r` columns; `None` counts rows.
+    pub(super) arg: Option<usize>,
+    /// The argument's device type, and the output's (and its Arrow type).
+    pub(super) arg_ty: DevType,
+    pub(super) out_ty: DevType,
+    pub(super) out_type: arrow::datatypes::DataType,
+    /// RANGE frame: peers take the value at their last row.
+    pub(super) range: bool,
+}
+
+/// The window program for partition keys and ORDER BY keys of these (exact) types, the
+/// running aggregates over `args` argument columns, and its `(name, entry)` pairs.
+pub(super) fn program(
+    partition: &[DevType],
+    order: &[DevType],
+    running: &[Running],
+    args: usize,
+    label: &str,
+) -> (String, Vec<(String, String)>) {
+    let equal = |prefix: &str, keys: &[DevType]| -> String {
+        keys.iter()
+            .enumerate()
+            .map(|(k, ty)| key_equal(prefix, prefix, k, *ty))
+            .collect()
+    };
+    let (pparams, oparams) = (
+        column_params("p", partition.len()),
+        column_params("o", order.len()),
+    );
+    let (pequal, oequal) = (equal("p", partition), equal("o", order));
+    let mut body = String::from("#include \"common/arith.cuh\"\n\n");
+    let _ = write!(
+        body,
+        r#"extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_bounds({pparams}{oparams}u64 n, u32* np, u32* nq) {{
+    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{
+        bool newp = i == 0ull;
+        if (!newp) {{
+            const u64 a = i - 1ull;
+            const u64 b = i;
+            bool eq = true;
+{pequal}            newp = !eq;
+        }}
+        bool newq = newp;
+        if (!newq) {{
+            const u64 a = i - 1ull;
+            const u64 b = i;
+            bool eq = true;
+{oequal}            newq = !eq;
+        }}
+        np[i] = newp ? 1u : 0u;
+        nq[i] = newq ? 1u : 0u;
+    }}
+}}
+SPATE_EXPORT(ENTRY_bounds)
+
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_starts(const u32* np, const u32* nq, const u32* pe, const u32* qe, u64 n, u32* pid, u32* qid, u32* pstart, u32* qstart) {{
+    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{
+        const u32 p = pe[i] + np[i] - 1u;
+        const u32 q = qe[i] + nq[i] - 1u;
+        pid[i] = p;
+        qid[i] = q;
+        if (np[i] != 0u) pstart[p] = (u32)i;
+        if (nq[i] != 0u) qstart[q] = (u32)i;
+    }}
+}}
+SPATE_EXPORT(ENTRY_starts)
+
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_numbers(const u32* pid, const u32* qid, const u32* pstart, const u32* qstart, u64 n, u32 kind, u64* out) {{
+    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{
+        const u32 s = pstart[pid[i]];
+        u64 v;
+        if (kind == 0u) v = i - (u64)s + 1ull;
+        else if (kind == 1u) v = (u64)qstart[qid[i]] - (u64)s + 1ull;
+        else v = (u64)qid[i] - (u64)qid[s] + 1ull;
+        out[i] = v;
+    }}
+}}
+SPATE_EXPORT(ENTRY_numbers)
+
+"#
+    );
+    let mut names = vec!["bounds".to_string(), "starts".into(), "numbers".into()];
+    if !running.is_empty() {
+        body.push_str(&running_kernel(running, args));
+        names.push("running".into());
+    }
+    finish_program(
+        &body,
+        &names,
+        "window",
+        &format!("spate::exec::window for {label}"),
+    )
+}
+
+/// The `running` kernel (see the module docs).
+fn running_kernel(running: &[Running], args: usize) -> String {
+    let mut params = column_params("r", args);
+    params.push_str("const u32* pstart, u64 partitions, const u32* nq, u64 n");
+    let (mut state, mut fold, mut rows_write, mut range_write) =
+        (String::new(), String::new(), String::new(), String::new());
+    for (j, r) in running.iter().enumerate() {
+        let c = r.out_ty.c_type();
+        let _ = write!(params, ", {c}* out{j}, u32* valid{j}");
+        let _ = writeln!(
+            state,
+            "        {c} acc{j} = ({c})0;\n        bool seen{j} = false;"
+        );
+        let load = |a: usize| format!("((const {t}*)rd{a})[i]", t = r.arg_ty.c_type());
+        let update = match (r.kind, r.arg) {
+            (RunningKind::Count, None) => format!("acc{j} += 1; seen{j} = true;"),
+            (_, None) => continue,
+            (RunningKind::Count, Some(_)) => format!("acc{j} += 1; seen{j} = true;"),
+            (RunningKind::SumInt, Some(a)) => format!(
+                "acc{j} = (i64)((u64)acc{j} + (u64)(i64){}); seen{j} = true;",
+                load(a)
+            ),
+            (RunningKind::SumDec, Some(a)) => format!(
+                "acc{j} = spate::wrapping_add<i128>(acc{j}, (i128){}); seen{j} = true;",
+                load(a)
+            ),
+            (RunningKind::SumF64, Some(a)) => format!(
+                "acc{j} = spate::float_add<f64>(acc{j}, (f64){}); seen{j} = true;",
+                load(a)
+            ),
+            (RunningKind::Min, Some(a)) => format!(
+                "{{ const {c} v = {}; if (!seen{j} || v < acc{j}) acc{j} = v; seen{j} = true; }}",
+                load(a)
+            ),
+            (RunningKind::Max, Some(a)) => format!(
+                "{{ const {c} v = {}; if (!seen{j} || v > acc{j}) acc{j} = v; seen{j} = true; }}",
+                load(a)
+            ),
+        };
+        let _ = match r.arg {
+            Some(a) => writeln!(
+                fold,
+                "            if (spate::row_is_valid(rv{a}, ro{a}, i)) {{ {update} }}"
+            ),
+            None => writeln!(fold, "            {update}"),
+        };
+        // COUNT is never NULL; the others are until a value arrives.
+        let valid = if r.kind == RunningKind::Count {
+            "true".to_string()
+        } else {
+            format!("seen{j}")
+        };
+        let write = |row: &str| {
+            format!(
+                "out{j}[{row}] = acc{j}; if ({valid}) atomicOr(&valid{j}[{row} / 32ull], 1u << ({row} % 32ull));"
+            )
+        };
+        if r.range {
+            let _ = writeln!(
+                range_write,
+                "                for (u64 k = run; k <= i; ++k) {{ {} }}",
+                write("k")
+            );
+        } else {
+            let _ = writeln!(rows_write, "            {}", write("i"));
+        }
+    }
+    format!(
+        r#"extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_running({params}) {{
+    for (u64 p = spate::global_thread_index(); p < partitions; p += spate::grid_stride()) {{
+        const u64 s = pstart[p];
+        const u64 e = p + 1ull < partitions ? (u64)pstart[p + 1ull] : n;
+{state}        u64 run = s;
+        for (u64 i = s; i < e; ++i) {{
+{fold}{rows_write}            if (i + 1ull == e || nq[i + 1ull] != 0u) {{
+{range_write}                run = i + 1ull;
+            }}
+        }}
+    }}
+}}
+SPATE_EXPORT(ENTRY_running)
+
+"#
+    )
+}
