@@ -1159,6 +1159,20 @@ async fn count_distinct_matches_the_cpu() {
             assert!(plan.contains("GpuAggregateExec"), "{plan}");
             assert!(!plan.contains("  AggregateExec"), "{plan}");
         }
+        // With several partitions DataFusion plans two stages, the partial state a list: over
+        // a GPU input with one final partition, the pair becomes one GPU aggregation.
+        let gpu = engine_with(Backend::Emulated, batch_size, 2);
+        gpu.register_batches("t", table(rows_in_table, seed))
+            .unwrap();
+        for sql in [
+            "SELECT count(DISTINCT b), count(DISTINCT s), sum(a) FROM t WHERE a > -15",
+            "SELECT count(DISTINCT m), avg(a) FROM t WHERE b > 0",
+        ] {
+            let want = rows(&cpu.collect(sql).await.unwrap());
+            assert_eq!(rows(&gpu.collect(sql).await.unwrap()), want, "{sql}");
+            let placed = placement(&gpu, sql).await;
+            assert!(placed.fully_on_gpu(), "{sql}: {placed:?}");
+        }
     }
 }
 

@@ -85,34 +85,66 @@ pub fn one_partition_per_device(
 
 /// A GPU final aggregation over a GPU partial one in the same partition, as one single-stage
 /// GPU aggregation over the partial's input; `None` where that does not apply.
+///
+/// A pair the GPU could not run in two stages (COUNT(DISTINCT), whose partial state is a list)
+/// is fused too when its final stage has one partition and the partial stage's input is on the
+/// GPU: that input's partitions are merged on the device, and the single stage runs there.
 fn single_stage(node: &Arc<dyn ExecutionPlan>) -> DFResult<Option<Arc<dyn ExecutionPlan>>> {
-    let Some(last) = node.downcast_ref::<GpuAggregateExec>() else {
+    let (last, on_gpu) = if let Some(g) = node.downcast_ref::<GpuAggregateExec>() {
+        (g.cpu().as_ref(), true)
+    } else if let Some(a) = node.downcast_ref::<AggregateExec>() {
+        (a, false)
+    } else {
         return Ok(None);
     };
-    let last = last.cpu();
-    if !matches!(
-        last.mode(),
-        AggregateMode::Final | AggregateMode::FinalPartitioned
-    ) {
+    let final_modes = if on_gpu {
+        matches!(
+            last.mode(),
+            AggregateMode::Final | AggregateMode::FinalPartitioned
+        )
+    } else {
+        last.mode() == &AggregateMode::Final
+    };
+    if !final_modes {
         return Ok(None);
     }
     let mut below = last.input();
-    // A merge of one partition hands batches through.
-    while let Some(c) = below.downcast_ref::<GpuCoalescePartitionsExec>() {
-        if c.children()[0].output_partitioning().partition_count() > 1 {
-            return Ok(None);
+    // A merge of one partition hands batches through; over CPU stages, a merge of several
+    // becomes the device merge of the partial stage's input.
+    loop {
+        if let Some(c) = below.downcast_ref::<GpuCoalescePartitionsExec>()
+            && c.children()[0].output_partitioning().partition_count() == 1
+        {
+            below = c.children()[0];
+        } else if !on_gpu && matches!(below.name(), "CoalescePartitionsExec") {
+            below = below.children()[0];
+        } else {
+            break;
         }
-        below = c.children()[0];
     }
-    let Some(first) = below.downcast_ref::<GpuAggregateExec>() else {
+    let first = if let Some(g) = below.downcast_ref::<GpuAggregateExec>() {
+        g.cpu().as_ref()
+    } else if let Some(a) = below.downcast_ref::<AggregateExec>()
+        && !on_gpu
+    {
+        a
+    } else {
         return Ok(None);
     };
-    let first = first.cpu();
-    let input = first.input();
-    if first.mode() != &AggregateMode::Partial
-        || input.output_partitioning().partition_count() > 1
-        || first.group_expr().has_grouping_set()
-    {
+    let mut input = Arc::clone(first.input());
+    if first.mode() != &AggregateMode::Partial || first.group_expr().has_grouping_set() {
+        return Ok(None);
+    }
+    if !on_gpu {
+        // The exchanges that spread the partial stage's input serve CPU parallelism only.
+        while is_cpu_exchange(input.as_ref()) {
+            input = Arc::clone(input.children()[0]);
+        }
+        if as_gpu_exec(input.as_ref()).is_none() {
+            return Ok(None);
+        }
+        input = merged(input)?;
+    } else if input.output_partitioning().partition_count() > 1 {
         return Ok(None);
     }
     let Ok(single) = AggregateExec::try_new(
@@ -120,7 +152,7 @@ fn single_stage(node: &Arc<dyn ExecutionPlan>) -> DFResult<Option<Arc<dyn Execut
         first.group_expr().clone(),
         first.aggr_expr().to_vec(),
         first.filter_expr().to_vec(),
-        Arc::clone(input),
+        Arc::clone(&input),
         input.schema(),
     ) else {
         return Ok(None);
