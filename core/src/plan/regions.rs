@@ -178,6 +178,14 @@ fn rewrite(node: Arc<dyn ExecutionPlan>, gpu_consumer: bool) -> DFResult<Arc<dyn
         let input = Arc::clone(node.children()[0]);
         return rewrite(input, true);
     }
+    // A projection left on the CPU between two CPU nodes that now sit in a GPU region (under a
+    // union that became a GPU union, say) runs on the GPU when its input is there.
+    if gpu_consumer
+        && let Some(projection) = node.downcast_ref::<ProjectionExec>()
+        && let Some(gpu) = projection_on_gpu(projection)?
+    {
+        return Ok(gpu);
+    }
     if gpu_consumer && matches!(node.name(), "InterleaveExec" | "UnionExec") {
         let children = node
             .children()
@@ -220,6 +228,19 @@ fn rewrite(node: Arc<dyn ExecutionPlan>, gpu_consumer: bool) -> DFResult<Arc<dyn
         });
     }
     replace_children_if_necessary(node, children)
+}
+
+/// `projection` on the GPU over its rewritten input, when that input is a GPU operator (its CPU
+/// exchanges dropped); `None` otherwise.
+fn projection_on_gpu(projection: &ProjectionExec) -> DFResult<Option<Arc<dyn ExecutionPlan>>> {
+    let input = rewrite(Arc::clone(projection.input()), true)?;
+    if as_gpu_exec(input.as_ref()).is_none() {
+        return Ok(None);
+    }
+    let cpu = ProjectionExec::try_new(projection.expr().to_vec(), merged(input)?)?;
+    Ok(GpuProjectionExec::try_new(Arc::new(cpu))
+        .ok()
+        .map(|gpu| Arc::new(gpu) as Arc<dyn ExecutionPlan>))
 }
 
 /// The inputs of a union or an `InterleaveExec` under a GPU consumer, as a [`GpuUnionExec`]
