@@ -696,7 +696,7 @@ fn cells_close(a: &str, b: &str) -> bool {
 async fn window_functions_match_the_cpu() {
     // Each query selects the partition and ORDER BY keys, which fix every value a tie could
     // move (two tied rows swap only identical output rows).
-    const QUERIES: [&str; 12] = [
+    const QUERIES: [&str; 13] = [
         "SELECT a, b, row_number() OVER (PARTITION BY a ORDER BY b) FROM t",
         // Running aggregates: ROWS frames, and RANGE frames whose peers share a value.
         "SELECT a, b, sum(b) OVER (PARTITION BY a ORDER BY b \
@@ -708,6 +708,9 @@ async fn window_functions_match_the_cpu() {
         "SELECT g, f, sum(f) OVER (PARTITION BY g ORDER BY f ROWS UNBOUNDED PRECEDING) FROM t",
         // Keys that are expressions.
         "SELECT a % 3, b, rank() OVER (PARTITION BY a % 3 ORDER BY b * 2) FROM t",
+        // GROUPS frames end at the current row's last peer.
+        "SELECT a, b, sum(b) OVER (PARTITION BY a ORDER BY b \
+         GROUPS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) FROM t",
         "SELECT s, f, rank() OVER (PARTITION BY s ORDER BY f DESC), \
          dense_rank() OVER (PARTITION BY s ORDER BY f DESC) FROM t",
         "SELECT a, m, dt, sum(m) OVER (PARTITION BY a), count(*) OVER (PARTITION BY a), \
@@ -748,6 +751,44 @@ async fn window_functions_match_the_cpu() {
                 "{sql}: {placed:?}"
             );
         }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn window_functions_the_gpu_cannot_match_stay_on_the_cpu() {
+    let data = table(500, 65);
+    let gpu = engine_with(Backend::Emulated, 8192, 1);
+    let cpu = engine_with(Backend::Cpu, 8192, 1);
+    gpu.register_batches("t", data.clone()).unwrap();
+    cpu.register_batches("t", data).unwrap();
+    for (sql, reason) in [
+        (
+            "SELECT a, sum(b) FILTER (WHERE b > 0) OVER (PARTITION BY a) FROM t",
+            "FILTER",
+        ),
+        (
+            "SELECT a, count(DISTINCT b) OVER (PARTITION BY a) FROM t",
+            "DISTINCT window aggregate",
+        ),
+        (
+            "SELECT a, sum(b) OVER (PARTITION BY a ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) \
+             FROM t",
+            "without ORDER BY",
+        ),
+        ("SELECT a, lag(a) OVER (ORDER BY a) FROM t", "`lag`"),
+    ] {
+        let placed = placement(&gpu, sql).await;
+        assert!(
+            placed.cpu.iter().any(|(_, why)| why.contains(reason)),
+            "{sql}: {placed:?}"
+        );
+    }
+    for sql in [
+        "SELECT a, sum(b) FILTER (WHERE b > 0) OVER (PARTITION BY a) FROM t",
+        "SELECT a, count(DISTINCT b) OVER (PARTITION BY a) FROM t",
+    ] {
+        let want = rows(&cpu.collect(sql).await.unwrap());
+        assert_eq!(rows(&gpu.collect(sql).await.unwrap()), want, "{sql}");
     }
 }
 

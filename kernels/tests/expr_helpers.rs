@@ -208,6 +208,11 @@ fn cases() -> Vec<(&'static str, &'static str, u64)> {
             12,
         ),
         (
+            "0.9 (38 digits after the point) rescaled to a whole number rounds up",
+            "const i128 p = (i128)10000000000000000000ull * (i128)10000000000000000000ull; r = (u64)spate::dec_rescale_down(p / 10 * 9, p);",
+            1,
+        ),
+        (
             "123.45 to DECIMAL(3, 0)",
             "bool b; r = (u64)spate::to_decimal(12345, 1, 100, 1000, &b) | (b ? 1ull << 40 : 0);",
             123,

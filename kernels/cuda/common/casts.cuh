@@ -46,7 +46,9 @@ __device__ __forceinline__ i128 dec_scale_up(i128 v, i128 mul) {
 __device__ __forceinline__ i128 dec_rescale_down(i128 v, i128 divisor) {
     i128 r = v / divisor;
     const i128 m = v % divisor;
-    if ((m < 0 ? -m : m) * 2 >= divisor) r += v < 0 ? -1 : 1;
+    const i128 a = m < 0 ? -m : m;
+    // a * 2 >= divisor, without overflowing at divisor = 10^38.
+    if (a >= divisor - a) r += v < 0 ? -1 : 1;
     return r;
 }
 

@@ -157,6 +157,11 @@ fn grouping_sets(
     groups: &[Vec<bool>],
 ) -> std::result::Result<(Vec<(u64, u64)>, DataType), Unsupported> {
     let n = groups.first().map_or(0, Vec::len);
+    if n > 64 {
+        return Err(Unsupported(format!(
+            "grouping sets over {n} columns do not run on the GPU"
+        )));
+    }
     let mut ordinals: Vec<(&[bool], u64)> = Vec::new();
     let mut sets = Vec::with_capacity(groups.len());
     for group in groups {

@@ -11,15 +11,17 @@
 //! 2. exclusive scans of the flags number the partitions and the peer runs (one readback: the
 //!    number of partitions), and a kernel records the row each starts at;
 //! 3. `row_number`, `rank` and `dense_rank` follow from those starts. Aggregates over the whole
-//!    partition (no ORDER BY, or a frame from UNBOUNDED PRECEDING to UNBOUNDED FOLLOWING) run
+//!    partition (a frame from UNBOUNDED PRECEDING to UNBOUNDED FOLLOWING, or a RANGE frame
+//!    without ORDER BY) run
 //!    as the aggregation's own kernels with the partition's number as the group
 //!    (`aggregate::SegmentAggregate`), and are gathered back to the partition's rows. Running
-//!    SUM, COUNT, MIN and MAX (UNBOUNDED PRECEDING to CURRENT ROW, ROWS or RANGE) walk each
+//!    SUM, COUNT, MIN and MAX (UNBOUNDED PRECEDING to CURRENT ROW; ROWS, RANGE or GROUPS) walk each
 //!    partition in order on one thread, as DataFusion's accumulators do (`codegen.rs`): many
 //!    partitions run in parallel, one huge partition runs alone.
 //!
-//! Other frames (sliding windows), other functions (`lag`, `lead`, `ntile`, ...), float
-//! MIN/MAX and float sums over RANGE frames stay on the CPU, with the reason.
+//! Other frames (sliding windows, ROWS without ORDER BY), other functions (`lag`, `lead`,
+//! `ntile`, ...), FILTER and DISTINCT window aggregates, float MIN/MAX and float sums over
+//! RANGE frames stay on the CPU, with the reason.
 
 mod codegen;
 
@@ -318,16 +320,32 @@ fn function(
             ))),
         };
     }
-    let aggregate = if let Some(a) = e.as_any().downcast_ref::<PlainAggregateWindowExpr>() {
-        a.get_aggregate_expr()
-    } else if let Some(a) = e.as_any().downcast_ref::<SlidingAggregateWindowExpr>() {
-        a.get_aggregate_expr()
-    } else {
+    // Whether the aggregate has a FILTER: DataFusion 55 keeps `AggregateWindowExpr::filter_expr`
+    // in a private module, so its Debug form (`filter: Some(..)`) tells.
+    let filtered = |debug: String| !debug.contains("filter: None");
+    let (aggregate, filtered) =
+        if let Some(a) = e.as_any().downcast_ref::<PlainAggregateWindowExpr>() {
+            (a.get_aggregate_expr(), filtered(format!("{a:?}")))
+        } else if let Some(a) = e.as_any().downcast_ref::<SlidingAggregateWindowExpr>() {
+            (a.get_aggregate_expr(), filtered(format!("{a:?}")))
+        } else {
+            return Err(Unsupported(format!(
+                "window expression `{}` does not run on the GPU yet",
+                e.name()
+            )));
+        };
+    if filtered {
         return Err(Unsupported(format!(
-            "window expression `{}` does not run on the GPU yet",
+            "`{}`: a window aggregate's FILTER does not run on the GPU yet",
             e.name()
         )));
-    };
+    }
+    if aggregate.is_distinct() {
+        return Err(Unsupported(format!(
+            "`{}`: a DISTINCT window aggregate does not run on the GPU yet",
+            e.name()
+        )));
+    }
     let frame = e.get_window_frame();
     if !frame.start_bound.is_unbounded() {
         return Err(Unsupported(format!(
@@ -335,11 +353,20 @@ fn function(
             e.name()
         )));
     }
-    // The whole partition: no ORDER BY (every row a peer of every other), or a frame to the
-    // last row.
-    if frame.end_bound.is_unbounded() || e.order_by().is_empty() {
+    // The whole partition: a frame to the last row, or a RANGE or GROUPS frame without ORDER
+    // BY (every row a peer of every other). A ROWS frame without ORDER BY runs in the
+    // input's order, which nothing fixes.
+    let peers_only = e.order_by().is_empty() && frame.units != WindowFrameUnits::Rows;
+    if frame.end_bound.is_unbounded() || peers_only {
         aggregates.push(Arc::new(aggregate.clone()));
         return Ok(Function::Aggregate(aggregates.len() - 1));
+    }
+    if e.order_by().is_empty() {
+        return Err(Unsupported(format!(
+            "`{}`: a running aggregate without ORDER BY follows the input's order (frame \
+             {frame})",
+            e.name()
+        )));
     }
     if !matches!(frame.end_bound, WindowFrameBound::CurrentRow) {
         return Err(Unsupported(format!(
@@ -348,8 +375,9 @@ fn function(
         )));
     }
     let r = running_aggregate(e, aggregate, schema, running_args)?;
+    // RANGE and GROUPS frames end at the current row's last peer.
     running.push(Running {
-        range: frame.units == WindowFrameUnits::Range,
+        range: frame.units != WindowFrameUnits::Rows,
         ..r
     });
     if running
@@ -358,7 +386,7 @@ fn function(
     {
         // DataFusion adds a run of peers as one batch sum, in an order of its own.
         return Err(Unsupported(format!(
-            "`{}`: a float sum over a RANGE frame adds peers in the CPU's own order",
+            "`{}`: a float sum over a RANGE or GROUPS frame adds peers in the CPU's own order",
             e.name()
         )));
     }
