@@ -12,8 +12,9 @@
 //! ```
 //!
 //! With the `cpu` backend every plan runs on DataFusion's operators. With `cuda` (or `emulated`,
-//! the same kernels run by a host emulator) supported operators run on the GPU (filters, projections, sorts, aggregations and
-//! hash joins) and the rest stay on the CPU; `EXPLAIN` shows which. See `docs/ARCHITECTURE.md`.
+//! the same kernels run by a host emulator) supported operators run on the GPU (filters,
+//! projections, sorts, aggregations, joins, limits, unions and window functions) and the rest
+//! stay on the CPU; `EXPLAIN` shows which. See `docs/ARCHITECTURE.md`.
 //!
 //! ```
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
