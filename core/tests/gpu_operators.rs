@@ -268,6 +268,8 @@ const PROJECTIONS: &[&str] = &[
     "a & 3, b | 5, b << 3, a >> 2, t << 9, u & 255, a >> -1, b << 70",
     "s || 'x', s || '-' || s, CASE WHEN a > 0 THEN s ELSE '' END || ','",
     "CASE f WHEN 0 THEN 'zero' WHEN 1.5 THEN 'x' ELSE 'other' END, CASE g WHEN -0.0 THEN 1 END",
+    "floor(f), ceil(f), floor(g), ceil(g * 2.5), nullif(a, 3), nullif(s, 'abc'), \
+     nullif(f, -0.0), nullif(m, 1.50), nullif(dt, DATE '1994-09-02')",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -126,6 +126,21 @@ fn cases() -> Vec<(&'static str, &'static str, u64)> {
             f((2.345f64 * 100.0).round() / 100.0),
         ),
         (
+            "floor(-2.5)",
+            "r = (u64)__double_as_longlong(spate::float_floor<f64>(-2.5));",
+            f(-3.0),
+        ),
+        (
+            "ceil(-0.5) is -0.0",
+            "r = (u64)__double_as_longlong(spate::float_ceil<f64>(-0.5));",
+            f(-0.0),
+        ),
+        (
+            "floor(-NaN) keeps its sign",
+            "r = (u64)__double_as_longlong(spate::float_floor<f64>(__longlong_as_double((i64)0xfff8000000000001ull)));",
+            0xfff8_0000_0000_0001,
+        ),
+        (
             "round(-2.5) is -3",
             "r = (u64)__double_as_longlong(spate::round_float<f64>(-2.5, 1.0));",
             f(-3.0),

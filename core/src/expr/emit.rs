@@ -331,6 +331,11 @@ impl Emitter {
                     }
                 }
             }
+            Op::FloorCeil { arg, ceil } => {
+                let a = self.node(arg);
+                let f = if *ceil { "float_ceil" } else { "float_floor" };
+                self.bind(ty, &format!("spate::{f}<{c}>({})", a.value), a.null)
+            }
             Op::RoundFloat { arg, factor } => {
                 let a = self.node(arg);
                 let factor = match ty {

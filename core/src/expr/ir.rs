@@ -193,6 +193,11 @@ pub(crate) enum Op {
         arg: Box<Node>,
         overflow: Option<Check>,
     },
+    /// `floor(x)` or `ceil(x)` (`ceil`) on a float, as Rust's (NaN stays itself, quieted).
+    FloorCeil {
+        arg: Box<Node>,
+        ceil: bool,
+    },
     /// `round(x, dp)` on a float: `(x * factor).round() / factor` with `factor = 10^dp`,
     /// half away from zero, as DataFusion's.
     RoundFloat {
@@ -304,6 +309,7 @@ impl Node {
             Op::IsNull { arg, .. }
             | Op::Abs { arg, .. }
             | Op::RoundFloat { arg, .. }
+            | Op::FloorCeil { arg, .. }
             | Op::Cast { arg, .. }
             | Op::Like { arg, .. }
             | Op::Length { arg, .. }
@@ -341,7 +347,7 @@ fn properties(op: &Op) -> (bool, bool) {
         Op::Const(value) => (value.is_none(), false),
         Op::Not(a) | Op::Negate(a) => (a.nullable, a.fallible),
         Op::Abs { arg, overflow } => (arg.nullable, arg.fallible || overflow.is_some()),
-        Op::RoundFloat { arg, .. } => (arg.nullable, arg.fallible),
+        Op::RoundFloat { arg, .. } | Op::FloorCeil { arg, .. } => (arg.nullable, arg.fallible),
         Op::Bitwise { left, right, .. } => either(left, right),
         Op::Concat(parts) => (
             parts.iter().any(|p| p.nullable),

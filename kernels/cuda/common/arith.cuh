@@ -233,6 +233,17 @@ __device__ __forceinline__ f32 float_abs(f32 a) {
     return __uint_as_float(__float_as_uint(a) & 0x7fffffffu);
 }
 
+// floor and ceil of a float, as Rust's: a NaN comes back quieted, with its sign and payload.
+template <typename F>
+__device__ __forceinline__ F float_floor(F x) {
+    return cpu_nan((F)floor(x), x, x);
+}
+
+template <typename F>
+__device__ __forceinline__ F float_ceil(F x) {
+    return cpu_nan((F)ceil(x), x, x);
+}
+
 // round(x, dp) on a float as DataFusion's: (x * factor).round() / factor with factor = 10^dp,
 // rounding half away from zero. A NaN product comes back as it is, as the CPU's round and
 // division pass it through.

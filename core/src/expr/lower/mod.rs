@@ -101,6 +101,8 @@ impl<'a> Lowerer<'a> {
                 "substr" | "substring" => return self.substr(f),
                 "abs" => return self.abs(f),
                 "round" => return self.round(f),
+                "floor" | "ceil" => return self.floor_ceil(f),
+                "nullif" => return self.nullif(f),
                 _ => {}
             }
         }
@@ -487,6 +489,58 @@ impl<'a> Lowerer<'a> {
             Op::Abs {
                 arg: boxed(a),
                 overflow,
+            },
+        ))
+    }
+
+    /// `floor(x)` and `ceil(x)` on floats (DataFusion's keep the type: Rust's `f64::floor`).
+    fn floor_ceil(&mut self, f: &ScalarFunctionExpr) -> Result<Node, Unsupported> {
+        let unsupported = || Unsupported(format!("`{f}` is not supported on the GPU yet"));
+        let [arg] = f.args() else {
+            return Err(unsupported());
+        };
+        let a = self.lower(arg.as_ref())?;
+        if !matches!(a.ty, DevType::F32 | DevType::F64)
+            || DevType::of(f.return_type()) != Some(a.ty)
+        {
+            return Err(unsupported());
+        }
+        Ok(Node::new(
+            a.ty,
+            Op::FloorCeil {
+                arg: boxed(a),
+                ceil: f.name() == "ceil",
+            },
+        ))
+    }
+
+    /// `nullif(a, b)`: NULL where Arrow's `eq` finds `a` and `b` equal (floats in total order),
+    /// else `a`, as DataFusion's.
+    fn nullif(&mut self, f: &ScalarFunctionExpr) -> Result<Node, Unsupported> {
+        let [a, b] = f.args() else {
+            return Err(Unsupported(format!("`{f}` takes two arguments")));
+        };
+        let (a, b) = (self.lower(a.as_ref())?, self.lower(b.as_ref())?);
+        if !a.ty.comparable(b.ty) || DevType::of(f.return_type()) != Some(a.ty) {
+            return Err(Unsupported(format!(
+                "`{f}` over {:?} and {:?} is not supported on the GPU yet",
+                a.ty, b.ty
+            )));
+        }
+        let equal = Node::new(
+            DevType::Bool,
+            Op::Compare {
+                cmp: Cmp::TotalEq,
+                left: boxed(a.clone()),
+                right: boxed(b),
+            },
+        );
+        let ty = a.ty;
+        Ok(Node::new(
+            ty,
+            Op::Case {
+                branches: vec![(equal, Node::new(ty, Op::Const(None)))],
+                otherwise: Some(boxed(a)),
             },
         ))
     }
