@@ -35,11 +35,14 @@
 //! right side of AND/OR DataFusion evaluates a batch-dependent set of rows, so expressions that
 //! can fail stay on the CPU there.
 //!
-//! Also: `[NOT] IN (list)`, `CASE WHEN` and `CASE x WHEN` (not on floats), `coalesce`,
+//! Also: `[NOT] IN (list)`, `CASE WHEN` and `CASE x WHEN`, `coalesce`,
 //! `extract(year|month|day)` and `date ± interval` (months and days, the day clamped to the
 //! month's end as Arrow does) on Date32, and on strings (read as offsets + bytes) comparisons,
 //! `IN`, `LIKE` (`%`, `_` and backslash escapes), `character_length`, `octet_length` and `substr`
-//! with literal positions (a value kernel also outputs strings).
+//! with literal positions, and `||` as a value kernel's output; `abs`, `round` with a literal
+//! scale, `floor`, `ceil`, `nullif`, bitwise `& | ^ << >>`, and `CASE x WHEN` on floats (Arrow's
+//! total-order `eq`). A division that a CASE branch's WHEN proves safe (`WHEN c > 0 THEN x / c`)
+//! carries no check.
 //!
 //! Anything else (other string functions, casts from and to strings) is reported
 //! as [`Unsupported`] with the expression named, and the operator stays on the CPU.
