@@ -270,6 +270,8 @@ const PROJECTIONS: &[&str] = &[
     "CASE f WHEN 0 THEN 'zero' WHEN 1.5 THEN 'x' ELSE 'other' END, CASE g WHEN -0.0 THEN 1 END",
     "floor(f), ceil(f), floor(g), ceil(g * 2.5), nullif(a, 3), nullif(s, 'abc'), \
      nullif(f, -0.0), nullif(m, 1.50), nullif(dt, DATE '1994-09-02')",
+    "btrim(s), btrim(s, 'xz'), ltrim(s, 'x'), rtrim(s, 'zA'), starts_with(s, 'xyzx'), \
+     ends_with(s, 'yz'), starts_with(s, s), length(btrim(s, 'xyz'))",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

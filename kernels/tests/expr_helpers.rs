@@ -345,6 +345,16 @@ fn cases() -> Vec<(&'static str, &'static str, u64)> {
             1,
         ),
         (
+            "btrim('xxaxbx', 'x') is 'axb'",
+            "const u8 s[] = {'x','x','a','x','b','x'}; const u8 set[] = {'x'}; u64 n; const u8* p = spate::trim_bytes(s, 6, set, 1, true, true, &n); r = (u64)(p - s) * 100 + n;",
+            203,
+        ),
+        (
+            "rtrim of only trimmed bytes is empty",
+            "const u8 s[] = {' ',' '}; const u8 set[] = {' '}; u64 n = 9; spate::trim_bytes(s, 2, set, 1, false, true, &n); r = n;",
+            0,
+        ),
+        (
             "'abd' LIKE 'abc'",
             "const u8 s[] = {'a','b','d'}; const u8 p[] = {'a','b','c'}; const u64 lens[] = {3}; r = spate::like_segments(s, 3, p, lens, 1);",
             0,

@@ -622,6 +622,36 @@ impl Emitter {
                 };
                 self.bind(ty, &value, a.null)
             }
+            Op::Trim {
+                arg,
+                chars,
+                left,
+                right,
+            } => {
+                let a = self.node(arg);
+                let set = self.string_literal(chars);
+                let v = self.var();
+                self.line(&format!(
+                    "u64 {v}_n;\nconst u8* {v} = spate::trim_bytes({a}, {a}_n, {s}, {s}_n, {left}, {right}, &{v}_n);",
+                    a = a.value,
+                    s = set.value
+                ));
+                Operand {
+                    value: v,
+                    null: a.null,
+                    ty,
+                }
+            }
+            Op::Affix { arg, affix, ends } => {
+                let (a, p) = (self.node(arg), self.node(affix));
+                let f = if *ends { "str_ends" } else { "str_starts" };
+                let value = format!(
+                    "spate::{f}({a}, {a}_n, {p}, {p}_n)",
+                    a = a.value,
+                    p = p.value
+                );
+                self.bind(ty, &value, either_null(&a, &p))
+            }
             Op::Substr { arg, from, to } => {
                 let a = self.node(arg);
                 let v = self.var();

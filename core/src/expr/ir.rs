@@ -268,6 +268,20 @@ pub(crate) enum Op {
         arg: Box<Node>,
         chars: bool,
     },
+    /// A string without the leading (`left`) and trailing (`right`) bytes found in `chars`
+    /// (ASCII, so a byte is a character).
+    Trim {
+        arg: Box<Node>,
+        chars: Vec<u8>,
+        left: bool,
+        right: bool,
+    },
+    /// Whether a string starts (or, `ends`, ends) with another.
+    Affix {
+        arg: Box<Node>,
+        affix: Box<Node>,
+        ends: bool,
+    },
     /// The characters of a string at 1-based positions `[from, to)` (`from` >= 1).
     Substr {
         arg: Box<Node>,
@@ -310,6 +324,7 @@ impl Node {
             | Op::Abs { arg, .. }
             | Op::RoundFloat { arg, .. }
             | Op::FloorCeil { arg, .. }
+            | Op::Trim { arg, .. }
             | Op::Cast { arg, .. }
             | Op::Like { arg, .. }
             | Op::Length { arg, .. }
@@ -321,6 +336,11 @@ impl Node {
             | Op::Distinct { left, right, .. }
             | Op::Arith { left, right, .. }
             | Op::Bitwise { left, right, .. }
+            | Op::Affix {
+                arg: left,
+                affix: right,
+                ..
+            }
             | Op::Decimal { left, right, .. }
             | Op::Divide { left, right, .. }
             | Op::DecimalDivide { left, right, .. } => vec![left, right],
@@ -347,7 +367,10 @@ fn properties(op: &Op) -> (bool, bool) {
         Op::Const(value) => (value.is_none(), false),
         Op::Not(a) | Op::Negate(a) => (a.nullable, a.fallible),
         Op::Abs { arg, overflow } => (arg.nullable, arg.fallible || overflow.is_some()),
-        Op::RoundFloat { arg, .. } | Op::FloorCeil { arg, .. } => (arg.nullable, arg.fallible),
+        Op::RoundFloat { arg, .. } | Op::FloorCeil { arg, .. } | Op::Trim { arg, .. } => {
+            (arg.nullable, arg.fallible)
+        }
+        Op::Affix { arg, affix, .. } => either(arg, affix),
         Op::Bitwise { left, right, .. } => either(left, right),
         Op::Concat(parts) => (
             parts.iter().any(|p| p.nullable),

@@ -108,6 +108,31 @@ __device__ inline const u8* substr_chars(const u8* s, u64 n, i64 from, i64 to, u
     return s + lo;
 }
 
+// A string without its leading (`left`) and trailing (`right`) bytes that are in `set` (`sn`
+// ASCII bytes), as DataFusion's btrim/ltrim/rtrim. Returns where the rest starts and writes its
+// length.
+__device__ inline const u8* trim_bytes(const u8* s, u64 n, const u8* set, u64 sn, bool left, bool right, u64* out_n) {
+    u64 lo = 0, hi = n;
+    if (left) {
+        while (lo < hi) {
+            bool in = false;
+            for (u64 k = 0; k < sn; ++k) in = in || s[lo] == set[k];
+            if (!in) break;
+            ++lo;
+        }
+    }
+    if (right) {
+        while (hi > lo) {
+            bool in = false;
+            for (u64 k = 0; k < sn; ++k) in = in || s[hi - 1] == set[k];
+            if (!in) break;
+            --hi;
+        }
+    }
+    *out_n = hi - lo;
+    return s + lo;
+}
+
 // SQL LIKE for a pattern of literal text and `%` only, given as its `count` segments between
 // the `%`s (their bytes concatenated in `bytes`, their lengths in `lens`, empty ones included):
 // a single segment must equal the text; else the first must start it, the last end it, and the

@@ -102,6 +102,8 @@ impl<'a> Lowerer<'a> {
                 "abs" => return self.abs(f),
                 "round" => return self.round(f),
                 "floor" | "ceil" => return self.floor_ceil(f),
+                "btrim" | "ltrim" | "rtrim" => return self.trim(f),
+                "starts_with" | "ends_with" => return self.affix(f),
                 "nullif" => return self.nullif(f),
                 _ => {}
             }
@@ -510,6 +512,58 @@ impl<'a> Lowerer<'a> {
             Op::FloorCeil {
                 arg: boxed(a),
                 ceil: f.name() == "ceil",
+            },
+        ))
+    }
+
+    /// `btrim`, `ltrim` and `rtrim`, as DataFusion's: without a second argument they remove
+    /// spaces; with a literal one, any of its characters (ASCII ones here).
+    fn trim(&mut self, f: &ScalarFunctionExpr) -> Result<Node, Unsupported> {
+        let unsupported = || Unsupported(format!("`{f}` is not supported on the GPU yet"));
+        let (arg, chars) = match f.args() {
+            [arg] => (arg, b" ".to_vec()),
+            [arg, chars] => match chars.downcast_ref::<Literal>().map(Literal::value) {
+                Some(
+                    ScalarValue::Utf8(Some(c))
+                    | ScalarValue::LargeUtf8(Some(c))
+                    | ScalarValue::Utf8View(Some(c)),
+                ) if c.is_ascii() => (arg, c.as_bytes().to_vec()),
+                _ => return Err(unsupported()),
+            },
+            _ => return Err(unsupported()),
+        };
+        let a = self.lower(arg.as_ref())?;
+        if a.ty != DevType::Str || DevType::of(f.return_type()) != Some(DevType::Str) {
+            return Err(unsupported());
+        }
+        let name = f.name();
+        Ok(Node::new(
+            DevType::Str,
+            Op::Trim {
+                arg: boxed(a),
+                chars,
+                left: name != "rtrim",
+                right: name != "ltrim",
+            },
+        ))
+    }
+
+    /// `starts_with(s, prefix)` and `ends_with(s, suffix)`, bytewise.
+    fn affix(&mut self, f: &ScalarFunctionExpr) -> Result<Node, Unsupported> {
+        let unsupported = || Unsupported(format!("`{f}` is not supported on the GPU yet"));
+        let [arg, affix] = f.args() else {
+            return Err(unsupported());
+        };
+        let (a, p) = (self.lower(arg.as_ref())?, self.lower(affix.as_ref())?);
+        if a.ty != DevType::Str || p.ty != DevType::Str || f.return_type() != &DataType::Boolean {
+            return Err(unsupported());
+        }
+        Ok(Node::new(
+            DevType::Bool,
+            Op::Affix {
+                arg: boxed(a),
+                affix: boxed(p),
+                ends: f.name() == "ends_with",
             },
         ))
     }
