@@ -38,8 +38,9 @@
 //! Also: `[NOT] IN (list)`, `CASE WHEN` and `CASE x WHEN`, `coalesce`,
 //! `extract(year|month|day)` and `date ± interval` (months and days, the day clamped to the
 //! month's end as Arrow does) on Date32, and on strings (read as offsets + bytes) comparisons,
-//! `IN`, `LIKE` (`%`, `_` and backslash escapes), `character_length`, `octet_length` and `substr`
-//! with literal positions, and `||` as a value kernel's output; `abs`, `round` with a literal
+//! `IN`, `LIKE` (`%`, `_` and backslash escapes), `character_length`, `octet_length`, `substr`
+//! with literal positions, `btrim`/`ltrim`/`rtrim`, `starts_with`/`ends_with`, and `||` as a
+//! value kernel's output; `abs`, `round` with a literal
 //! scale, `floor`, `ceil`, `nullif`, bitwise `& | ^ << >>`, and `CASE x WHEN` on floats (Arrow's
 //! total-order `eq`). A division that a CASE branch's WHEN proves safe (`WHEN c > 0 THEN x / c`)
 //! carries no check.
