@@ -192,6 +192,15 @@ fn rows(batches: &[RecordBatch]) -> Vec<String> {
     out
 }
 
+/// A GPU engine and a CPU engine with `data` registered as `t` in both.
+fn engines_over(data: Vec<RecordBatch>, batch_size: usize, partitions: usize) -> (Engine, Engine) {
+    let gpu = engine_with(Backend::Emulated, batch_size, partitions);
+    let cpu = engine_with(Backend::Cpu, batch_size, partitions);
+    gpu.register_batches("t", data.clone()).unwrap();
+    cpu.register_batches("t", data).unwrap();
+    (gpu, cpu)
+}
+
 fn engine(backend: Backend, batch_size: usize) -> Engine {
     engine_with(backend, batch_size, 2)
 }
@@ -224,11 +233,7 @@ async fn filters_match_the_cpu_at_every_batch_size() {
         (3, 60, 1),
         (4, 0, 8192),
     ] {
-        let data = table(rows_in_table, seed);
-        let gpu = engine(Backend::Emulated, batch_size);
-        let cpu = engine(Backend::Cpu, batch_size);
-        gpu.register_batches("t", data.clone()).unwrap();
-        cpu.register_batches("t", data).unwrap();
+        let (gpu, cpu) = engines_over(table(rows_in_table, seed), batch_size, 2);
         for predicate in PREDICATES {
             let sql = format!("SELECT * FROM t WHERE {predicate}");
             let want = rows(&cpu.collect(&sql).await.unwrap());
@@ -331,11 +336,7 @@ async fn sorts_match_the_cpu_order() {
         (13, 1, 8192),
         (14, 0, 8192),
     ] {
-        let data = table(rows_in_table, seed);
-        let gpu = engine(Backend::Emulated, batch_size);
-        let cpu = engine(Backend::Cpu, batch_size);
-        gpu.register_batches("t", data.clone()).unwrap();
-        cpu.register_batches("t", data).unwrap();
+        let (gpu, cpu) = engines_over(table(rows_in_table, seed), batch_size, 2);
         for order in ORDERS {
             let keys: Vec<&str> = order
                 .split(',')
@@ -385,11 +386,7 @@ async fn sorts_by_expressions_match_the_cpu_order() {
     for (seed, rows_in_table, batch_size) in
         [(21u64, 3000usize, 8192usize), (22, 300, 7), (23, 0, 8192)]
     {
-        let data = table(rows_in_table, seed);
-        let gpu = engine(Backend::Emulated, batch_size);
-        let cpu = engine(Backend::Cpu, batch_size);
-        gpu.register_batches("t", data.clone()).unwrap();
-        cpu.register_batches("t", data).unwrap();
+        let (gpu, cpu) = engines_over(table(rows_in_table, seed), batch_size, 2);
         for sql in QUERIES {
             let want = ordered(&cpu.collect(sql).await.unwrap());
             let got = ordered(&gpu.collect(sql).await.unwrap());
@@ -660,11 +657,7 @@ async fn variance_and_stddev_match_the_cpu() {
         (53, 1, 8192, 1),
         (54, 0, 8192, 2),
     ] {
-        let data = table(rows_in_table, seed);
-        let gpu = engine_with(Backend::Emulated, batch_size, partitions);
-        let cpu = engine_with(Backend::Cpu, batch_size, partitions);
-        gpu.register_batches("t", data.clone()).unwrap();
-        cpu.register_batches("t", data).unwrap();
+        let (gpu, cpu) = engines_over(table(rows_in_table, seed), batch_size, partitions);
         for sql in QUERIES {
             let want = rows(&cpu.collect(sql).await.unwrap());
             let got = rows(
@@ -731,11 +724,7 @@ async fn window_functions_match_the_cpu() {
         (63, 1, 8192, 2),
         (64, 0, 8192, 2),
     ] {
-        let data = table(rows_in_table, seed);
-        let gpu = engine_with(Backend::Emulated, batch_size, partitions);
-        let cpu = engine_with(Backend::Cpu, batch_size, partitions);
-        gpu.register_batches("t", data.clone()).unwrap();
-        cpu.register_batches("t", data).unwrap();
+        let (gpu, cpu) = engines_over(table(rows_in_table, seed), batch_size, partitions);
         for sql in QUERIES {
             let want = rows(&cpu.collect(sql).await.unwrap());
             let got = rows(
@@ -760,11 +749,7 @@ async fn window_functions_match_the_cpu() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn window_functions_the_gpu_cannot_match_stay_on_the_cpu() {
-    let data = table(500, 65);
-    let gpu = engine_with(Backend::Emulated, 8192, 1);
-    let cpu = engine_with(Backend::Cpu, 8192, 1);
-    gpu.register_batches("t", data.clone()).unwrap();
-    cpu.register_batches("t", data).unwrap();
+    let (gpu, cpu) = engines_over(table(500, 65), 8192, 1);
     for (sql, reason) in [
         (
             "SELECT a, sum(b) FILTER (WHERE b > 0) OVER (PARTITION BY a) FROM t",
@@ -811,11 +796,7 @@ async fn grouping_sets_match_the_cpu() {
         (42, 300, 7, 1),
         (43, 0, 8192, 2),
     ] {
-        let data = table(rows_in_table, seed);
-        let gpu = engine_with(Backend::Emulated, batch_size, partitions);
-        let cpu = engine_with(Backend::Cpu, batch_size, partitions);
-        gpu.register_batches("t", data.clone()).unwrap();
-        cpu.register_batches("t", data).unwrap();
+        let (gpu, cpu) = engines_over(table(rows_in_table, seed), batch_size, partitions);
         for sql in QUERIES {
             let want = rows(&cpu.collect(sql).await.unwrap());
             let got = rows(
@@ -841,11 +822,7 @@ async fn aggregations_match_the_cpu() {
         (25, 0, 8192, 2),
         (26, 2500, 8192, 1),
     ] {
-        let data = table(rows_in_table, seed);
-        let gpu = engine_with(Backend::Emulated, batch_size, partitions);
-        let cpu = engine_with(Backend::Cpu, batch_size, partitions);
-        gpu.register_batches("t", data.clone()).unwrap();
-        cpu.register_batches("t", data).unwrap();
+        let (gpu, cpu) = engines_over(table(rows_in_table, seed), batch_size, partitions);
         for keys in GROUP_KEYS {
             let sql = if keys.is_empty() {
                 format!("SELECT {AGGREGATES}, {FLOAT_MIN_MAX} FROM t")
@@ -966,11 +943,7 @@ async fn assert_same_outcome(cpu: &Engine, gpu: &Engine, sql: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abs_of_the_smallest_integer_fails_on_the_gpu_as_on_the_cpu() {
     // Every 13th row's b is i64::MIN.
-    let data = table(500, 31);
-    let gpu = engine_with(Backend::Emulated, 8192, 1);
-    let cpu = engine_with(Backend::Cpu, 8192, 1);
-    gpu.register_batches("t", data.clone()).unwrap();
-    cpu.register_batches("t", data).unwrap();
+    let (gpu, cpu) = engines_over(table(500, 31), 8192, 1);
     for sql in [
         "SELECT abs(b) FROM t WHERE a IS NULL OR a > -15",
         "SELECT abs(b) FROM t WHERE b > 0",
@@ -1181,11 +1154,7 @@ async fn count_distinct_matches_the_cpu() {
     for (seed, rows_in_table, batch_size) in
         [(31u64, 3000usize, 8192usize), (32, 300, 7), (33, 0, 8192)]
     {
-        let data = table(rows_in_table, seed);
-        let gpu = engine_with(Backend::Emulated, batch_size, 1);
-        let cpu = engine_with(Backend::Cpu, batch_size, 1);
-        gpu.register_batches("t", data.clone()).unwrap();
-        cpu.register_batches("t", data).unwrap();
+        let (gpu, cpu) = engines_over(table(rows_in_table, seed), batch_size, 1);
         for keys in ["", "a", "s", "p, dt"] {
             let aggregates = "count(DISTINCT b), count(DISTINCT s), count(DISTINCT m), \
                               count(DISTINCT dt), count(DISTINCT p), count(*), sum(a)";

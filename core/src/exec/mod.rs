@@ -71,6 +71,7 @@ macro_rules! gpu_plan_methods {
 pub(crate) use gpu_plan_methods;
 
 pub mod aggregate;
+mod appended;
 mod batching;
 pub mod cache;
 pub mod coalesce;

@@ -17,7 +17,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::datatypes::{DataType, Schema, SchemaRef};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::Result as DFResult;
 use datafusion::execution::TaskContext;
@@ -33,6 +33,7 @@ use futures::TryStreamExt;
 use spate_kernels::sort::{self as ks, SortKeySource};
 use spate_kernels::{DeviceBuffer, DeviceSlice, Stream as DeviceStream, gather};
 
+use super::appended::Appended;
 use super::batching::KeepsCounts;
 use super::top_k;
 use super::{
@@ -41,7 +42,7 @@ use super::{
 };
 use crate::column::{DeviceBatch, DeviceValues, Gather, concat_device_batches, gather_columns};
 use crate::error::{Result, SpateError};
-use crate::expr::{Unsupported, ValueKernel, evaluate_values, value_kernel};
+use crate::expr::Unsupported;
 
 /// The radix key family of a sort column.
 #[derive(Debug, Clone, Copy)]
@@ -75,19 +76,10 @@ pub(crate) struct SortKey {
 pub struct GpuSortExec {
     cpu: Arc<SortExec>,
     keys: Vec<SortKey>,
-    /// Sort keys that are expressions (`ORDER BY a - b`): computed by one value kernel into
-    /// columns appended to each input batch, which `keys` then refer to, and left out of the
-    /// output.
-    computed: Option<ComputedKeys>,
+    /// Sort keys that are expressions (`ORDER BY a - b`): computed into columns appended to
+    /// each input batch, which `keys` then refer to, and left out of the output.
+    computed: Option<Arc<Appended>>,
     metrics: ExecutionPlanMetricsSet,
-}
-
-/// Sort keys computed from the input's columns.
-#[derive(Debug)]
-struct ComputedKeys {
-    kernel: ValueKernel,
-    /// The input's schema with the computed keys appended.
-    wide: SchemaRef,
 }
 
 impl GpuSortExec {
@@ -95,7 +87,7 @@ impl GpuSortExec {
     pub fn try_new(sort: Arc<SortExec>) -> std::result::Result<Self, Unsupported> {
         let schema = sort.input().schema();
         check_input_types(&schema)?;
-        let mut fields = schema.fields().to_vec();
+        let width = schema.fields().len();
         let mut ordering = Vec::with_capacity(sort.expr().len());
         let mut computed: Vec<&dyn PhysicalExpr> = Vec::new();
         for e in sort.expr().iter() {
@@ -103,27 +95,17 @@ impl GpuSortExec {
                 ordering.push(e.clone());
                 continue;
             }
-            let data_type = e
-                .expr
-                .data_type(&schema)
-                .map_err(|err| Unsupported(format!("sort key `{}`: {err}", e.expr)))?;
             let name = format!("__spate_sort_key_{}", computed.len());
             ordering.push(PhysicalSortExpr {
-                expr: Arc::new(Column::new(&name, fields.len())),
+                expr: Arc::new(Column::new(&name, width + computed.len())),
                 options: e.options,
             });
-            fields.push(Arc::new(Field::new(name, data_type, true)));
             computed.push(e.expr.as_ref());
         }
-        let wide: SchemaRef = Arc::new(Schema::new(fields));
-        let keys = sort_keys(ordering.iter(), &wide)?;
-        let computed = if computed.is_empty() {
-            None
-        } else {
-            Some(ComputedKeys {
-                kernel: value_kernel(&computed, &schema)?,
-                wide,
-            })
+        let computed = Appended::new(&computed, &schema, "__spate_sort_key_")?.map(Arc::new);
+        let keys = match &computed {
+            Some(c) => sort_keys(ordering.iter(), c.wide())?,
+            None => sort_keys(ordering.iter(), &schema)?,
         };
         Ok(GpuSortExec {
             cpu: sort,
@@ -461,19 +443,6 @@ fn sort_batch(
     DeviceBatch::try_new(Arc::clone(output), columns, rows)
 }
 
-/// `batch` with the computed sort keys appended (schema `wide`).
-fn with_keys(
-    stream: &DeviceStream,
-    kernel: &spate_kernels::Kernel,
-    values: &ValueKernel,
-    wide: &SchemaRef,
-    batch: DeviceBatch,
-) -> Result<DeviceBatch> {
-    let mut columns = batch.columns().to_vec();
-    columns.extend(evaluate_values(stream, kernel, values, &batch)?);
-    DeviceBatch::try_new_counted(Arc::clone(wide), columns, batch.row_count().clone())
-}
-
 impl DisplayAs for GpuSortExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         crate::exec::display_gpu(self.cpu.as_ref(), t, f)
@@ -545,14 +514,9 @@ impl GpuExec for GpuSortExec {
     ) -> DFResult<DeviceBatchStream> {
         let gpu = gpu_context(&context)?;
         let null_kernels = null_kernels(&gpu).map_err(to_df)?;
-        // Computed keys: their kernel, and the schema of the batches that carry them.
+        // Computed keys: their kernel, and what computes them.
         let computed = match &self.computed {
-            Some(c) => Some((
-                gpu.generated_kernel(&c.kernel.source, &c.kernel.entry)
-                    .map_err(to_df)?,
-                c.kernel.clone(),
-                Arc::clone(&c.wide),
-            )),
+            Some(c) => Some((c.kernel(&gpu).map_err(to_df)?, Arc::clone(c))),
             None => None,
         };
         let transfer = TransferMetrics::new(&self.metrics, partition);
@@ -573,7 +537,7 @@ impl GpuExec for GpuSortExec {
         let output = self.schema();
         let schema = computed
             .as_ref()
-            .map_or_else(|| Arc::clone(&output), |(_, _, wide)| Arc::clone(wide));
+            .map_or_else(|| Arc::clone(&output), |(_, c)| Arc::clone(c.wide()));
         let sorted = futures::stream::once(async move {
             let mut input = input;
             let mut held: Vec<DeviceBatch> = Vec::new();
@@ -582,9 +546,9 @@ impl GpuExec for GpuSortExec {
             let mut top = fetch.and_then(|k| top_k::TopK::new(&keys, k));
             while let Some(batch) = input.try_next().await? {
                 let batch = match &computed {
-                    Some((kernel, values, wide)) => {
+                    Some((kernel, c)) => {
                         let _timer = baseline.elapsed_compute().timer();
-                        with_keys(&stream, kernel, values, wide, batch).map_err(to_df)?
+                        c.append(&stream, kernel, batch).map_err(to_df)?
                     }
                     None => batch,
                 };

@@ -233,6 +233,11 @@ fn rewrite(node: Arc<dyn ExecutionPlan>, gpu_consumer: bool) -> DFResult<Arc<dyn
 /// `projection` on the GPU over its rewritten input, when that input is a GPU operator (its CPU
 /// exchanges dropped); `None` otherwise.
 fn projection_on_gpu(projection: &ProjectionExec) -> DFResult<Option<Arc<dyn ExecutionPlan>>> {
+    // Its input is rewritten only for a projection the GPU can compute (the rewrite above
+    // redoes it otherwise).
+    if GpuProjectionExec::try_new(Arc::new(projection.clone())).is_err() {
+        return Ok(None);
+    }
     let input = rewrite(Arc::clone(projection.input()), true)?;
     if as_gpu_exec(input.as_ref()).is_none() {
         return Ok(None);

@@ -44,7 +44,7 @@ mod sets;
 
 pub(crate) use segments::SegmentAggregate;
 
-use self::plan::{AggPlan, Operand, analyze};
+use self::plan::{AggPlan, analyze};
 use self::sets::{empty_sets_batch, expand_sets};
 
 use std::fmt;
@@ -79,7 +79,7 @@ use crate::column::{
     concat_device_batches, gather_columns,
 };
 use crate::error::{Result, SpateError};
-use crate::expr::{DevType, Unsupported, column_args, evaluate_values};
+use crate::expr::{DevType, Unsupported, column_args};
 
 /// An aggregation running on the GPU.
 #[derive(Debug)]
@@ -130,20 +130,7 @@ fn fold(
             if batch.is_certainly_empty() {
                 continue;
             }
-            let computed = match (&plan.computed, &kernels.computed) {
-                (Some(values), Some(kernel)) => {
-                    evaluate_values(&stream, kernel, values, &batch).map_err(to_df)?
-                }
-                _ => Vec::new(),
-            };
-            let args: Vec<DeviceColumn> = plan
-                .args
-                .iter()
-                .map(|o| match *o {
-                    Operand::Input(i) => batch.columns()[i].clone(),
-                    Operand::Computed(k) => computed[k].clone(),
-                })
-                .collect();
+            let (_, args) = plan.operands(&stream, &kernels, &batch).map_err(to_df)?;
             acc.update(&stream, &kernels, &args, batch.row_count(), None, 1)
                 .map_err(to_df)?;
         }
@@ -174,18 +161,7 @@ fn aggregate_batch(
             ),
         });
     }
-    let computed = match (&plan.computed, &kernels.computed) {
-        (Some(values), Some(kernel)) => evaluate_values(stream, kernel, values, batch)?,
-        _ => Vec::new(),
-    };
-    let pick = |o: &Operand| -> DeviceColumn {
-        match *o {
-            Operand::Input(i) => batch.columns()[i].clone(),
-            Operand::Computed(k) => computed[k].clone(),
-        }
-    };
-    let keys: Vec<DeviceColumn> = plan.keys.iter().map(pick).collect();
-    let args: Vec<DeviceColumn> = plan.args.iter().map(pick).collect();
+    let (keys, args) = plan.operands(stream, kernels, batch)?;
     // Grouping sets: every row once per set, with the set's keys NULL and its id.
     let (keys, args, n) = if plan.spec.sets.is_empty() {
         (keys, args, n)
@@ -465,15 +441,7 @@ impl GpuExec for GpuAggregateExec {
         stream: Arc<DeviceStream>,
     ) -> DFResult<DeviceBatchStream> {
         let gpu = gpu_context(&context)?;
-        let program = &self.plan.program;
-        let kernels = Kernels {
-            program: Kernels::compile(&gpu, &program.source, &program.entries).map_err(to_df)?,
-            computed: match &self.plan.computed {
-                Some(k) => Some(gpu.generated_kernel(&k.source, &k.entry).map_err(to_df)?),
-                None => None,
-            },
-        };
-        let kernels = Arc::new(kernels);
+        let kernels = Arc::new(self.plan.kernels(&gpu).map_err(to_df)?);
         let transfer = TransferMetrics::new(&self.metrics, partition);
         if self.plan.folds() {
             let input = device_input(self.cpu.input(), partition, &context, &stream, &transfer)?;

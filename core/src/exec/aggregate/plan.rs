@@ -14,8 +14,12 @@ use datafusion::physical_plan::aggregates::{
 use datafusion::physical_plan::{ExecutionPlan, InputOrderMode};
 
 use super::codegen::{self, AggProgram, AggSpec, Out, Slot, SlotKind};
+use spate_kernels::Stream as DeviceStream;
+
+use crate::column::{DeviceBatch, DeviceColumn};
 use crate::exec::check_input_types;
-use crate::expr::{DevType, Unsupported, ValueKernel, value_kernel};
+use crate::exec::hash_table::Kernels;
+use crate::expr::{DevType, Unsupported, ValueKernel, evaluate_values, value_kernel};
 
 /// Where a key or argument column comes from.
 #[derive(Debug, Clone, Copy)]
@@ -578,5 +582,39 @@ impl AggPlan {
                 .slots
                 .iter()
                 .any(|s| matches!(s.kind, SlotKind::CountDistinct))
+    }
+
+    /// The plan's program and the value kernel of its computed operands, compiled (once per
+    /// session).
+    pub(super) fn kernels(&self, gpu: &crate::device::GpuContext) -> crate::error::Result<Kernels> {
+        Ok(Kernels {
+            program: Kernels::compile(gpu, &self.program.source, &self.program.entries)?,
+            computed: match &self.computed {
+                Some(k) => Some(gpu.generated_kernel(&k.source, &k.entry)?),
+                None => None,
+            },
+        })
+    }
+
+    /// The key and argument columns of `batch`: its own columns, or the value kernel's outputs
+    /// over it.
+    pub(super) fn operands(
+        &self,
+        stream: &DeviceStream,
+        kernels: &Kernels,
+        batch: &DeviceBatch,
+    ) -> crate::error::Result<(Vec<DeviceColumn>, Vec<DeviceColumn>)> {
+        let computed = match (&self.computed, &kernels.computed) {
+            (Some(values), Some(kernel)) => evaluate_values(stream, kernel, values, batch)?,
+            _ => Vec::new(),
+        };
+        let pick = |o: &Operand| match *o {
+            Operand::Input(i) => batch.columns()[i].clone(),
+            Operand::Computed(k) => computed[k].clone(),
+        };
+        Ok((
+            self.keys.iter().map(pick).collect(),
+            self.args.iter().map(pick).collect(),
+        ))
     }
 }

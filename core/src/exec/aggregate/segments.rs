@@ -10,10 +10,10 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode, PhysicalGroupBy};
 use spate_kernels::{DeviceBuffer, Stream as DeviceStream};
 
-use super::{Accumulators, AggPlan, Kernels, Operand, analyze, finish_outputs};
+use super::{Accumulators, AggPlan, Kernels, analyze, finish_outputs};
 use crate::column::{DeviceBatch, DeviceColumn};
 use crate::error::Result;
-use crate::expr::{Unsupported, evaluate_values};
+use crate::expr::Unsupported;
 
 /// The aggregates of a window operator, planned as a single-stage aggregation without keys.
 #[derive(Debug)]
@@ -47,14 +47,7 @@ impl SegmentAggregate {
 
     /// The compiled kernels (once per session).
     pub(crate) fn kernels(&self, gpu: &crate::device::GpuContext) -> Result<Kernels> {
-        let program = &self.plan.program;
-        Ok(Kernels {
-            program: Kernels::compile(gpu, &program.source, &program.entries)?,
-            computed: match &self.plan.computed {
-                Some(k) => Some(gpu.generated_kernel(&k.source, &k.entry)?),
-                None => None,
-            },
-        })
+        self.plan.kernels(gpu)
     }
 
     /// Each aggregate's value per segment (`segments` of them) over the rows of `batch`
@@ -67,19 +60,7 @@ impl SegmentAggregate {
         segment: &DeviceBuffer<u32>,
         segments: usize,
     ) -> Result<Vec<DeviceColumn>> {
-        let computed = match (&self.plan.computed, &kernels.computed) {
-            (Some(values), Some(kernel)) => evaluate_values(stream, kernel, values, batch)?,
-            _ => Vec::new(),
-        };
-        let args: Vec<DeviceColumn> = self
-            .plan
-            .args
-            .iter()
-            .map(|o| match *o {
-                Operand::Input(i) => batch.columns()[i].clone(),
-                Operand::Computed(k) => computed[k].clone(),
-            })
-            .collect();
+        let (_, args) = self.plan.operands(stream, kernels, batch)?;
         let acc = Accumulators::new(stream, &self.plan, segments)?;
         if segments > 0 && batch.bound() > 0 {
             acc.update(

@@ -28,7 +28,7 @@ mod codegen;
 use std::fmt;
 use std::sync::Arc;
 
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::datatypes::{DataType, Schema, SchemaRef};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::Result as DFResult;
 use datafusion::execution::TaskContext;
@@ -50,6 +50,7 @@ use spate_kernels::{KernelArg, Stream as DeviceStream};
 
 use self::codegen::{Running, RunningKind};
 use super::aggregate::SegmentAggregate;
+use super::appended::Appended;
 use super::batching::KeepsCounts;
 use super::hash_table::{Kernels, launch};
 use super::{
@@ -61,7 +62,7 @@ use crate::column::{
     concat_device_batches, gather_columns,
 };
 use crate::error::{Result, SpateError};
-use crate::expr::{DevType, Unsupported, ValueKernel, column_args, evaluate_values, value_kernel};
+use crate::expr::{DevType, Unsupported, column_args};
 
 /// What one window expression computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,9 +83,9 @@ struct WindowPlan {
     /// appended.
     partition: Vec<usize>,
     order: Vec<usize>,
-    /// Keys that are expressions, computed by one value kernel into columns appended to the
-    /// input batch; the output leaves them out.
-    computed: Option<ValueKernel>,
+    /// Keys that are expressions, computed into columns appended to the input batch; the
+    /// output leaves them out.
+    computed: Option<Appended>,
     functions: Vec<Function>,
     aggregates: Option<SegmentAggregate>,
     running: Vec<Running>,
@@ -201,12 +202,8 @@ impl GpuWindowExec {
         } else {
             Some(SegmentAggregate::try_new(aggregates, input)?)
         };
-        let computed = if keys.computed.is_empty() {
-            None
-        } else {
-            let exprs: Vec<&dyn PhysicalExpr> = keys.computed.iter().map(|e| e.as_ref()).collect();
-            Some(value_kernel(&exprs, &schema)?)
-        };
+        let exprs: Vec<&dyn PhysicalExpr> = keys.computed.iter().map(|e| e.as_ref()).collect();
+        let computed = Appended::new(&exprs, &schema, "__spate_window_key_")?;
         let (source, entries) = codegen::program(
             &partition_types,
             &order_types,
@@ -468,29 +465,6 @@ fn running_aggregate(
     })
 }
 
-/// `batch` with the window's computed keys appended.
-fn with_keys(
-    stream: &DeviceStream,
-    kernel: Option<&spate_kernels::Kernel>,
-    plan: &WindowPlan,
-    batch: DeviceBatch,
-) -> Result<DeviceBatch> {
-    let (Some(values), Some(kernel)) = (&plan.computed, kernel) else {
-        return Ok(batch);
-    };
-    let mut columns = batch.columns().to_vec();
-    columns.extend(evaluate_values(stream, kernel, values, &batch)?);
-    let mut fields = batch.schema().fields().to_vec();
-    for (k, data_type) in values.outputs.iter().enumerate() {
-        fields.push(Arc::new(Field::new(
-            format!("__spate_window_key_{k}"),
-            data_type.clone(),
-            true,
-        )));
-    }
-    DeviceBatch::try_new(Arc::new(Schema::new(fields)), columns, batch.bound())
-}
-
 /// The window functions over one (host-counted, sorted) batch: its input columns and one per
 /// function.
 fn window_batch(
@@ -735,7 +709,7 @@ impl GpuExec for GpuWindowExec {
             None => None,
         };
         let keys_kernel = match &plan.computed {
-            Some(k) => Some(gpu.generated_kernel(&k.source, &k.entry).map_err(to_df)?),
+            Some(c) => Some(c.kernel(&gpu).map_err(to_df)?),
             None => None,
         };
         let transfer = TransferMetrics::new(&self.metrics, partition);
@@ -754,7 +728,10 @@ impl GpuExec for GpuWindowExec {
             let _timer = baseline.elapsed_compute().timer();
             let all = concat_device_batches(&stream, &input_schema, batches)
                 .and_then(|b| b.resolve(&stream))
-                .and_then(|b| with_keys(&stream, keys_kernel.as_ref(), &plan, b))
+                .and_then(|b| match (&plan.computed, &keys_kernel) {
+                    (Some(c), Some(kernel)) => c.append(&stream, kernel, b),
+                    _ => Ok(b),
+                })
                 .map_err(to_df)?;
             let out = window_batch(
                 &stream,
