@@ -1286,7 +1286,23 @@ async fn hash_joins_match_the_cpu() {
                             o = side.0,
                             i = side.1
                         ));
+                        // Under OR: a mark join, with a residual filter.
+                        queries.push(format!(
+                            "SELECT {o}.a, {o}.dt, {o}.s FROM {o} WHERE {exists} (SELECT 1 FROM \
+                             {i} WHERE {on} AND {i}.dt > {o}.dt) OR {o}.s IS NULL",
+                            o = side.0,
+                            i = side.1
+                        ));
                     }
+                }
+                // IN under OR: a mark join on the subquery's column (NULLs never match).
+                for side in [("lt", "rt"), ("rt", "lt")] {
+                    queries.push(format!(
+                        "SELECT {o}.a, {o}.m FROM {o} WHERE {o}.a IN (SELECT a FROM {i}) \
+                         OR {o}.m IS NULL",
+                        o = side.0,
+                        i = side.1
+                    ));
                 }
             }
             for exists in ["EXISTS", "NOT EXISTS"] {
@@ -1295,6 +1311,15 @@ async fn hash_joins_match_the_cpu() {
                 ));
                 queries.push(format!(
                     "SELECT rt.a, rt.m FROM rt WHERE {exists} (SELECT 1 FROM lt WHERE {on})"
+                ));
+                // Under OR: a mark join (left or right, as the planner puts the sides).
+                queries.push(format!(
+                    "SELECT lt.a, lt.f, lt.s FROM lt WHERE {exists} (SELECT 1 FROM rt WHERE {on}) \
+                     OR lt.s IS NULL"
+                ));
+                queries.push(format!(
+                    "SELECT rt.a, rt.m FROM rt WHERE {exists} (SELECT 1 FROM lt WHERE {on}) \
+                     OR rt.m IS NULL"
                 ));
             }
             for sql in queries {
@@ -1306,6 +1331,12 @@ async fn hash_joins_match_the_cpu() {
                 );
                 let plan = explain(&gpu, &sql).await;
                 assert!(plan.contains("GpuHashJoinExec"), "{sql}\n{plan}");
+                assert!(
+                    !plan
+                        .lines()
+                        .any(|l| l.trim_start().starts_with("HashJoinExec")),
+                    "a join stayed on the CPU: {sql}\n{plan}"
+                );
             }
         }
     }

@@ -44,7 +44,7 @@ pub(super) struct BuildSide {
     pub(super) probe_has_null: AtomicBool,
     pub(super) probe_non_empty: AtomicBool,
     /// The stream the build side was built on: its frees are ordered there.
-    stream: Arc<DeviceStream>,
+    pub(super) stream: Arc<DeviceStream>,
     /// Recorded on that stream when the build side is complete: other streams wait for it on
     /// the device, not the host.
     built: Event,

@@ -47,6 +47,9 @@
 //!   const u8* keep, u64 total, u32* flags)` flags the rows of the pairs the filter kept, and
 //!   `fmask(const u32* flags, const u32* live, u64 n, u32 want, u8* mask)` selects the rows
 //!   flagged (or not), up to `live`.
+//! - Mark joins: `iota(u32* rows, u64 n, u32 from)` lists rows `from..from + n`, and
+//!   `bits(const u8* mask, u64 n, u32* words)` packs a byte mask into an Arrow bitmap (the
+//!   `mark` column), one 32-bit word per thread.
 
 use std::fmt::Write as _;
 
@@ -168,6 +171,24 @@ extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_bmask(co
 }
 SPATE_EXPORT(ENTRY_bmask)
 
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_iota(u32* rows, u64 n, u32 from) {
+    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) rows[i] = from + (u32)i;
+}
+SPATE_EXPORT(ENTRY_iota)
+
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_bits(const u8* mask, u64 n, u32* words) {
+    const u64 count = (n + 31ull) / 32ull;
+    for (u64 w = spate::global_thread_index(); w < count; w += spate::grid_stride()) {
+        u32 word = 0u;
+        for (u32 j = 0u; j < 32u; ++j) {
+            const u64 i = w * 32ull + j;
+            if (i < n && mask[i] != 0) word |= 1u << j;
+        }
+        words[w] = word;
+    }
+}
+SPATE_EXPORT(ENTRY_bits)
+
 "#;
 
 /// Generates the join program for keys of `keys` (the same device types on both sides).
@@ -230,7 +251,7 @@ SPATE_EXPORT(ENTRY_probe)
     );
     let names: Vec<String> = [
         "hash", "build", "flags", "assign", "bcount", "bscatter", "probe", "pairs", "dpairs",
-        "ubuild", "cuts", "shift", "pmask", "bmask", "mark", "fmask",
+        "ubuild", "cuts", "shift", "pmask", "bmask", "mark", "fmask", "iota", "bits",
     ]
     .iter()
     .map(|n| n.to_string())

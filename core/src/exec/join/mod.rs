@@ -18,11 +18,12 @@
 //! build rows of one probe row come in any order. A residual join filter is evaluated on the
 //! candidate pairs by the expression JIT; then matches (and so outer, semi and anti rows) are
 //! decided per row pair. A null-aware anti join (`NOT IN`) emits nothing once a probe key is
-//! NULL, and no NULL-keyed build row unless the probe side was empty. Mark joins stay on the
-//! CPU.
+//! NULL, and no NULL-keyed build row unless the probe side was empty. Mark joins (`EXISTS` or
+//! `IN` under OR) decide matches as semi joins do and emit every row with its mark (`mark`).
 
 mod build;
 mod codegen;
+mod mark;
 mod probe;
 
 use std::fmt;
@@ -145,7 +146,11 @@ fn key_columns(
 fn emits_build_rows(join_type: JoinType) -> bool {
     matches!(
         join_type,
-        JoinType::Left | JoinType::Full | JoinType::LeftSemi | JoinType::LeftAnti
+        JoinType::Left
+            | JoinType::Full
+            | JoinType::LeftSemi
+            | JoinType::LeftAnti
+            | JoinType::LeftMark
     )
 }
 
@@ -201,6 +206,8 @@ impl GpuHashJoinExec {
                 | JoinType::LeftAnti
                 | JoinType::RightSemi
                 | JoinType::RightAnti
+                | JoinType::LeftMark
+                | JoinType::RightMark
         ) {
             return Err(Unsupported(format!(
                 "{join_type} joins do not run on the GPU yet"
@@ -325,7 +332,7 @@ fn may_probe_unique(join_type: JoinType, plan: &JoinPlan) -> bool {
         JoinType::Inner | JoinType::Left => true,
         // Without a filter these only mark build rows, in the probe kernel; with one, the
         // filter runs on the candidate pairs of a unique probe.
-        JoinType::LeftSemi | JoinType::LeftAnti => plan.filter.is_some(),
+        JoinType::LeftSemi | JoinType::LeftAnti | JoinType::LeftMark => plan.filter.is_some(),
         _ => false,
     }
 }

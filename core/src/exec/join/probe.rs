@@ -36,6 +36,7 @@ use spate_kernels::compact::{self, Mask};
 use spate_kernels::{DeviceBuffer, DeviceSlice, KernelArg, Stream as DeviceStream};
 
 use super::build::BuildSide;
+use super::mark::{marked_batch, marks_build_rows, probe_range, wants_matches};
 use super::{JoinPlan, Once, assemble, assemble_counted};
 use crate::column::{
     DeviceBatch, DeviceBytes, DeviceColumn, DeviceCount, DeviceValues, Gather, RowCount,
@@ -224,7 +225,7 @@ impl ProbeState {
         // by flags), or a NULL key is looked for (NOT IN): those joins resolve it first.
         let resolve = self.null_aware
             || match self.join_type {
-                JoinType::RightSemi | JoinType::RightAnti => true,
+                JoinType::RightSemi | JoinType::RightAnti | JoinType::RightMark => true,
                 JoinType::Right | JoinType::Full => self.plan.filter.is_some(),
                 _ => false,
             };
@@ -303,8 +304,8 @@ impl ProbeState {
         }
         if !filtered {
             match self.join_type {
-                JoinType::LeftSemi | JoinType::LeftAnti => return Ok(None),
-                JoinType::RightSemi | JoinType::RightAnti => {
+                t if marks_build_rows(t) => return Ok(None),
+                JoinType::RightSemi | JoinType::RightAnti | JoinType::RightMark => {
                     return self.probe_semi(batch, &pgroup);
                 }
                 _ => {}
@@ -316,7 +317,11 @@ impl ProbeState {
         let needs_flags = filtered
             && matches!(
                 self.join_type,
-                JoinType::Right | JoinType::Full | JoinType::RightSemi | JoinType::RightAnti
+                JoinType::Right
+                    | JoinType::Full
+                    | JoinType::RightSemi
+                    | JoinType::RightAnti
+                    | JoinType::RightMark
             );
         if total == 0 && !needs_flags {
             return Ok(None);
@@ -571,7 +576,40 @@ impl ProbeState {
             Ok(kept)
         };
         match self.join_type {
-            JoinType::LeftSemi | JoinType::LeftAnti => Ok(None),
+            t if marks_build_rows(t) => Ok(None),
+            JoinType::RightMark => {
+                let Some(flags) = &chunks.probe_flags else {
+                    return Ok(None);
+                };
+                let rows = to.0 - from.0;
+                if rows == 0 {
+                    return Ok(None);
+                }
+                let matched = s.alloc::<u8>(rows)?;
+                launch(
+                    s,
+                    self.kernels.get("fmask")?,
+                    rows,
+                    &[
+                        flags.slice(from.0..to.0)?.into(),
+                        KernelArg::null(),
+                        KernelArg::U64(rows as u64),
+                        KernelArg::U32(1),
+                        (&matched).into(),
+                    ],
+                )?;
+                let columns = probe_range(s, &self.kernels, batch, from.0, rows)?;
+                marked_batch(
+                    s,
+                    &self.kernels,
+                    &self.schema,
+                    self.projection.as_deref(),
+                    columns,
+                    matched.as_slice(),
+                    RowCount::Host(rows),
+                )
+                .map(Some)
+            }
             JoinType::RightSemi | JoinType::RightAnti => {
                 let Some(flags) = &chunks.probe_flags else {
                     return Ok(None);
@@ -710,7 +748,7 @@ impl ProbeState {
                 }
             }
         };
-        if matches!(self.join_type, JoinType::LeftSemi | JoinType::LeftAnti) {
+        if marks_build_rows(self.join_type) {
             // The filter marked the build rows; they come out when the probe ends.
             return Ok(None);
         }
@@ -748,11 +786,7 @@ impl ProbeState {
         // dropped before the next probe batch: its bound does.
         let bound = match build.batch.row_count() {
             RowCount::Host(rows) => *rows,
-            RowCount::Device { bound, .. }
-                if matches!(self.join_type, JoinType::LeftSemi | JoinType::LeftAnti) =>
-            {
-                *bound
-            }
+            RowCount::Device { bound, .. } if marks_build_rows(self.join_type) => *bound,
             RowCount::Device { word, .. } => word.read(s)?,
         };
         if n == 0 || bound == 0 {
@@ -798,7 +832,7 @@ impl ProbeState {
                 None => return Ok(None),
             },
         };
-        if matches!(self.join_type, JoinType::LeftSemi | JoinType::LeftAnti) {
+        if marks_build_rows(self.join_type) {
             return Ok(None);
         }
         let out = assemble_counted(
@@ -882,7 +916,7 @@ impl ProbeState {
                 ],
             )?;
         }
-        if matches!(self.join_type, JoinType::LeftSemi | JoinType::LeftAnti) {
+        if marks_build_rows(self.join_type) {
             return Ok(None);
         }
         let word = DeviceCount::new(s.alloc::<u32>(1)?)?;
@@ -909,7 +943,8 @@ impl ProbeState {
         Ok(Some((p, b, RowCount::Device { bound: m, word })))
     }
 
-    /// Right semi and anti joins without a filter: the probe rows that did (not) match.
+    /// Right semi, anti and mark joins without a filter: the probe rows that did (not) match,
+    /// or all of them with their marks.
     fn probe_semi(
         &self,
         batch: &DeviceBatch,
@@ -925,10 +960,25 @@ impl ProbeState {
             &[
                 pgroup.into(),
                 KernelArg::U64(n as u64),
-                KernelArg::U32(u32::from(self.join_type == JoinType::RightSemi)),
+                KernelArg::U32(u32::from(wants_matches(self.join_type))),
                 (&mask).into(),
             ],
         )?;
+        if self.join_type == JoinType::RightMark {
+            if n == 0 {
+                return Ok(None);
+            }
+            return marked_batch(
+                s,
+                &self.kernels,
+                &self.schema,
+                self.projection.as_deref(),
+                batch.columns().to_vec(),
+                mask.as_slice(),
+                batch.row_count().clone(),
+            )
+            .map(Some);
+        }
         let kept = compact::select_indices(s, Mask::Bytes(mask.as_slice()), None, n)?;
         let rows = kept.len();
         if rows == 0 {
@@ -972,7 +1022,7 @@ impl ProbeState {
             None
         };
         let mask = s.alloc::<u8>(n)?;
-        let want = KernelArg::U32(u32::from(self.join_type == JoinType::LeftSemi));
+        let want = KernelArg::U32(u32::from(wants_matches(self.join_type)));
         if self.plan.filter.is_some() {
             // Matches were flagged per build row.
             launch(
@@ -1002,7 +1052,25 @@ impl ProbeState {
                 ],
             )?;
         }
-        if matches!(self.join_type, JoinType::LeftSemi | JoinType::LeftAnti) {
+        if self.join_type == JoinType::LeftMark {
+            // Every build row, with its mark. The build side's columns leave the join as they
+            // are: allocated on a shared build side's own stream, their frees must then wait
+            // for the work this stream's consumers queue on them.
+            if !Arc::ptr_eq(&build.stream, &self.stream) {
+                build.batch.share_across_streams();
+            }
+            return marked_batch(
+                s,
+                &self.kernels,
+                &self.schema,
+                self.projection.as_deref(),
+                build.batch.columns().to_vec(),
+                mask.as_slice(),
+                build.batch.row_count().clone(),
+            )
+            .map(Some);
+        }
+        if marks_build_rows(self.join_type) {
             // Each build row at most once: the rows keep their count on the device.
             let word = DeviceCount::new(s.alloc::<u32>(1)?)?;
             let kept = compact::select_indices_on_device(
