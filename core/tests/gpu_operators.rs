@@ -1220,6 +1220,43 @@ async fn decimal_division_matches_the_cpu_and_fails_on_zero() {
     }
 }
 
+/// A fallible expression on the right of AND runs on the GPU when a CASE guards it with a WHEN
+/// that implies the left side: the CPU then evaluates it for exactly the rows where the WHEN
+/// holds, whatever its batches. Without such a guard, or under OR, it stays on the CPU.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guarded_fallible_expressions_under_and_match_the_cpu() {
+    for (seed, batch_size) in [(61u64, 8192usize), (62, 7), (63, 100)] {
+        let (gpu, cpu) = engines_over(table(600, seed), batch_size, 2);
+        for sql in [
+            "SELECT a, m FROM t WHERE m <> 0 AND CASE WHEN m <> 0 THEN 100 / m END > 20",
+            "SELECT a, m FROM t WHERE m > 0 AND a > 0 \
+             AND CASE WHEN a > 0 AND m > 0 THEN b / m ELSE 0 END > 3",
+            "SELECT count(*) FROM t WHERE m < 0 \
+             AND CASE WHEN m < 0 THEN abs(m - 1) / m END < -2",
+        ] {
+            assert_same_outcome(&cpu, &gpu, sql).await;
+            let plan = explain(&gpu, sql).await;
+            assert!(plan.contains("GpuFilterExec"), "{sql}\n{plan}");
+            assert!(
+                !plan
+                    .lines()
+                    .any(|l| l.trim_start().starts_with("FilterExec")),
+                "{sql}\n{plan}"
+            );
+        }
+        for sql in [
+            // The WHEN does not imply the left side.
+            "SELECT a, m FROM t WHERE m > 1 AND CASE WHEN m <> 0 THEN 100 / m END > 20",
+            // The right side of OR.
+            "SELECT a, m FROM t WHERE m = 0 OR CASE WHEN m <> 0 THEN 100 / m END > 20",
+        ] {
+            assert_same_outcome(&cpu, &gpu, sql).await;
+            let plan = explain(&gpu, sql).await;
+            assert!(plan.contains("batch-dependent set of rows"), "{sql}\n{plan}");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hash_joins_match_the_cpu() {
     const KEYS: &[&str] = &["a", "s", "dt, a", "m", "p, a", "b"];

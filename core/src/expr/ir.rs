@@ -22,13 +22,15 @@ pub(crate) struct Check {
 }
 
 /// A typed expression over one row.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Node {
     pub ty: DevType,
     /// Whether the value can be NULL. A node that cannot yields a constant null flag.
     pub nullable: bool,
     /// Whether evaluating the node, or any node below it, can fail the query.
     pub fallible: bool,
+    /// Whether the node's own operation can fail (not counting the nodes below it).
+    pub checks: bool,
     pub op: Op,
 }
 
@@ -136,7 +138,7 @@ pub(crate) enum OnFail {
 }
 
 /// What a node computes.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Op {
     /// The kernel's input column `slot` ([`super::abi`]).
     Column {
@@ -304,12 +306,57 @@ pub(crate) enum Op {
 impl Node {
     /// A node of type `ty` computing `op`; its nullability and fallibility follow from `op`.
     pub(crate) fn new(ty: DevType, op: Op) -> Node {
-        let (nullable, fallible) = properties(&op);
-        Node {
+        let (nullable, checks) = properties(&op);
+        let mut node = Node {
             ty,
             nullable,
-            fallible,
+            fallible: checks,
+            checks,
             op,
+        };
+        node.fallible = checks || node.children().iter().any(|c| c.fallible);
+        node
+    }
+
+    /// Whether the node can fail on a row where one of `holds` (boolean nodes) is not TRUE.
+    /// A THEN branch runs only where its WHEN is TRUE: it cannot when its WHEN implies every
+    /// one of `holds` (has each among its AND-ed conjuncts).
+    pub(crate) fn fails_unless(&self, holds: &[&Node]) -> bool {
+        if !self.fallible {
+            return false;
+        }
+        if self.checks {
+            return true;
+        }
+        if let Op::Case {
+            branches,
+            otherwise,
+        } = &self.op
+        {
+            let implied = |when: &Node| {
+                let have = when.conjuncts();
+                holds.iter().all(|h| have.contains(h))
+            };
+            return branches.iter().any(|(when, then)| {
+                when.fails_unless(holds) || (!implied(when) && then.fails_unless(holds))
+            }) || otherwise.as_ref().is_some_and(|e| e.fails_unless(holds));
+        }
+        self.children().iter().any(|c| c.fails_unless(holds))
+    }
+
+    /// The operands of a chain of ANDs (this node alone when it is not an AND).
+    pub(crate) fn conjuncts(&self) -> Vec<&Node> {
+        match &self.op {
+            Op::Logic {
+                and: true,
+                left,
+                right,
+            } => {
+                let mut all = left.conjuncts();
+                all.extend(right.conjuncts());
+                all
+            }
+            _ => vec![self],
         }
     }
 }
@@ -358,60 +405,54 @@ impl Node {
     }
 }
 
-/// `(nullable, fallible)` of a node computing `op`.
+/// `(nullable, checks)` of a node computing `op`: whether its value can be NULL, and whether
+/// its own operation can fail (its children's failures add to it in [`Node::new`]).
 fn properties(op: &Op) -> (bool, bool) {
-    let either = |l: &Node, r: &Node| (l.nullable || r.nullable, l.fallible || r.fallible);
+    let either = |l: &Node, r: &Node| l.nullable || r.nullable;
     match op {
         // A column's validity is what counts, whatever the schema says.
         Op::Column { .. } | Op::Scalar { .. } => (true, false),
         Op::Const(value) => (value.is_none(), false),
-        Op::Not(a) | Op::Negate(a) => (a.nullable, a.fallible),
-        Op::Abs { arg, overflow } => (arg.nullable, arg.fallible || overflow.is_some()),
+        Op::Not(a) | Op::Negate(a) => (a.nullable, false),
+        Op::Abs { arg, overflow } => (arg.nullable, overflow.is_some()),
         Op::RoundFloat { arg, .. } | Op::FloorCeil { arg, .. } | Op::Trim { arg, .. } => {
-            (arg.nullable, arg.fallible)
+            (arg.nullable, false)
         }
-        Op::Affix { arg, affix, .. } => either(arg, affix),
-        Op::Bitwise { left, right, .. } => either(left, right),
-        Op::Concat(parts) => (
-            parts.iter().any(|p| p.nullable),
-            parts.iter().any(|p| p.fallible),
-        ),
-        Op::IsNull { arg, .. } => (false, arg.fallible),
+        Op::Affix { arg, affix, .. } => (either(arg, affix), false),
+        Op::Bitwise { left, right, .. } => (either(left, right), false),
+        Op::Concat(parts) => (parts.iter().any(|p| p.nullable), false),
+        Op::IsNull { .. } => (false, false),
         Op::Length { arg, .. }
         | Op::Substr { arg, .. }
         | Op::DateAddInterval { arg, .. }
         | Op::DatePart { arg, .. }
-        | Op::Like { arg, .. } => (arg.nullable, arg.fallible),
-        Op::Logic { left, right, .. } | Op::Compare { left, right, .. } => either(left, right),
-        Op::Distinct { left, right, .. } => (false, left.fallible || right.fallible),
-        Op::Arith { left, right, .. } => either(left, right),
+        | Op::Like { arg, .. } => (arg.nullable, false),
+        Op::Logic { left, right, .. } | Op::Compare { left, right, .. } => {
+            (either(left, right), false)
+        }
+        Op::Distinct { .. } => (false, false),
+        Op::Arith { left, right, .. } => (either(left, right), false),
         Op::Decimal {
             left,
             right,
             overflow,
             ..
-        } => {
-            let (n, f) = either(left, right);
-            (n, f || overflow.is_some())
-        }
+        } => (either(left, right), overflow.is_some()),
         Op::Divide {
             left,
             right,
             zero,
             overflow,
             ..
-        } => {
-            let (n, f) = either(left, right);
-            (n, f || zero.is_some() || overflow.is_some())
-        }
-        Op::DecimalDivide { left, right, .. } => (either(left, right).0, true),
+        } => (either(left, right), zero.is_some() || overflow.is_some()),
+        Op::DecimalDivide { left, right, .. } => (either(left, right), true),
         Op::Cast { arg, fail, .. } => (
             arg.nullable || *fail == OnFail::Null,
-            arg.fallible || matches!(fail, OnFail::Raise(_)),
+            matches!(fail, OnFail::Raise(_)),
         ),
         Op::InList { arg, items, .. } => (
             arg.nullable || items.iter().any(|i| i.nullable),
-            arg.fallible || items.iter().any(|i| i.fallible),
+            false,
         ),
         Op::Case {
             branches,
@@ -419,12 +460,8 @@ fn properties(op: &Op) -> (bool, bool) {
         } => (
             otherwise.as_ref().is_none_or(|e| e.nullable)
                 || branches.iter().any(|(_, v)| v.nullable),
-            otherwise.as_ref().is_some_and(|e| e.fallible)
-                || branches.iter().any(|(c, v)| c.fallible || v.fallible),
+            false,
         ),
-        Op::Coalesce(args) => (
-            args.iter().all(|a| a.nullable),
-            args.iter().any(|a| a.fallible),
-        ),
+        Op::Coalesce(args) => (args.iter().all(|a| a.nullable), false),
     }
 }
