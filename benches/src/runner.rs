@@ -212,10 +212,25 @@ pub fn same_error(a: &str, b: &str) -> bool {
 pub struct Verified {
     /// The run on the engine under test (`None` when it failed).
     pub run: Option<QueryRun>,
+    /// Where the operators of the plan the engine under test ran would run: the run's, or
+    /// when it failed, its plan's, planned again (`None` when that fails too).
+    pub placement: Option<Placement>,
     /// Execute time on the reference engine (`None` when it failed).
     pub reference_time: Option<Duration>,
     /// The verdict.
     pub outcome: Outcome,
+}
+
+/// Where `sql`'s operators would run on `engine`, from its physical plan alone.
+async fn planned_placement(engine: &Engine, sql: &str) -> Option<Placement> {
+    let plan = engine
+        .sql(sql)
+        .await
+        .ok()?
+        .create_physical_plan()
+        .await
+        .ok()?;
+    Some(placement(&plan))
 }
 
 /// Runs `sql` on `engine` and on `reference` and compares the results (see
@@ -224,34 +239,30 @@ pub async fn verify_query(engine: &Engine, reference: &Engine, sql: &str) -> Ver
     let want = run_query(reference, sql).await;
     let got = run_query(engine, sql).await;
     let reference_time = want.as_ref().ok().map(|r| r.execute_time);
-    match (want, got) {
-        (Err(want), Err(got)) if same_error(&want.to_string(), &got.to_string()) => Verified {
-            run: None,
-            reference_time,
-            outcome: Outcome::SameError(got.to_string()),
-        },
-        (Err(e), got) => Verified {
-            run: got.ok(),
-            reference_time,
-            outcome: Outcome::ReferenceFailed(e.to_string()),
-        },
-        (Ok(_), Err(e)) => Verified {
-            run: None,
-            reference_time,
-            outcome: Outcome::Failed(e.to_string()),
-        },
+    let placement = match &got {
+        Ok(run) => Some(run.placement.clone()),
+        Err(_) => planned_placement(engine, sql).await,
+    };
+    let (run, outcome) = match (want, got) {
+        (Err(want), Err(got)) if same_error(&want.to_string(), &got.to_string()) => {
+            (None, Outcome::SameError(got.to_string()))
+        }
+        (Err(e), got) => (got.ok(), Outcome::ReferenceFailed(e.to_string())),
+        (Ok(_), Err(e)) => (None, Outcome::Failed(e.to_string())),
         (Ok(want), Ok(got)) => {
             let order = result_ordering(&want.plan);
             let outcome = match compare_ordered(&want.batches, &got.batches, &order) {
                 Ok(rows) => Outcome::Matched(rows),
                 Err(difference) => Outcome::Mismatch(difference),
             };
-            Verified {
-                run: Some(got),
-                reference_time,
-                outcome,
-            }
+            (Some(got), outcome)
         }
+    };
+    Verified {
+        run,
+        placement,
+        reference_time,
+        outcome,
     }
 }
 

@@ -1574,7 +1574,8 @@ impl<'a> Gen<'a> {
     }
 
     /// A boolean expression. Operands of AND/OR never fail: DataFusion evaluates the right
-    /// operand on a batch-dependent set of rows.
+    /// operand on a batch-dependent set of rows, so the CPU's outcome could depend on its
+    /// batches (the GPU's rule is tested in `gpu_operators`).
     fn pred(&mut self, scope: &Scope, depth: u32, fallible: bool) -> E {
         let e = self.pred_of(scope, depth, fallible);
         // Parenthesized, so it nests anywhere (IS [NOT] DISTINCT FROM binds looser than AND in

@@ -1220,39 +1220,68 @@ async fn decimal_division_matches_the_cpu_and_fails_on_zero() {
     }
 }
 
-/// A fallible expression on the right of AND runs on the GPU when a CASE guards it with a WHEN
-/// that implies the left side: the CPU then evaluates it for exactly the rows where the WHEN
-/// holds, whatever its batches. Without such a guard, or under OR, it stays on the CPU.
+/// An expression that can fail on the right of AND/OR runs on the GPU. DataFusion evaluates it
+/// for all rows, or where the left is TRUE (FALSE for OR), or for none when the left decides
+/// the whole batch: whatever its batches, it evaluates the rows where the left is not FALSE
+/// (not TRUE), and there alone the GPU fails. So the GPU fails when the CPU fails whatever its
+/// batches, and as the CPU does one row at a time when the CPU's outcome depends on them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn guarded_fallible_expressions_under_and_match_the_cpu() {
+async fn fallible_expressions_under_and_or_fail_where_the_cpu_always_does() {
     for (seed, batch_size) in [(61u64, 8192usize), (62, 7), (63, 100)] {
         let (gpu, cpu) = engines_over(table(600, seed), batch_size, 2);
+        let row_at_a_time = engine_with(Backend::Cpu, 1, 2);
+        row_at_a_time
+            .register_batches("t", table(600, seed))
+            .unwrap();
+        let lt = table(300, seed + 1);
+        let rt = table(200, seed + 2);
+        for e in [&gpu, &cpu] {
+            e.register_batches("lt", lt.clone()).unwrap();
+            e.register_batches("rt", rt.clone()).unwrap();
+        }
+        // The same outcome at any batch size: the failures (if any) are where the left side
+        // is not FALSE.
         for sql in [
+            // A CASE whose WHEN is the left side (as DataFusion's common subexpressions leave
+            // TPC-DS q47): the THEN runs only where it holds.
             "SELECT a, m FROM t WHERE m <> 0 AND CASE WHEN m <> 0 THEN 100 / m END > 20",
-            "SELECT a, m FROM t WHERE m > 0 AND a > 0 \
-             AND CASE WHEN a > 0 AND m > 0 THEN b / m ELSE 0 END > 3",
             "SELECT count(*) FROM t WHERE m < 0 \
              AND CASE WHEN m < 0 THEN abs(m - 1) / m END < -2",
+            // Fails where a = 5, and the left is TRUE there.
+            "SELECT a FROM t WHERE a > 0 AND 100 / (a - 5) > 0",
+            // The left is FALSE everywhere: nothing fails.
+            "SELECT a FROM t WHERE coalesce(a > 100, false) AND 100 / (a - a) > 0",
+            "SELECT a FROM t WHERE (a < 100 OR a IS NULL) OR 100 / (a - a) > 0",
+            // A join filter: a cast that may overflow but never does, and one that does.
+            "SELECT lt.a, rt.m FROM lt JOIN rt ON lt.a = rt.a \
+             AND lt.m > 0 AND CAST(rt.a AS DECIMAL(4, 0)) < lt.m",
+            "SELECT lt.a, rt.m FROM lt JOIN rt ON lt.a = rt.a \
+             AND lt.m > 0 AND CAST(rt.b AS DECIMAL(10, 0)) > lt.m",
         ] {
             assert_same_outcome(&cpu, &gpu, sql).await;
             let plan = explain(&gpu, sql).await;
-            assert!(plan.contains("GpuFilterExec"), "{sql}\n{plan}");
             assert!(
-                !plan
-                    .lines()
-                    .any(|l| l.trim_start().starts_with("FilterExec")),
+                plan.contains("GpuFilterExec") || plan.contains("GpuHashJoinExec"),
+                "{sql}\n{plan}"
+            );
+            assert!(
+                !plan.lines().any(|l| {
+                    let l = l.trim_start();
+                    l.starts_with("FilterExec") || l.starts_with("HashJoinExec")
+                }),
                 "{sql}\n{plan}"
             );
         }
+        // Failures only where the left is FALSE (TRUE for OR): the CPU fails or not as its
+        // batches fall; one row at a time it does not, nor does the GPU.
         for sql in [
-            // The WHEN does not imply the left side.
-            "SELECT a, m FROM t WHERE m > 1 AND CASE WHEN m <> 0 THEN 100 / m END > 20",
-            // The right side of OR.
-            "SELECT a, m FROM t WHERE m = 0 OR CASE WHEN m <> 0 THEN 100 / m END > 20",
+            "SELECT a FROM t WHERE a <> 5 AND 100 / (a - 5) > 1",
+            // A NULL on the left makes DataFusion evaluate the right for the whole batch.
+            "SELECT a FROM t WHERE a > 100 AND 100 / (a - a) > 0",
+            "SELECT a FROM t WHERE a = 5 OR 100 / (a - 5) > 1",
+            "SELECT a, m FROM t WHERE m > 0 AND CASE WHEN m <> 0 THEN 100 / m END > 20",
         ] {
-            assert_same_outcome(&cpu, &gpu, sql).await;
-            let plan = explain(&gpu, sql).await;
-            assert!(plan.contains("batch-dependent set of rows"), "{sql}\n{plan}");
+            assert_same_outcome(&row_at_a_time, &gpu, sql).await;
         }
     }
 }

@@ -43,6 +43,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
+use spate::placement::Placement;
 use spate::{Backend, Engine};
 use spate_bench::datapath::DataPath;
 use spate_bench::runner::{Outcome, QueryRun, run_query, verify_query};
@@ -282,21 +283,26 @@ fn counted(names: &[String]) -> String {
         .join(", ")
 }
 
-fn print_placement(run: &QueryRun) {
-    println!("      GPU: {}", counted(&run.placement.gpu));
-    if run.placement.cpu.is_empty() {
+/// Where a plan's operators run, and its host exchanges.
+fn print_operators(placement: &Placement) {
+    println!("      GPU: {}", counted(&placement.gpu));
+    if placement.cpu.is_empty() {
         println!("      CPU: none");
     }
-    for (name, reason) in &run.placement.cpu {
+    for (name, reason) in &placement.cpu {
         println!("      CPU: {name}: {reason}");
     }
+    if !placement.gpu.is_empty() && !placement.host_exchanges.is_empty() {
+        println!(
+            "      host exchanges: {}",
+            counted(&placement.host_exchanges)
+        );
+    }
+}
+
+fn print_placement(run: &QueryRun) {
+    print_operators(&run.placement);
     if !run.placement.gpu.is_empty() {
-        if !run.placement.host_exchanges.is_empty() {
-            println!(
-                "      host exchanges: {}",
-                counted(&run.placement.host_exchanges)
-            );
-        }
         let p = DataPath::of(run);
         println!(
             "      data path: {} launches, {} host syncs, {} allocs, {} B to GPU, {} B from GPU \
@@ -420,9 +426,14 @@ fn placement_report(
                 };
                 println!("{label}  {verdict}{timing}");
                 matched += usize::from(verified.outcome.matched());
-                if let Some(run) = &verified.run {
-                    on_gpu += usize::from(run.placement.fully_on_device());
-                    print_placement(run);
+                if let Some(placement) = &verified.placement {
+                    on_gpu += usize::from(placement.fully_on_device());
+                }
+                match (&verified.run, &verified.placement) {
+                    (Some(run), _) => print_placement(run),
+                    // A query that failed: where its plan's operators would have run.
+                    (None, Some(placement)) => print_operators(placement),
+                    (None, None) => {}
                 }
             }
             None => match runtime.block_on(run_query(engine, sql)) {

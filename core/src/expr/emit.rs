@@ -212,7 +212,18 @@ impl Emitter {
                 self.bind(ty, &value, a.null)
             }
             Op::Logic { and, left, right } => {
-                let (l, r) = (self.node(left), self.node(right));
+                // DataFusion evaluates the right side of AND for all rows, or only where the
+                // left is TRUE, or (when the left is FALSE for the whole batch) for none: the
+                // rows it always evaluates, whatever its batches, are those where the left is
+                // not FALSE (not TRUE for OR), and there alone the right side may fail (so
+                // the GPU fails where the CPU does one row at a time).
+                let l = self.node(left);
+                let guard = if *and {
+                    format!("({} || {})", l.null, l.value)
+                } else {
+                    format!("({} || !{})", l.null, l.value)
+                };
+                let r = self.guarded(guard, right);
                 let (v, n) = (self.var(), self.var());
                 let f = if *and { "and3" } else { "or3" };
                 self.line(&format!(

@@ -5,11 +5,12 @@
 //! result types (decimal shapes, the cast table) and where an error may be raised (the AND/OR
 //! rule). [`super::emit`] only prints it, as calls into `kernels/cuda/common/*.cuh`.
 //!
-//! Every node carries its device type, whether it can be NULL, and whether it (or a node below
-//! it) can fail the query. CASE and COALESCE are nodes of their own, and their children are
-//! evaluated only for the rows the CPU evaluates them for: an error raised in a THEN branch, an
-//! ELSE or a later COALESCE argument counts only for those rows (the emitter turns the structure
-//! into guards).
+//! Every node carries its device type and whether it can be NULL; the checks a node makes (a
+//! zero divisor, an overflow, a value a cast cannot represent) are in its operation. CASE,
+//! COALESCE, AND and OR are nodes of their own, and their children are evaluated only for the
+//! rows the CPU evaluates them for: an error raised in a THEN branch, an ELSE, a later COALESCE
+//! argument or the right side of AND/OR counts only for those rows (the emitter turns the
+//! structure into guards).
 
 use super::types::DevType;
 
@@ -22,15 +23,11 @@ pub(crate) struct Check {
 }
 
 /// A typed expression over one row.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub(crate) struct Node {
     pub ty: DevType,
     /// Whether the value can be NULL. A node that cannot yields a constant null flag.
     pub nullable: bool,
-    /// Whether evaluating the node, or any node below it, can fail the query.
-    pub fallible: bool,
-    /// Whether the node's own operation can fail (not counting the nodes below it).
-    pub checks: bool,
     pub op: Op,
 }
 
@@ -138,7 +135,7 @@ pub(crate) enum OnFail {
 }
 
 /// What a node computes.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub(crate) enum Op {
     /// The kernel's input column `slot` ([`super::abi`]).
     Column {
@@ -304,59 +301,12 @@ pub(crate) enum Op {
 }
 
 impl Node {
-    /// A node of type `ty` computing `op`; its nullability and fallibility follow from `op`.
+    /// A node of type `ty` computing `op`; its nullability follows from `op`.
     pub(crate) fn new(ty: DevType, op: Op) -> Node {
-        let (nullable, checks) = properties(&op);
-        let mut node = Node {
+        Node {
             ty,
-            nullable,
-            fallible: checks,
-            checks,
+            nullable: nullable(&op),
             op,
-        };
-        node.fallible = checks || node.children().iter().any(|c| c.fallible);
-        node
-    }
-
-    /// Whether the node can fail on a row where one of `holds` (boolean nodes) is not TRUE.
-    /// A THEN branch runs only where its WHEN is TRUE: it cannot when its WHEN implies every
-    /// one of `holds` (has each among its AND-ed conjuncts).
-    pub(crate) fn fails_unless(&self, holds: &[&Node]) -> bool {
-        if !self.fallible {
-            return false;
-        }
-        if self.checks {
-            return true;
-        }
-        if let Op::Case {
-            branches,
-            otherwise,
-        } = &self.op
-        {
-            let implied = |when: &Node| {
-                let have = when.conjuncts();
-                holds.iter().all(|h| have.contains(h))
-            };
-            return branches.iter().any(|(when, then)| {
-                when.fails_unless(holds) || (!implied(when) && then.fails_unless(holds))
-            }) || otherwise.as_ref().is_some_and(|e| e.fails_unless(holds));
-        }
-        self.children().iter().any(|c| c.fails_unless(holds))
-    }
-
-    /// The operands of a chain of ANDs (this node alone when it is not an AND).
-    pub(crate) fn conjuncts(&self) -> Vec<&Node> {
-        match &self.op {
-            Op::Logic {
-                and: true,
-                left,
-                right,
-            } => {
-                let mut all = left.conjuncts();
-                all.extend(right.conjuncts());
-                all
-            }
-            _ => vec![self],
         }
     }
 }
@@ -405,63 +355,42 @@ impl Node {
     }
 }
 
-/// `(nullable, checks)` of a node computing `op`: whether its value can be NULL, and whether
-/// its own operation can fail (its children's failures add to it in [`Node::new`]).
-fn properties(op: &Op) -> (bool, bool) {
+/// Whether a node computing `op` can be NULL.
+fn nullable(op: &Op) -> bool {
     let either = |l: &Node, r: &Node| l.nullable || r.nullable;
     match op {
         // A column's validity is what counts, whatever the schema says.
-        Op::Column { .. } | Op::Scalar { .. } => (true, false),
-        Op::Const(value) => (value.is_none(), false),
-        Op::Not(a) | Op::Negate(a) => (a.nullable, false),
-        Op::Abs { arg, overflow } => (arg.nullable, overflow.is_some()),
-        Op::RoundFloat { arg, .. } | Op::FloorCeil { arg, .. } | Op::Trim { arg, .. } => {
-            (arg.nullable, false)
-        }
-        Op::Affix { arg, affix, .. } => (either(arg, affix), false),
-        Op::Bitwise { left, right, .. } => (either(left, right), false),
-        Op::Concat(parts) => (parts.iter().any(|p| p.nullable), false),
-        Op::IsNull { .. } => (false, false),
-        Op::Length { arg, .. }
+        Op::Column { .. } | Op::Scalar { .. } => true,
+        Op::Const(value) => value.is_none(),
+        Op::Not(a) | Op::Negate(a) => a.nullable,
+        Op::Abs { arg, .. }
+        | Op::RoundFloat { arg, .. }
+        | Op::FloorCeil { arg, .. }
+        | Op::Trim { arg, .. }
+        | Op::Length { arg, .. }
         | Op::Substr { arg, .. }
         | Op::DateAddInterval { arg, .. }
         | Op::DatePart { arg, .. }
-        | Op::Like { arg, .. } => (arg.nullable, false),
-        Op::Logic { left, right, .. } | Op::Compare { left, right, .. } => {
-            (either(left, right), false)
-        }
-        Op::Distinct { .. } => (false, false),
-        Op::Arith { left, right, .. } => (either(left, right), false),
-        Op::Decimal {
-            left,
-            right,
-            overflow,
-            ..
-        } => (either(left, right), overflow.is_some()),
-        Op::Divide {
-            left,
-            right,
-            zero,
-            overflow,
-            ..
-        } => (either(left, right), zero.is_some() || overflow.is_some()),
-        Op::DecimalDivide { left, right, .. } => (either(left, right), true),
-        Op::Cast { arg, fail, .. } => (
-            arg.nullable || *fail == OnFail::Null,
-            matches!(fail, OnFail::Raise(_)),
-        ),
-        Op::InList { arg, items, .. } => (
-            arg.nullable || items.iter().any(|i| i.nullable),
-            false,
-        ),
+        | Op::Like { arg, .. } => arg.nullable,
+        Op::Affix { arg, affix, .. } => either(arg, affix),
+        Op::Concat(parts) => parts.iter().any(|p| p.nullable),
+        Op::IsNull { .. } | Op::Distinct { .. } => false,
+        Op::Bitwise { left, right, .. }
+        | Op::Logic { left, right, .. }
+        | Op::Compare { left, right, .. }
+        | Op::Arith { left, right, .. }
+        | Op::Decimal { left, right, .. }
+        | Op::Divide { left, right, .. }
+        | Op::DecimalDivide { left, right, .. } => either(left, right),
+        Op::Cast { arg, fail, .. } => arg.nullable || *fail == OnFail::Null,
+        Op::InList { arg, items, .. } => arg.nullable || items.iter().any(|i| i.nullable),
         Op::Case {
             branches,
             otherwise,
-        } => (
+        } => {
             otherwise.as_ref().is_none_or(|e| e.nullable)
-                || branches.iter().any(|(_, v)| v.nullable),
-            false,
-        ),
-        Op::Coalesce(args) => (args.iter().all(|a| a.nullable), false),
+                || branches.iter().any(|(_, v)| v.nullable)
+        }
+        Op::Coalesce(args) => args.iter().all(|a| a.nullable),
     }
 }

@@ -31,9 +31,13 @@
 //!   failing as Arrow's casts do (or yielding NULL for a safe cast).
 //!
 //! Errors are raised through a kernel's `err` word only for rows the CPU would evaluate: a
-//! CASE branch for the rows that take it, a COALESCE argument for the rows still NULL. On the
-//! right side of AND/OR DataFusion evaluates a batch-dependent set of rows, so expressions that
-//! can fail stay on the CPU there.
+//! CASE branch for the rows that take it, a COALESCE argument for the rows still NULL, the
+//! right side of AND (OR) for the rows whose left side is not FALSE (not TRUE). DataFusion
+//! evaluates the right side of AND/OR for all rows, or where the left is TRUE (FALSE), or for
+//! none when the left decides the whole batch: the rows where the left is not FALSE (TRUE) are
+//! those it evaluates whatever its batches. So the GPU fails whenever the CPU fails at every
+//! batching, and where the CPU's outcome depends on its batches, the GPU's is the CPU's one row
+//! at a time.
 //!
 //! Also: `[NOT] IN (list)`, `CASE WHEN` and `CASE x WHEN`, `coalesce`,
 //! `extract(year|month|day)` and `date ± interval` (months and days, the day clamped to the

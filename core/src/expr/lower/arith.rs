@@ -34,22 +34,6 @@ impl Lowerer<'_> {
                 if l.ty != DevType::Bool || r.ty != DevType::Bool {
                     return Err(Unsupported(format!("{op} of non-booleans in `{b}`")));
                 }
-                // DataFusion evaluates the right side of AND for all rows, or only where the
-                // left is TRUE, or (when the left decides the whole batch) for none: an error
-                // raised there cannot match the CPU's row for row, unless it can only be
-                // raised where the left is TRUE. That holds under a CASE whose WHEN implies
-                // the left (`g AND CASE WHEN g THEN x / y END > 0.1`, as DataFusion's common
-                // subexpressions leave TPC-DS q47), as the GPU runs a THEN only where its
-                // WHEN holds. The right side of OR runs where the left is not TRUE: no WHEN
-                // is taken to imply that.
-                let guarded = *op == Operator::And && !r.fails_unless(&l.conjuncts());
-                if r.fallible && !guarded {
-                    return Err(Unsupported(format!(
-                        "`{}` can fail, and inside AND/OR the CPU evaluates it for a \
-                         batch-dependent set of rows",
-                        b.right()
-                    )));
-                }
                 Ok(Node::new(
                     DevType::Bool,
                     Op::Logic {

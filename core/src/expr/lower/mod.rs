@@ -1,9 +1,10 @@
 //! `PhysicalExpr` → the kernel IR ([`super::ir`]). Every decision about an expression is made
 //! here: whether the GPU runs it (anything else is [`Unsupported`], with the expression named),
 //! its device type, and where it may fail. Parity with DataFusion lives here too: the decimal
-//! shapes ([`arith`]), the cast table ([`cast`]), and the AND/OR rule: DataFusion evaluates the
-//! right side of AND/OR for a batch-dependent set of rows, so an expression that can fail stays
-//! on the CPU there.
+//! shapes ([`arith`]) and the cast table ([`cast`]). Where an expression may fail is the
+//! emitter's guards' business: a CASE branch, a COALESCE argument and the right side of AND/OR
+//! fail only for the rows DataFusion evaluates them for whatever its batches
+//! ([`super::emit`]).
 
 mod arith;
 mod cast;
