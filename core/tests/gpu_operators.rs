@@ -1910,3 +1910,26 @@ async fn limits_between_gpu_operators_stay_on_the_device() {
         assert_eq!(gpu, cpu, "{sql}\n{plan}");
     }
 }
+
+/// A sorted merge between GPU operators (a window without PARTITION BY over a sort, a join over
+/// a top-k) leaves the plan: its input is one sorted partition on the device, which it would
+/// only download and pass through on the host. Its fetch becomes a GPU limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sorted_merges_between_gpu_operators_stay_on_the_device() {
+    for (seed, batch_size, partitions) in [(71u64, 8192usize, 2usize), (72, 50, 3)] {
+        let (gpu, cpu) = engines_over(table(900, seed), batch_size, partitions);
+        for sql in [
+            "SELECT a, av, rank() OVER (ORDER BY av DESC NULLS FIRST) AS r FROM \
+             (SELECT a, avg(m) AS av FROM t GROUP BY a) x ORDER BY r, a",
+            "SELECT t.a, t.b, k.b AS kb FROM t JOIN \
+             (SELECT a, b FROM t WHERE b IS NOT NULL ORDER BY b, a LIMIT 7) k ON t.a = k.a \
+             ORDER BY t.a, t.b, kb",
+        ] {
+            let want = rows(&cpu.collect(sql).await.unwrap());
+            let got = rows(&gpu.collect(sql).await.unwrap());
+            assert_eq!(got, want, "{sql}");
+            let placed = placement(&gpu, sql).await;
+            assert!(placed.fully_on_device(), "{sql}: {placed:?}");
+        }
+    }
+}

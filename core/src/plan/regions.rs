@@ -15,7 +15,8 @@
 //! - Every node above is rebuilt, so its partitioning follows: a final aggregation or a
 //!   partitioned join over one partition each side is correct as it is (one partition
 //!   satisfies any hash distribution), and a sorted merge over one sorted partition passes it
-//!   through.
+//!   through. Under a GPU consumer such a merge leaves the plan (its fetch becomes a GPU
+//!   limit): it would download the partition only to pass it through on the host.
 //! - A final aggregation over the partial one below it (now in the same partition) becomes one
 //!   single-stage aggregation over the partial's input, when the GPU runs it and its schema is
 //!   the final's.
@@ -37,8 +38,10 @@ use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_optimizer::sanity_checker::SanityCheckPlan;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::limit::GlobalLimitExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use datafusion::physical_plan::union::UnionExec;
 use datafusion::physical_plan::{
     Distribution, ExecutionPlan, ExecutionPlanProperties, Partitioning,
@@ -47,7 +50,8 @@ use datafusion::physical_plan::{
 
 use super::offload::PLUMBING;
 use crate::exec::{
-    GpuAggregateExec, GpuCoalescePartitionsExec, GpuProjectionExec, GpuUnionExec, as_gpu_exec,
+    GpuAggregateExec, GpuCoalescePartitionsExec, GpuLimitExec, GpuProjectionExec, GpuUnionExec,
+    as_gpu_exec,
 };
 
 /// `plan` with every GPU region in one partition (see the module docs), or `plan` as it is
@@ -185,6 +189,25 @@ fn rewrite(node: Arc<dyn ExecutionPlan>, gpu_consumer: bool) -> DFResult<Arc<dyn
         && let Some(gpu) = projection_on_gpu(projection)?
     {
         return Ok(gpu);
+    }
+    // A sorted merge between GPU operators: its input, rewritten, is one sorted partition on
+    // the device, which it would only download and pass through on the host.
+    if gpu_consumer && let Some(merge) = node.downcast_ref::<SortPreservingMergeExec>() {
+        let input = rewrite(Arc::clone(merge.input()), true)?;
+        if input.output_partitioning().partition_count() == 1
+            && as_gpu_exec(input.as_ref()).is_some()
+        {
+            return Ok(match merge.fetch() {
+                None => input,
+                Some(fetch) => {
+                    let limit = Arc::new(GlobalLimitExec::new(input, 0, Some(fetch)));
+                    match GpuLimitExec::try_new(limit.clone()) {
+                        Ok(gpu) => Arc::new(gpu),
+                        Err(_) => limit,
+                    }
+                }
+            });
+        }
     }
     if gpu_consumer && matches!(node.name(), "InterleaveExec" | "UnionExec") {
         let children = node
