@@ -201,7 +201,7 @@ fn rewrite(node: Arc<dyn ExecutionPlan>, gpu_consumer: bool) -> DFResult<Arc<dyn
                 None => input,
                 Some(fetch) => {
                     let limit = Arc::new(GlobalLimitExec::new(input, 0, Some(fetch)));
-                    match GpuLimitExec::try_new(limit.clone()) {
+                    match GpuLimitExec::try_new(Arc::clone(&limit) as Arc<dyn ExecutionPlan>) {
                         Ok(gpu) => Arc::new(gpu),
                         Err(_) => limit,
                     }
