@@ -1933,3 +1933,72 @@ async fn sorted_merges_between_gpu_operators_stay_on_the_device() {
         }
     }
 }
+
+/// `upper` with Rust's full Unicode case mapping (`ß` to `SS`, ligatures to several letters),
+/// compared (in filters and join filters, as TPC-DS q24's `c_birth_country <> upper(ca_country)`)
+/// or stored (a projection's output, a group key). Elsewhere it stays on the CPU, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upper_matches_the_cpu() {
+    const WORDS: &[Option<&str>] = &[
+        Some("straße"),
+        Some("STRASSE"),
+        Some("Straße"),
+        Some("ǅungla"),
+        Some("ǄUNGLA"),
+        Some("ﬁsh"),
+        Some("FISH"),
+        Some("café"),
+        Some("CAFÉ"),
+        Some(""),
+        None,
+        Some("abc"),
+        Some("ABC"),
+        Some("日本"),
+        Some("ΐ"),
+    ];
+    let table = |n: usize, shift: usize| {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int32, true),
+            Field::new("s", DataType::Utf8, true),
+        ]));
+        let k = Int32Array::from_iter((0..n).map(|i| Some((i % 7) as i32)));
+        let s = StringArray::from_iter((0..n).map(|i| WORDS[(i * 5 + shift) % WORDS.len()]));
+        vec![RecordBatch::try_new(schema, vec![Arc::new(k) as ArrayRef, Arc::new(s)]).unwrap()]
+    };
+    // One partition: a round-robin repartition under a projection would keep it on the CPU.
+    for batch_size in [8192usize, 5] {
+        let (gpu, cpu) = engines_over(table(60, 0), batch_size, 1);
+        for e in [&gpu, &cpu] {
+            e.register_batches("w", table(45, 3)).unwrap();
+        }
+        for sql in [
+            "SELECT k, s FROM t WHERE upper(s) = 'STRASSE'",
+            "SELECT k, s FROM t WHERE upper(s) > s",
+            "SELECT k, s FROM t WHERE upper(s) IS NOT DISTINCT FROM 'FISH'",
+            "SELECT k, upper(s) AS u FROM t WHERE k > 1",
+            "SELECT upper(s) AS u, count(*) AS n FROM t GROUP BY upper(s)",
+            "SELECT t.k, t.s, w.s AS ws FROM t JOIN w ON t.k = w.k AND t.s <> upper(w.s)",
+            "SELECT t.k, t.s, w.s AS ws FROM t JOIN w ON t.k = w.k AND upper(t.s) = upper(w.s)",
+        ] {
+            let want = rows(&cpu.collect(sql).await.unwrap());
+            let got = rows(&gpu.collect(sql).await.unwrap());
+            assert_eq!(got, want, "{sql}");
+            let placed = placement(&gpu, sql).await;
+            assert!(placed.fully_on_gpu(), "{sql}: {placed:?}");
+        }
+        // Its bytes would have to be stored inside the row: the CPU runs it.
+        for sql in [
+            "SELECT k FROM t WHERE upper(s) LIKE 'ST%'",
+            "SELECT k, length(upper(s)) AS n FROM t WHERE k > 1",
+        ] {
+            let want = rows(&cpu.collect(sql).await.unwrap());
+            let got = rows(&gpu.collect(sql).await.unwrap());
+            assert_eq!(got, want, "{sql}");
+            let plan = explain(&gpu, sql).await;
+            assert!(
+                plan.contains("`upper` feeding anything but"),
+                "{sql}\n{plan}"
+            );
+        }
+    }
+}

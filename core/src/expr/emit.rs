@@ -33,6 +33,9 @@ pub(crate) struct Emitter {
     /// The parts of each concatenation emitted (by the operand's value): its bytes are these
     /// strings' one after the other, `<value>_n` in all.
     concats: Vec<(String, Vec<String>)>,
+    /// The uppercased strings emitted (by the operand's value, which points at the source
+    /// string; `<value>_src` is its length): read through `upper.cuh`'s byte stream.
+    uppers: Vec<String>,
 }
 
 /// `10^k` as an i128 literal (`k` <= 38, as the planner guarantees).
@@ -126,11 +129,68 @@ impl Emitter {
 
     /// The parts of `operand` when it is a concatenation: the string operands whose bytes
     /// follow one another.
-    pub(crate) fn parts_of(&self, operand: &Operand) -> Option<&[String]> {
+    fn parts_of(&self, operand: &Operand) -> Option<&[String]> {
         self.concats
             .iter()
             .find(|(v, _)| *v == operand.value)
             .map(|(_, parts)| parts.as_slice())
+    }
+
+    fn is_upper(&self, operand: &Operand) -> bool {
+        self.uppers.contains(&operand.value)
+    }
+
+    /// Whether a kernel emitted so far needs `upper.cuh`.
+    pub(crate) fn uses_upper(&self) -> bool {
+        !self.uppers.is_empty()
+    }
+
+    /// C for the byte length of string `operand` as stored.
+    pub(crate) fn stored_len(&self, operand: &Operand) -> String {
+        if self.is_upper(operand) {
+            format!("spate::upper_len({v}, {v}_src)", v = operand.value)
+        } else {
+            format!("(u64){}_n", operand.value)
+        }
+    }
+
+    /// C statements copying string `operand`'s bytes to `u8* dst`.
+    pub(crate) fn store_bytes(&self, operand: &Operand) -> String {
+        match self.parts_of(operand) {
+            // A concatenation's parts one after the other.
+            Some(parts) => parts
+                .iter()
+                .map(|p| format!("for (u64 k = 0; k < {p}_n; ++k) *dst++ = {p}[k]; "))
+                .collect(),
+            None if self.is_upper(operand) => {
+                format!("spate::upper_copy({v}, {v}_src, dst); ", v = operand.value)
+            }
+            None => format!(
+                "for (u64 k = 0; k < {v}_n; ++k) dst[k] = {v}[k]; ",
+                v = operand.value
+            ),
+        }
+    }
+
+    /// C for the three-way comparison of strings `l` and `r`, either of them uppercased.
+    fn str_cmp(&self, l: &Operand, r: &Operand) -> String {
+        let (lu, ru) = (self.is_upper(l), self.is_upper(r));
+        if !lu && !ru {
+            return format!(
+                "spate::str_cmp({a}, {a}_n, {b}, {b}_n)",
+                a = l.value,
+                b = r.value
+            );
+        }
+        let len =
+            |o: &Operand, upper: bool| format!("{}{}", o.value, if upper { "_src" } else { "_n" });
+        format!(
+            "spate::str_cmp_upper({}, {}, {lu}, {}, {}, {ru})",
+            l.value,
+            len(l, lu),
+            r.value,
+            len(r, ru)
+        )
     }
 
     pub(crate) fn node(&mut self, node: &Node) -> Operand {
@@ -254,11 +314,7 @@ impl Emitter {
                     Cmp::GtEq => ">=",
                 };
                 let value = match l.ty {
-                    DevType::Str => format!(
-                        "spate::str_cmp({a}, {a}_n, {b}, {b}_n) {op} 0",
-                        a = l.value,
-                        b = r.value
-                    ),
+                    DevType::Str => format!("{} {op} 0", self.str_cmp(&l, &r)),
                     DevType::F32 | DevType::F64 => format!(
                         "spate::compare_key({}) {op} spate::compare_key({})",
                         l.value, r.value
@@ -270,11 +326,7 @@ impl Emitter {
             Op::Distinct { not, left, right } => {
                 let (l, r) = (self.node(left), self.node(right));
                 let equal = match l.ty {
-                    DevType::Str => format!(
-                        "spate::str_cmp({a}, {a}_n, {b}, {b}_n) == 0",
-                        a = l.value,
-                        b = r.value
-                    ),
+                    DevType::Str => format!("{} == 0", self.str_cmp(&l, &r)),
                     DevType::F32 | DevType::F64 => format!(
                         "spate::compare_key({}) == spate::compare_key({})",
                         l.value, r.value
@@ -647,6 +699,20 @@ impl Emitter {
                     a = a.value,
                     s = set.value
                 ));
+                Operand {
+                    value: v,
+                    null: a.null,
+                    ty,
+                }
+            }
+            Op::Upper(arg) => {
+                let a = self.node(arg);
+                let v = self.var();
+                self.line(&format!(
+                    "const u8* {v} = {a};\nconst u64 {v}_src = {a}_n;",
+                    a = a.value
+                ));
+                self.uppers.push(v.clone());
                 Operand {
                     value: v,
                     null: a.null,

@@ -275,6 +275,10 @@ pub(crate) enum Op {
         left: bool,
         right: bool,
     },
+    /// `upper`: the string with every character uppercased as Rust's `to_uppercase` does. Its
+    /// bytes are never stored in the row: it is read as a stream, so it may only be compared
+    /// (`Compare`, `Distinct`) or be a value kernel's output (see `builder::misplaced_upper`).
+    Upper(Box<Node>),
     /// Whether a string starts (or, `ends`, ends) with another.
     Affix {
         arg: Box<Node>,
@@ -316,7 +320,7 @@ impl Node {
     pub(crate) fn children(&self) -> Vec<&Node> {
         match &self.op {
             Op::Column { .. } | Op::Scalar { .. } | Op::Const(_) => Vec::new(),
-            Op::Not(a) | Op::Negate(a) => vec![a],
+            Op::Not(a) | Op::Negate(a) | Op::Upper(a) => vec![a],
             Op::IsNull { arg, .. }
             | Op::Abs { arg, .. }
             | Op::RoundFloat { arg, .. }
@@ -362,7 +366,7 @@ fn nullable(op: &Op) -> bool {
         // A column's validity is what counts, whatever the schema says.
         Op::Column { .. } | Op::Scalar { .. } => true,
         Op::Const(value) => value.is_none(),
-        Op::Not(a) | Op::Negate(a) => a.nullable,
+        Op::Not(a) | Op::Negate(a) | Op::Upper(a) => a.nullable,
         Op::Abs { arg, .. }
         | Op::RoundFloat { arg, .. }
         | Op::FloorCeil { arg, .. }

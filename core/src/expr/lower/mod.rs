@@ -104,6 +104,7 @@ impl<'a> Lowerer<'a> {
                 "round" => return self.round(f),
                 "floor" | "ceil" => return self.floor_ceil(f),
                 "btrim" | "ltrim" | "rtrim" => return self.trim(f),
+                "upper" => return self.upper(f),
                 "starts_with" | "ends_with" => return self.affix(f),
                 "nullif" => return self.nullif(f),
                 _ => {}
@@ -547,6 +548,19 @@ impl<'a> Lowerer<'a> {
                 right: name != "ltrim",
             },
         ))
+    }
+
+    /// `upper(s)`, with Rust's full Unicode case mapping (as DataFusion's).
+    fn upper(&mut self, f: &ScalarFunctionExpr) -> Result<Node, Unsupported> {
+        let unsupported = || Unsupported(format!("`{f}` is not supported on the GPU yet"));
+        let [arg] = f.args() else {
+            return Err(unsupported());
+        };
+        let a = self.lower(arg.as_ref())?;
+        if a.ty != DevType::Str || DevType::of(f.return_type()) != Some(DevType::Str) {
+            return Err(unsupported());
+        }
+        Ok(Node::new(DevType::Str, Op::Upper(boxed(a))))
     }
 
     /// `starts_with(s, prefix)` and `ends_with(s, suffix)`, bytewise.
