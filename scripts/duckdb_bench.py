@@ -11,6 +11,12 @@ Every `<name>.parquet` in DATA_DIR becomes a table `<name>` of an in-memory data
   (the load is timed and reported as load_ms), so the timed runs read DuckDB's own memory.
 In both modes each query runs once untimed before its timed runs, as in Spate's runner.
 
+The session takes the SQL semantics the benchmark queries are written for, which DataFusion
+(and PostgreSQL) follow and DuckDB by default does not: `/` between integers truncates
+(integer_division), and NULLs sort last ascending and first descending (default_null_order).
+Without them TPC-DS q21 and q78 (integer ratios) and q71 (NULLs under ORDER BY ... DESC)
+answer differently.
+
 Each timed run is time.perf_counter() around execute + fetchall, in milliseconds. The output is
 one JSON object:
 {"duckdb_version": "...", "threads": T, "mode": "hot"|"cold", "load_ms": float|null,
@@ -123,6 +129,8 @@ def main(argv):
         return 2
     con = duckdb.connect()
     con.execute(f"SET threads TO {args.threads}")
+    con.execute("SET integer_division = true")
+    con.execute("SET default_null_order = 'nulls_last_on_asc_first_on_desc'")
     threads = con.execute("SELECT current_setting('threads')").fetchone()[0]
     load_ms = register_tables(con, args.data_dir, args.mode)
     results = {}

@@ -222,6 +222,39 @@ pub fn compare_cells(expected: &[Vec<Cell>], got: &[Vec<Cell>]) -> Result<(), St
     Ok(())
 }
 
+/// [`compare_cells`], where rows that tie on `order.keys` may come in any order (see
+/// [`crate::compare::compare_ordered`]).
+pub fn compare_cells_ordered(
+    expected: &[Vec<Cell>],
+    got: &[Vec<Cell>],
+    order: &crate::compare::Ordering,
+) -> Result<(), String> {
+    if expected.len() != got.len() {
+        return Err(format!("{} rows, expected {}", got.len(), expected.len()));
+    }
+    match crate::compare::ordered_difference(expected, got, order) {
+        Some(difference) => Err(difference),
+        None => Ok(()),
+    }
+}
+
+impl crate::compare::Value for Cell {
+    fn matches(&self, other: &Self) -> bool {
+        cells_match(self, other)
+    }
+
+    fn show(&self) -> String {
+        self.to_string()
+    }
+
+    fn canonical(&self) -> String {
+        match as_float(self) {
+            Some(v) => format!("{v:.6e}"),
+            None => self.to_string(),
+        }
+    }
+}
+
 /// Whether two cells hold the same value (see the module docs); symmetric.
 pub fn cells_match(a: &Cell, b: &Cell) -> bool {
     match (a, b) {

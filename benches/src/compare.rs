@@ -29,22 +29,6 @@ pub fn compare_results(reference: &[RecordBatch], got: &[RecordBatch]) -> Result
     }
 }
 
-/// The first cell, row by row in order, where `have` differs from `want`, in words.
-fn first_difference(want: &[Vec<Cell>], have: &[Vec<Cell>]) -> Option<String> {
-    for (row, (a, b)) in want.iter().zip(have).enumerate() {
-        for (column, (x, y)) in a.iter().zip(b).enumerate() {
-            if !cells_match(x, y) {
-                return Some(format!(
-                    "row {row}, column {column}: {}, expected {}",
-                    y.show(),
-                    x.show()
-                ));
-            }
-        }
-    }
-    None
-}
-
 /// Checks the two results have the same columns (names and types) and row count; returns it.
 fn same_shape(reference: &[RecordBatch], got: &[RecordBatch]) -> Result<usize, String> {
     let want_rows: usize = reference.iter().map(RecordBatch::num_rows).sum();
@@ -113,27 +97,58 @@ pub fn compare_ordered(
     order: &Ordering,
 ) -> Result<usize, String> {
     // Columns and row counts must match as they are; only the order of tied rows may differ.
-    same_shape(reference, got)?;
-    let want = cells(reference)?;
-    let have = cells(got)?;
-    let Some(strict) = first_difference(&want, &have) else {
-        return Ok(want.len());
-    };
-    let width = want.first().map_or(0, Vec::len);
-    if order.keys.iter().any(|k| *k >= width) {
-        return Err(strict);
+    let rows = same_shape(reference, got)?;
+    match ordered_difference(&cells(reference)?, &cells(got)?, order) {
+        Some(difference) => Err(difference),
+        None => Ok(rows),
     }
-    let key_of = |row: &[Cell]| {
-        order
-            .keys
-            .iter()
-            .map(|k| row[*k].clone())
-            .collect::<Vec<_>>()
-    };
-    for (row, (a, b)) in want.iter().zip(&have).enumerate() {
+}
+
+/// A cell the comparisons work on: this module's, or [`crate::cells::Cell`] across engines.
+pub(crate) trait Value: Clone {
+    /// Whether two cells hold the same value (floats within a tolerance).
+    fn matches(&self, other: &Self) -> bool;
+    /// The value in words, for a difference.
+    fn show(&self) -> String;
+    /// A sort key under which matching cells sort alike (floats rounded).
+    fn canonical(&self) -> String;
+}
+
+impl Value for Cell {
+    fn matches(&self, other: &Self) -> bool {
+        cells_match(self, other)
+    }
+
+    fn show(&self) -> String {
+        Cell::show(self)
+    }
+
+    fn canonical(&self) -> String {
+        match self {
+            Cell::Float(v) => format!("{v:.6e}"),
+            other => other.show(),
+        }
+    }
+}
+
+/// The first difference between two results of the same row count, where rows that tie on
+/// `order.keys` may come in any order: the ORDER BY columns match row by row, and each run of
+/// equal keys holds the same rows as a set (after a LIMIT, the last run may hold other rows of
+/// those keys). `None` when they match.
+pub(crate) fn ordered_difference<V: Value>(
+    want: &[Vec<V>],
+    have: &[Vec<V>],
+    order: &Ordering,
+) -> Option<String> {
+    let strict = first_difference(want, have)?;
+    let width = want.first().map_or(0, Vec::len);
+    if order.keys.iter().any(|k| *k >= width) || have.iter().any(|row| row.len() != width) {
+        return Some(strict);
+    }
+    for (row, (a, b)) in want.iter().zip(have).enumerate() {
         for k in &order.keys {
-            if !cells_match(&a[*k], &b[*k]) {
-                return Err(format!(
+            if !a[*k].matches(&b[*k]) {
+                return Some(format!(
                     "row {row}, ORDER BY column {k}: {}, expected {}",
                     b[*k].show(),
                     a[*k].show()
@@ -141,48 +156,57 @@ pub fn compare_ordered(
             }
         }
     }
+    let ties = |x: &[V], y: &[V]| order.keys.iter().all(|k| x[*k].matches(&y[*k]));
     let mut start = 0;
     while start < want.len() {
-        let key = key_of(&want[start]);
         let end = (start..want.len())
-            .find(|r| {
-                key_of(&want[*r])
-                    .iter()
-                    .zip(&key)
-                    .any(|(a, b)| !cells_match(a, b))
-            })
+            .find(|r| !ties(&want[*r], &want[start]))
             .unwrap_or(want.len());
         let cut_by_limit = order.limited && end == want.len();
         if !cut_by_limit && !same_rows(&want[start..end], &have[start..end]) {
-            return Err(format!(
+            return Some(format!(
                 "{strict} (rows {start}..{end} tie on the ORDER BY, and differ as a set too)"
             ));
         }
         start = end;
     }
-    Ok(want.len())
+    None
 }
 
-/// Whether two runs hold the same rows in some order (floats within the tolerance).
-fn same_rows(a: &[Vec<Cell>], b: &[Vec<Cell>]) -> bool {
-    // A sort key that rounds floats, so that rows within the tolerance sort alike.
-    let canonical = |row: &Vec<Cell>| {
-        row.iter()
-            .map(|c| match c {
-                Cell::Float(v) => format!("{v:.6e}"),
-                other => other.show(),
-            })
-            .collect::<Vec<_>>()
-    };
-    let sorted = |rows: &[Vec<Cell>]| {
+/// The first cell, row by row in order, where `have` differs from `want`, in words.
+fn first_difference<V: Value>(want: &[Vec<V>], have: &[Vec<V>]) -> Option<String> {
+    for (row, (a, b)) in want.iter().zip(have).enumerate() {
+        if a.len() != b.len() {
+            return Some(format!(
+                "row {row}: {} columns, expected {}",
+                b.len(),
+                a.len()
+            ));
+        }
+        for (column, (x, y)) in a.iter().zip(b).enumerate() {
+            if !x.matches(y) {
+                return Some(format!(
+                    "row {row}, column {column}: {}, expected {}",
+                    y.show(),
+                    x.show()
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// Whether two runs hold the same rows in some order.
+fn same_rows<V: Value>(a: &[Vec<V>], b: &[Vec<V>]) -> bool {
+    let sorted = |rows: &[Vec<V>]| {
         let mut rows = rows.to_vec();
-        rows.sort_by_cached_key(canonical);
+        rows.sort_by_cached_key(|row| row.iter().map(V::canonical).collect::<Vec<_>>());
         rows
     };
     sorted(a)
         .iter()
         .zip(&sorted(b))
-        .all(|(x, y)| x.iter().zip(y).all(|(p, q)| cells_match(p, q)))
+        .all(|(x, y)| x.iter().zip(y).all(|(p, q)| p.matches(q)))
 }
 
 fn cells(batches: &[RecordBatch]) -> Result<Vec<Vec<Cell>>, String> {

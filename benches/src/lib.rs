@@ -21,6 +21,7 @@ pub mod report;
 pub mod runner;
 pub mod suite;
 pub mod tpcds;
+pub mod workload;
 
 pub mod tpch {
     //! The 22 TPC-H queries with the specification's validation parameters.

@@ -93,8 +93,12 @@ pub struct EngineInfo {
 /// One query's results across engines.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct QueryResult {
-    /// Query number, 1–22.
+    /// Template number (TPC-H 1–22, TPC-DS 1–99).
     pub query: usize,
+    /// How the report names it (`q14a`); empty in files written before TPC-DS, which name it
+    /// `q<number>`.
+    #[serde(default)]
+    pub label: String,
     /// One entry per engine that ran, in engine order.
     pub engines: Vec<EngineRun>,
 }
@@ -410,9 +414,27 @@ impl EngineRun {
     pub fn is_matched(&self) -> bool {
         self.status == MATCHED
     }
+
+    /// Whether the engine answered as the reference did: the same result, or the same error
+    /// (TPC-DS q90 divides by zero at SF 0.1; such a run has no times).
+    pub fn is_correct(&self) -> bool {
+        self.is_matched() || self.status.starts_with(SAME_ERROR)
+    }
 }
 
+/// The status of a run that failed as the reference did, before the error.
+pub const SAME_ERROR: &str = "same error as the reference: ";
+
 impl QueryResult {
+    /// The query's name in the report: its label, or `q<number>`.
+    pub fn label(&self) -> String {
+        if self.label.is_empty() {
+            format!("q{}", self.query)
+        } else {
+            self.label.clone()
+        }
+    }
+
     /// The run of `engine`, whatever its status.
     pub fn run(&self, engine: &str) -> Option<&EngineRun> {
         self.engines.iter().find(|run| run.engine == engine)
@@ -472,7 +494,11 @@ impl TpchReport {
         EngineSummary {
             engine: engine.to_string(),
             matched: matched.len(),
-            total_median_ms: matched.iter().map(|run| run.median_ms).sum(),
+            // Summed from +0.0: an empty sum of floats is -0.0.
+            total_median_ms: matched
+                .iter()
+                .map(|run| run.median_ms)
+                .fold(0.0, |a, b| a + b),
             geomean_speedup,
             speedup_queries: speedups.len(),
         }
@@ -621,7 +647,7 @@ impl TpchReport {
         }
         let mut rows = Vec::new();
         for query in &self.queries {
-            let mut row = vec![format!("q{}", query.query)];
+            let mut row = vec![query.label()];
             for engine in &engines {
                 row.push(match query.run(engine) {
                     Some(run) if run.is_matched() => format!(
@@ -684,7 +710,7 @@ impl TpchReport {
                     (status_cell(&run.status), "—".to_string())
                 };
                 rows.push(vec![
-                    format!("q{}", query.query),
+                    query.label(),
                     run.engine.clone(),
                     fmt_sig(roofline.read_bytes as f64 / 1e6, 3),
                     fmt_sig(roofline.write_bytes as f64 / 1e6, 3),
@@ -731,7 +757,7 @@ impl TpchReport {
         for query in &self.queries {
             for run in &query.engines {
                 if let Some(path) = &run.data_path {
-                    let mut row = vec![format!("q{}", query.query), run.engine.clone()];
+                    let mut row = vec![query.label(), run.engine.clone()];
                     row.extend(path.cells());
                     rows.push(row);
                 }
@@ -787,7 +813,7 @@ impl TpchReport {
         }
         let mut rows = Vec::new();
         for query in &self.queries {
-            let mut row = vec![format!("q{}", query.query)];
+            let mut row = vec![query.label()];
             for (engine, timed) in &engines {
                 let run = query.run(engine);
                 row.push(run.map_or_else(|| "—".to_string(), |run| fmt_ms(run.compile_ms_first)));
@@ -897,9 +923,7 @@ impl TpchReport {
         let query_label = |x: &f64| {
             let nearest = x.round();
             match self.queries.get(nearest as usize) {
-                Some(query) if (x - nearest).abs() < 1e-6 && nearest >= 0.0 => {
-                    format!("q{}", query.query)
-                }
+                Some(query) if (x - nearest).abs() < 1e-6 && nearest >= 0.0 => query.label(),
                 _ => String::new(),
             }
         };
@@ -1170,6 +1194,7 @@ mod tests {
             queries: vec![
                 QueryResult {
                     query: 1,
+                    label: String::new(),
                     engines: vec![
                         gpu_run(2.0, 1.9, 2.2, 1_500_000),
                         run("spate-cpu", 20.0, 19.0, 21.0),
@@ -1178,6 +1203,7 @@ mod tests {
                 },
                 QueryResult {
                     query: 3,
+                    label: String::new(),
                     engines: vec![
                         gpu_run(4.0, 3.9, 4.4, 3_000_000),
                         run("spate-cpu", 12.0, 11.0, 13.0),
@@ -1186,6 +1212,7 @@ mod tests {
                 },
                 QueryResult {
                     query: 6,
+                    label: String::new(),
                     engines: vec![
                         gpu_run(1.0, 0.9, 1.1, 500_000),
                         run("spate-cpu", 3.0, 2.9, 3.1),
@@ -1194,6 +1221,7 @@ mod tests {
                 },
                 QueryResult {
                     query: 9,
+                    label: String::new(),
                     engines: vec![
                         failed,
                         run("spate-cpu", 40.0, 39.0, 41.0),

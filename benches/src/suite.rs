@@ -1,8 +1,11 @@
-//! The TPC-H benchmark across engines: `spate bench tpch --engines spate-gpu,spate-cpu,duckdb`.
+//! The TPC-H and TPC-DS benchmarks across engines: `spate bench tpch --engines
+//! spate-gpu,spate-cpu,duckdb` (and `spate bench tpcds …`), over the queries of a
+//! [`Workload`].
 //!
 //! Every engine reads the same Parquet files (generated once per scale factor and reused).
-//! Each query's result on every engine is checked against Spate's CPU backend; only matched
-//! runs count in sums and speedups. Per engine and query there is one untimed first run
+//! Each query's result on every engine is checked against Spate's CPU backend (rows that tie
+//! on the ORDER BY in any order, see [`crate::compare::compare_ordered`]); only matched runs
+//! count in sums and speedups. Per engine and query there is one untimed first run
 //! (which compiles the generated kernels and warms the file cache) and then `runs` timed runs.
 //!
 //! - `hot`: tables are loaded into the engine's memory first: `CACHE TABLE` (GPU memory on a
@@ -22,13 +25,14 @@ use std::time::Instant;
 use arrow::array::RecordBatch;
 use spate::{Backend, Engine};
 
-use crate::compare::compare_results;
+use crate::compare::{Ordering, compare_ordered};
 use crate::datapath::DataPath;
 use crate::report::{
-    Bandwidth, EngineInfo, EngineRun, Machine, QueryResult, Roofline, TpchReport, git_commit,
-    today_utc,
+    Bandwidth, EngineInfo, EngineRun, Machine, QueryResult, Roofline, SAME_ERROR, TpchReport,
+    git_commit, today_utc,
 };
-use crate::runner::run_query;
+use crate::runner::{result_ordering, run_query};
+use crate::workload::{SuiteQuery, Workload};
 
 /// An engine the suite can run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,7 +99,9 @@ impl Mode {
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct SuiteOptions {
-    /// TPC-H scale factor.
+    /// TPC-H or TPC-DS.
+    pub workload: Workload,
+    /// Scale factor.
     pub scale_factor: f64,
     /// Engines, in report order.
     pub engines: Vec<EngineKind>,
@@ -103,8 +109,8 @@ pub struct SuiteOptions {
     pub runs: usize,
     /// Hot or cold.
     pub mode: Mode,
-    /// Query numbers (empty: all 22).
-    pub queries: Vec<usize>,
+    /// Query labels (`q6` for TPC-H, `q14a` for TPC-DS; empty: all of them).
+    pub queries: Vec<String>,
     /// Partitions per Spate query (default: the machine's cores).
     pub partitions: Option<usize>,
     /// The backend of `spate-gpu` (`auto` picks `cuda` when there is a GPU).
@@ -159,6 +165,10 @@ fn median(values: &[f64]) -> f64 {
     }
 }
 
+/// A query's result on the reference (Spate's CPU backend), with the order its plan fixes
+/// (rows that tie on its ORDER BY may come in any order on another engine).
+type Reference = Result<(Vec<RecordBatch>, Ordering), String>;
+
 /// An engine's runs of one query from its execution times.
 fn timed(engine: &str, status: String, rows: usize, execute_ms: Vec<f64>) -> EngineRun {
     EngineRun {
@@ -174,6 +184,15 @@ fn timed(engine: &str, status: String, rows: usize, execute_ms: Vec<f64>) -> Eng
         execute_ms,
         roofline: None,
         data_path: None,
+    }
+}
+
+/// The status of a run that failed with `error`: the same error as the reference's, or a
+/// failure.
+fn failure(reference: &Reference, error: &str) -> String {
+    match reference {
+        Err(want) if crate::runner::same_error(want, error) => format!("{SAME_ERROR}{error}"),
+        _ => format!("failed: {error}"),
     }
 }
 
@@ -204,33 +223,33 @@ pub async fn run_suite(
     on_engine: &mut dyn FnMut(&TpchReport),
 ) -> Result<TpchReport, String> {
     let sf = options.scale_factor;
-    ensure_data(sf, &options.data_dir, log)?;
-    let queries: Vec<(usize, &str)> = crate::tpch::QUERIES
-        .iter()
-        .copied()
-        .filter(|(n, _)| options.queries.is_empty() || options.queries.contains(n))
-        .collect();
+    let workload = options.workload;
+    workload.ensure_data(sf, &options.data_dir, log)?;
+    let queries = workload.queries(&options.queries);
     let runs = options.runs.max(1);
 
     // The reference: Spate on the CPU over the same files, one run per query.
     log("reference results: spate on the cpu backend");
     let reference_engine = spate_engine(Backend::Cpu, options)?;
-    spate::tpch::register_parquet_dir(&reference_engine, &options.data_dir)
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut reference: Vec<Result<Vec<RecordBatch>, String>> = Vec::new();
-    for (_, sql) in &queries {
+    workload
+        .register(&reference_engine, &options.data_dir)
+        .await?;
+    let mut reference: Vec<Reference> = Vec::new();
+    for query in &queries {
         reference.push(
-            run_query(&reference_engine, sql)
+            run_query(&reference_engine, &query.sql)
                 .await
-                .map(|r| r.batches)
+                .map(|r| {
+                    let order = result_ordering(&r.plan);
+                    (r.batches, order)
+                })
                 .map_err(|e| e.to_string()),
         );
     }
     drop(reference_engine);
 
     let mut report = TpchReport {
-        suite: "tpch".into(),
+        suite: workload.name().into(),
         scale_factor: sf,
         mode: options.mode.name().into(),
         runs,
@@ -246,8 +265,9 @@ pub async fn run_suite(
         engines: Vec::new(),
         queries: queries
             .iter()
-            .map(|(n, _)| QueryResult {
-                query: *n,
+            .map(|q| QueryResult {
+                query: q.number,
+                label: q.label.clone(),
                 engines: Vec::new(),
             })
             .collect(),
@@ -308,8 +328,8 @@ async fn run_spate(
     kind: EngineKind,
     backend: Backend,
     options: &SuiteOptions,
-    queries: &[(usize, &str)],
-    reference: &[Result<Vec<RecordBatch>, String>],
+    queries: &[SuiteQuery],
+    reference: &[Reference],
     runs: usize,
     bandwidth: &mut Option<Bandwidth>,
     gpu_name: &mut Option<String>,
@@ -320,9 +340,10 @@ async fn run_spate(
     if kind == EngineKind::SpateGpu && engine.gpu().is_none() {
         return Err(format!("no GPU backend: {}", engine.backend()));
     }
-    spate::tpch::register_parquet_dir(&engine, &options.data_dir)
-        .await
-        .map_err(|e| e.to_string())?;
+    options
+        .workload
+        .register(&engine, &options.data_dir)
+        .await?;
     let mut description = format!("spate {}, {}", env!("CARGO_PKG_VERSION"), engine.backend());
     if !options.settings.is_empty() {
         let set: Vec<String> = options
@@ -353,11 +374,12 @@ async fn run_spate(
     if options.mode == Mode::Hot {
         let started = Instant::now();
         let mut bytes = 0;
-        for table in spate::tpch::TpchTable::ALL {
+        let tables = options.workload.tables();
+        for table in &tables {
             let cached = engine
-                .cache_table(table.name())
+                .cache_table(table)
                 .await
-                .map_err(|e| format!("CACHE TABLE {}: {e}", table.name()))?;
+                .map_err(|e| format!("CACHE TABLE {table}: {e}"))?;
             bytes += cached.bytes;
         }
         let where_ = if engine.gpu().is_some() {
@@ -367,7 +389,8 @@ async fn run_spate(
         };
         let took = started.elapsed().as_secs_f64();
         log(&format!(
-            "{name}: cached 8 tables in {where_} memory ({:.1} MB) in {took:.1} s",
+            "{name}: cached {} tables in {where_} memory ({:.1} MB) in {took:.1} s",
+            tables.len(),
             bytes as f64 / 1e6
         ));
         description.push_str(&format!(
@@ -378,18 +401,20 @@ async fn run_spate(
     let measured_bandwidth = engine.gpu().and_then(|g| g.bandwidth());
 
     let mut out = Vec::with_capacity(queries.len());
-    for ((number, sql), want) in queries.iter().zip(reference) {
+    for (query, want) in queries.iter().zip(reference) {
+        let (label, sql) = (&query.label, &query.sql);
         let first = match run_query(&engine, sql).await {
             Ok(run) => run,
             Err(e) => {
-                log(&format!("{name} q{number:02}: FAILED: {e}"));
-                out.push(failed(name, format!("failed: {e}")));
+                let status = failure(want, &e.to_string());
+                log(&format!("{name} {label}: {status}"));
+                out.push(failed(name, status));
                 continue;
             }
         };
         let status = match want {
             Err(e) => format!("failed: reference failed: {e}"),
-            Ok(want) => match compare_results(want, &first.batches) {
+            Ok((want, order)) => match compare_ordered(want, &first.batches, order) {
                 Ok(_) => "matched".to_string(),
                 Err(difference) => format!("mismatch: {difference}"),
             },
@@ -406,7 +431,7 @@ async fn run_spate(
                 }
                 Err(e) => {
                     last = None;
-                    log(&format!("{name} q{number:02}: FAILED on a timed run: {e}"));
+                    log(&format!("{name} {label}: FAILED on a timed run: {e}"));
                     break;
                 }
             }
@@ -439,7 +464,7 @@ async fn run_spate(
             run.data_path = Some(DataPath::of(&last));
         }
         log(&format!(
-            "{name} q{number:02}: {} ({} rows), median {:.2} ms (min {:.2}, max {:.2}), plan {:.2} ms, compile {:.1} ms first / {:.1} ms timed",
+            "{name} {label}: {} ({} rows), median {:.2} ms (min {:.2}, max {:.2}), plan {:.2} ms, compile {:.1} ms first / {:.1} ms timed",
             run.status,
             run.rows,
             run.median_ms,
@@ -464,16 +489,19 @@ async fn run_spate(
 /// Runs every query on DuckDB. `Err` means DuckDB could not run at all.
 fn run_duckdb(
     options: &SuiteOptions,
-    queries: &[(usize, &str)],
-    reference: &[Result<Vec<RecordBatch>, String>],
+    queries: &[SuiteQuery],
+    reference: &[Reference],
     runs: usize,
     log: &mut dyn FnMut(&str),
 ) -> Result<(EngineInfo, Vec<EngineRun>), String> {
     let python = crate::duckdb::find_python(options.python.clone(), &options.workspace_root)?;
-    let query_dir = options.workspace_root.join("benches/queries/tpch");
-    let files: Vec<(usize, PathBuf)> = queries
-        .iter()
-        .map(|(n, _)| (*n, query_dir.join(format!("q{n:02}.sql"))))
+    // One file per statement (DuckDB keys its results by file name), numbered by position.
+    let query_dir = options.data_dir.join(".duckdb-queries");
+    let files: Vec<(usize, PathBuf)> = options
+        .workload
+        .query_files(queries, &query_dir)?
+        .into_iter()
+        .enumerate()
         .collect();
     let script = options.workspace_root.join("scripts/duckdb_bench.py");
     log("duckdb: running");
@@ -487,22 +515,25 @@ fn run_duckdb(
         None,
     )?;
     let mut out = Vec::with_capacity(queries.len());
-    for ((number, _), want) in queries.iter().zip(reference) {
-        let Some(got) = run.queries.iter().find(|q| q.query == *number) else {
+    for (k, (query, want)) in queries.iter().zip(reference).enumerate() {
+        let label = &query.label;
+        let Some(got) = run.queries.iter().find(|q| q.query == k) else {
             out.push(failed("duckdb", "failed: no result from DuckDB".into()));
             continue;
         };
         let result = match &got.result {
             Ok(r) => r,
             Err(e) => {
-                out.push(failed("duckdb", format!("failed: {e}")));
+                let status = failure(want, e);
+                log(&format!("duckdb {label}: {status}"));
+                out.push(failed("duckdb", status));
                 continue;
             }
         };
         let status = match want {
             Err(e) => format!("failed: reference failed: {e}"),
-            Ok(want) => match crate::cells::cells_from_batches(want)
-                .and_then(|want| crate::cells::compare_cells(&want, &result.rows))
+            Ok((want, order)) => match crate::cells::cells_from_batches(want)
+                .and_then(|want| crate::cells::compare_cells_ordered(&want, &result.rows, order))
             {
                 Ok(()) => "matched".to_string(),
                 Err(difference) => format!("mismatch: {difference}"),
@@ -510,7 +541,7 @@ fn run_duckdb(
         };
         let run = timed("duckdb", status, result.rows.len(), result.times_ms.clone());
         log(&format!(
-            "duckdb q{number:02}: {} ({} rows), median {:.2} ms (min {:.2}, max {:.2})",
+            "duckdb {label}: {} ({} rows), median {:.2} ms (min {:.2}, max {:.2})",
             run.status, run.rows, run.median_ms, run.min_ms, run.max_ms
         ));
         out.push(run);

@@ -33,9 +33,11 @@
 //!
 //! ```text
 //! spate bench tpch --sf 10 --engines spate-gpu,spate-cpu,duckdb --runs 5 --mode hot
+//! spate bench tpcds --sf 1 --engines spate-cpu,duckdb --runs 1
 //! ```
 //!
-//! Its last line is `benchmark: N/R runs matched` (engine × query runs that ran); the exit
+//! Its last line is `benchmark: N/R runs matched` (engine × query runs that ran; a run that
+//! fails with the error the CPU backend fails with counts as matched); the exit
 //! code is non-zero when any run failed or differed from the CPU backend's result.
 
 use std::path::{Path, PathBuf};
@@ -48,6 +50,7 @@ use spate::{Backend, Engine};
 use spate_bench::datapath::DataPath;
 use spate_bench::runner::{Outcome, QueryRun, run_query, verify_query};
 use spate_bench::suite::{EngineKind, Mode, SuiteOptions, run_suite};
+use spate_bench::workload::Workload;
 
 #[derive(Debug, Subcommand)]
 pub enum Suite {
@@ -84,6 +87,8 @@ pub struct TpcdsArgs {
     /// [default: target/spate-bench/tpcds-sf<SF>].
     #[arg(long, value_name = "DIR")]
     data: Option<PathBuf>,
+    #[command(flatten)]
+    benchmark: BenchmarkArgs,
 }
 
 /// `14`, `q14` (a template: its statements) or `q14a` (one statement).
@@ -122,6 +127,17 @@ pub struct TpchArgs {
     /// Partitions (parallel streams) per query; defaults to the number of cores.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
     partitions: Option<u32>,
+    /// With --engines: folder of the TPC-H Parquet files, generated there when missing
+    /// [default: target/spate-bench/tpch-sf<SF>].
+    #[arg(long, value_name = "DIR")]
+    data: Option<PathBuf>,
+    #[command(flatten)]
+    benchmark: BenchmarkArgs,
+}
+
+/// The benchmark across engines (`--engines`), for either suite.
+#[derive(Debug, Args)]
+pub struct BenchmarkArgs {
     /// Time these engines side by side (comma-separated: spate-gpu, spate-cpu, duckdb) and
     /// write result files; `--backend` is spate-gpu's backend.
     #[arg(long, value_delimiter = ',', value_parser = EngineKind::parse)]
@@ -133,10 +149,6 @@ pub struct TpchArgs {
     /// spate-gpu) or `cold` (every run reads the Parquet files).
     #[arg(long, default_value = "hot", value_parser = Mode::parse)]
     mode: Mode,
-    /// With --engines: folder of the TPC-H Parquet files, generated there when missing
-    /// [default: target/spate-bench/tpch-sf<SF>].
-    #[arg(long, value_name = "DIR")]
-    data: Option<PathBuf>,
     /// With --engines: folder the result files are written to.
     #[arg(long, value_name = "DIR", default_value = "benches/results")]
     out: PathBuf,
@@ -147,8 +159,32 @@ pub struct TpchArgs {
 
 pub fn run(suite: Suite) -> Result<ExitCode, String> {
     match suite {
-        Suite::Tpch(args) if !args.engines.is_empty() => benchmark(args),
+        Suite::Tpch(args) if !args.benchmark.engines.is_empty() => benchmark(Benchmark {
+            workload: Workload::Tpch,
+            sf: args.sf,
+            backend: args.backend,
+            queries: args.queries.iter().map(|q| format!("q{q}")).collect(),
+            settings: args.settings,
+            partitions: args.partitions,
+            data: args.data,
+            args: args.benchmark,
+        }),
         Suite::Tpch(args) => tpch(args),
+        Suite::Tpcds(args) if !args.benchmark.engines.is_empty() => benchmark(Benchmark {
+            workload: Workload::Tpcds,
+            sf: args.sf,
+            backend: args.backend,
+            queries: args
+                .queries
+                .iter()
+                .flatten()
+                .map(|q| q.label.to_string())
+                .collect(),
+            settings: args.settings,
+            partitions: args.partitions,
+            data: args.data,
+            args: args.benchmark,
+        }),
         Suite::Tpcds(args) => tpcds(args),
     }
 }
@@ -168,22 +204,37 @@ fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-fn benchmark(args: TpchArgs) -> Result<ExitCode, String> {
+/// What `--engines` runs, from either suite's arguments.
+struct Benchmark {
+    workload: Workload,
+    sf: f64,
+    backend: Backend,
+    /// Labels (`q6`, `q14a`); empty: every query.
+    queries: Vec<String>,
+    settings: Vec<(String, String)>,
+    partitions: Option<u32>,
+    data: Option<PathBuf>,
+    args: BenchmarkArgs,
+}
+
+fn benchmark(bench: Benchmark) -> Result<ExitCode, String> {
     let runtime = crate::runtime()?;
     let root = workspace_root();
-    let data_dir = args.data.clone().unwrap_or_else(|| {
+    let args = &bench.args;
+    let data_dir = bench.data.clone().unwrap_or_else(|| {
         root.join("target/spate-bench")
-            .join(format!("tpch-sf{}", args.sf))
+            .join(format!("{}-sf{}", bench.workload.name(), bench.sf))
     });
     let options = SuiteOptions {
-        scale_factor: args.sf,
+        workload: bench.workload,
+        scale_factor: bench.sf,
         engines: args.engines.clone(),
         runs: args.runs as usize,
         mode: args.mode,
-        queries: args.queries.iter().map(|q| *q as usize).collect(),
-        partitions: args.partitions.map(|p| p as usize),
-        gpu_backend: args.backend,
-        settings: args.settings.clone(),
+        queries: bench.queries.clone(),
+        partitions: bench.partitions.map(|p| p as usize),
+        gpu_backend: bench.backend,
+        settings: bench.settings.clone(),
         data_dir,
         python: args.python.clone(),
         workspace_root: root,
@@ -221,7 +272,7 @@ fn benchmark(args: TpchArgs) -> Result<ExitCode, String> {
         written.png.display()
     );
     let runs: Vec<_> = report.queries.iter().flat_map(|q| &q.engines).collect();
-    let matched = runs.iter().filter(|r| r.is_matched()).count();
+    let matched = runs.iter().filter(|r| r.is_correct()).count();
     println!("benchmark: {matched}/{} runs matched", runs.len());
     Ok(if matched == runs.len() {
         ExitCode::SUCCESS
