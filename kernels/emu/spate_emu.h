@@ -79,7 +79,7 @@ struct dim3 {
 // The launch record the Rust runtime passes (`LaunchArgs` in backend/emulated/grid.rs; keep
 // the two in step).
 extern "C" {
-// 96 bytes on LP64; `LaunchArgs` in grid.rs asserts the same.
+// 112 bytes on LP64; `LaunchArgs` in grid.rs asserts the same.
 struct spate_emu_launch {
     unsigned dims[7];  // grid x y z, block x y z, dynamic shared memory bytes
     void** params;
@@ -90,6 +90,10 @@ struct spate_emu_launch {
     void* runner;
     void (*run_workers)(void* runner, unsigned workers, void (*work)(void*), void* arg);
     void (*abort_block)(const char* message);  // filled in by run_grid
+    // Fiber stacks from the process's pool, shared by every kernel module: `count` slots of
+    // `guard` bytes (no access) then `stack` bytes; null when they cannot be mapped.
+    void* (*acquire_stacks)(unsigned long count, unsigned long stack, unsigned long guard);
+    void (*release_stacks)(void* base, unsigned long count, unsigned long stack, unsigned long guard);
 };
 }
 
@@ -228,38 +232,37 @@ inline void to_scheduler() {
 }
 
 // Stacks for one block's fibers, with a guard page below each so an overflow faults instead of
-// corrupting a neighbour. Kept per OS thread and reused across launches.
-struct StackPool {
+// corrupting a neighbour. A worker leases them from the Rust runtime's pool for one launch: a
+// pool kept per OS thread held two mappings per stack for every stream's thread that ever ran
+// a kernel, and a query with scores of streams ran out of the kernel's limit on mappings
+// (vm.max_map_count).
+struct StackLease {
     unsigned char* base = nullptr;
     size_t count = 0;
+    void (*release_fn)(void*, unsigned long, unsigned long, unsigned long) = nullptr;
 #if !defined(__x86_64__)
     std::vector<ucontext_t> contexts;
 #endif
 
-    bool reserve(size_t n) {
-        if (n <= count) return true;
-        release();
-        size_t total = n * (kStackBytes + kGuardBytes);
-        void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (p == MAP_FAILED) return false;
+    bool acquire(const spate_emu_launch* a, size_t n) {
+        void* p = a->acquire_stacks(n, kStackBytes, kGuardBytes);
+        if (p == nullptr) return false;
         base = static_cast<unsigned char*>(p);
         count = n;
-        for (size_t i = 0; i < n; ++i) mprotect(base + i * (kStackBytes + kGuardBytes), kGuardBytes, PROT_NONE);
+        release_fn = a->release_stacks;
 #if !defined(__x86_64__)
         contexts.resize(n);
 #endif
         return true;
     }
     unsigned char* stack_top(size_t i) const { return base + (i + 1) * (kStackBytes + kGuardBytes); }
-    void release() {
-        if (base) munmap(base, count * (kStackBytes + kGuardBytes));
-        base = nullptr;
-        count = 0;
+    ~StackLease() {
+        if (base) release_fn(base, count, kStackBytes, kGuardBytes);
     }
-    ~StackPool() { release(); }
 };
 
-inline thread_local StackPool tls_stacks;
+// The lease of the launch this thread is running blocks for.
+inline thread_local StackLease* tls_stacks = nullptr;
 
 #if !defined(__x86_64__)
 inline thread_local ucontext_t tls_sched_context;
@@ -269,7 +272,7 @@ inline void prepare_fiber(Fiber& f, size_t i) {
 #if defined(__x86_64__)
     // Build the frame switch_stack pops: MXCSR/FPU word, six callee-saved registers, the entry
     // address `ret` jumps to, and a fake return address so the entry sees an ABI-aligned stack.
-    uintptr_t top = reinterpret_cast<uintptr_t>(tls_stacks.stack_top(i)) & ~uintptr_t(15);
+    uintptr_t top = reinterpret_cast<uintptr_t>(tls_stacks->stack_top(i)) & ~uintptr_t(15);
     uint64_t* sp = reinterpret_cast<uint64_t*>(top);
     *--sp = 0;                                                // fake return address of fiber_main
     *--sp = reinterpret_cast<uint64_t>(&fiber_main);          // popped by `ret`
@@ -283,9 +286,9 @@ inline void prepare_fiber(Fiber& f, size_t i) {
     std::memcpy(reinterpret_cast<unsigned char*>(sp) + 4, &fpucw, 2);
     f.sp = sp;
 #else
-    ucontext_t* ctx = &tls_stacks.contexts[i];
+    ucontext_t* ctx = &tls_stacks->contexts[i];
     getcontext(ctx);
-    ctx->uc_stack.ss_sp = tls_stacks.stack_top(i) - kStackBytes;
+    ctx->uc_stack.ss_sp = tls_stacks->stack_top(i) - kStackBytes;
     ctx->uc_stack.ss_size = kStackBytes;
     ctx->uc_link = nullptr;
     makecontext(ctx, reinterpret_cast<void (*)()>(&fiber_main), 0);
@@ -524,6 +527,7 @@ inline unsigned param_sizes(void (*)(A...), unsigned* sizes, unsigned max) {
 // What the workers of one grid share.
 struct Grid {
     Launch launch{};
+    const spate_emu_launch* args = nullptr;
     size_t threads = 0;
     size_t blocks = 0;
     std::vector<unsigned> order;  // with a seed: the order blocks are taken in
@@ -548,13 +552,18 @@ inline void grid_worker(void* arg) {
     struct ClearOnExit {
         ~ClearOnExit() { tls_pending_abort = 0; }
     } clear_on_exit;
-    if (!tls_stacks.reserve(g.threads)) {
+    StackLease stacks;
+    if (!stacks.acquire(g.args, g.threads)) {
         if (!g.error_taken.exchange(true))
             std::snprintf(g.first_error, sizeof(g.first_error), "%s: could not map %zu fiber stacks", l.name,
                           g.threads);
         g.failed = true;
         return;
     }
+    tls_stacks = &stacks;
+    struct Unlease {
+        ~Unlease() { tls_stacks = nullptr; }
+    } unlease;
     std::vector<unsigned char> dyn(std::max<size_t>(l.shared_mem_bytes, 16) + 64);
     unsigned char* dyn_aligned =
         reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(dyn.data()) + 63) & ~uintptr_t(63));
@@ -605,6 +614,7 @@ inline int run_grid(spate_emu_launch* a, void (*invoke)(void**), const char* nam
     l.params = a->params;
     l.name = name;
     l.seed = a->seed;
+    g.args = a;
     g.threads = size_t(l.block[0]) * l.block[1] * l.block[2];
     g.blocks = size_t(l.grid[0]) * l.grid[1] * l.grid[2];
     if (g.threads == 0 || g.threads > 1024 || g.threads % 32 != 0) {
@@ -635,7 +645,7 @@ inline int run_grid(spate_emu_launch* a, void (*invoke)(void**), const char* nam
     return 0;
 }
 
-static_assert(sizeof(spate_emu_launch) == 96 && offsetof(spate_emu_launch, abort_block) == 88,
+static_assert(sizeof(spate_emu_launch) == 112 && offsetof(spate_emu_launch, abort_block) == 88,
               "spate_emu_launch must match LaunchArgs in kernels/src/backend/emulated/grid.rs");
 
 }  // namespace spate_emu

@@ -48,11 +48,84 @@ pub(crate) struct LaunchArgs {
     /// Set by the kernel module before it asks for workers: leaves the current block with this
     /// message when called from a signal handler on a thread running a kernel.
     pub(crate) abort_block: Option<unsafe extern "C" fn(*const c_char)>,
+    /// A worker's fiber stacks for one launch, from [`STACKS`], and back.
+    pub(crate) acquire_stacks: unsafe extern "C" fn(c_ulong, c_ulong, c_ulong) -> *mut c_void,
+    pub(crate) release_stacks: unsafe extern "C" fn(*mut c_void, c_ulong, c_ulong, c_ulong),
 }
 
 // The C side asserts the same size and offset (`spate_emu.h`).
 const _: () =
-    assert!(size_of::<LaunchArgs>() == 96 && std::mem::offset_of!(LaunchArgs, abort_block) == 88);
+    assert!(size_of::<LaunchArgs>() == 112 && std::mem::offset_of!(LaunchArgs, abort_block) == 88);
+
+/// A mapping of fiber stacks: `count` slots of a guard page (no access) then a stack.
+struct StackRegion {
+    base: usize,
+    count: usize,
+    stack: usize,
+    guard: usize,
+}
+
+/// Fiber stacks not in use, for every kernel module of the process: a worker leases a region
+/// for one launch (`spate_emu.h`'s `StackLease`). So there are as many regions as workers ever
+/// ran at once, and each costs its mappings once, not once per launch, nor once per thread
+/// (each stream thread keeping its own ran a query with scores of streams out of
+/// `vm.max_map_count`).
+static STACKS: Mutex<Vec<StackRegion>> = Mutex::new(Vec::new());
+
+unsafe extern "C" fn acquire_stacks(count: c_ulong, stack: c_ulong, guard: c_ulong) -> *mut c_void {
+    let (count, stack, guard) = (count as usize, stack as usize, guard as usize);
+    {
+        let mut free = STACKS.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(at) = free
+            .iter()
+            .position(|r| r.count == count && r.stack == stack && r.guard == guard)
+        {
+            return free.swap_remove(at).base as *mut c_void;
+        }
+    }
+    let Some(bytes) = count.checked_mul(stack + guard) else {
+        return std::ptr::null_mut();
+    };
+    // SAFETY: a fresh private mapping; the guard pages are inside it.
+    unsafe {
+        let base = libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        );
+        if base == libc::MAP_FAILED {
+            return std::ptr::null_mut();
+        }
+        for i in 0..count {
+            let slot = (base as *mut u8).add(i * (stack + guard));
+            if libc::mprotect(slot as *mut c_void, guard, libc::PROT_NONE) != 0 {
+                libc::munmap(base, bytes);
+                return std::ptr::null_mut();
+            }
+        }
+        base
+    }
+}
+
+unsafe extern "C" fn release_stacks(
+    base: *mut c_void,
+    count: c_ulong,
+    stack: c_ulong,
+    guard: c_ulong,
+) {
+    STACKS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(StackRegion {
+            base: base as usize,
+            count: count as usize,
+            stack: stack as usize,
+            guard: guard as usize,
+        });
+}
 
 /// What the threads of one running launch share with the signal handlers and the watchdog.
 struct LaunchCtx {
@@ -120,6 +193,8 @@ pub(crate) unsafe fn run(
         runner: std::ptr::null_mut(),
         run_workers,
         abort_block: None,
+        acquire_stacks,
+        release_stacks,
     };
     let mut ctx = LaunchCtx {
         name: run.name.to_string(),
