@@ -10,9 +10,10 @@ use std::sync::Arc;
 
 use arrow::array::{
     ArrayRef, BooleanArray, Date32Array, Decimal128Array, Float32Array, Float64Array, Int8Array,
-    Int32Array, Int64Array, StringArray, UInt16Array,
+    Int32Array, Int64Array, StringArray, TimestampMicrosecondArray, TimestampMillisecondArray,
+    TimestampNanosecondArray, TimestampSecondArray, UInt16Array,
 };
-use arrow::datatypes::{DataType, Field, Schema};
+use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use arrow::record_batch::RecordBatch;
 use spate::kernels::reference::Rng;
 use spate::{Backend, Engine, SpateError};
@@ -596,21 +597,79 @@ async fn calendar_fields_match_the_cpu_over_a_wide_range_of_dates() {
             _ => Some(r.below(1_600_000) as i32 - 800_000),
         })
         .collect();
-    let schema = Arc::new(Schema::new(vec![Field::new("d", DataType::Date32, true)]));
-    let batch =
-        RecordBatch::try_new(schema, vec![Arc::new(Date32Array::from(days)) as ArrayRef]).unwrap();
+    // Timestamps in every unit, as far from 1970 as the dates (seconds), and their units' edges
+    // (a second before the epoch, a unit before midnight).
+    let seconds: Vec<Option<i64>> = days
+        .iter()
+        .enumerate()
+        .map(|(k, d)| match k % 50 {
+            5 => Some(-1),
+            6 => Some(86_399),
+            _ => d.map(|d| i64::from(d) * 86_400 + r.below(86_400) as i64),
+        })
+        .collect();
+    let scaled = |per: i64| -> Vec<Option<i64>> {
+        seconds
+            .iter()
+            .map(|s| s.map(|s| s * per + (s.rem_euclid(997)) * per / 1000))
+            .collect()
+    };
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("d", DataType::Date32, true),
+        Field::new("ts", DataType::Timestamp(TimeUnit::Second, None), true),
+        Field::new("tm", DataType::Timestamp(TimeUnit::Millisecond, None), true),
+        Field::new("tu", DataType::Timestamp(TimeUnit::Microsecond, None), true),
+        Field::new("tn", DataType::Timestamp(TimeUnit::Nanosecond, None), true),
+    ]));
+    let batch = RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(Date32Array::from(days)) as ArrayRef,
+            Arc::new(TimestampSecondArray::from(seconds.clone())),
+            Arc::new(TimestampMillisecondArray::from(scaled(1_000))),
+            Arc::new(TimestampMicrosecondArray::from(scaled(1_000_000))),
+            // Nanoseconds reach only about ±292 years from 1970.
+            Arc::new(TimestampNanosecondArray::from(
+                seconds
+                    .iter()
+                    .map(|s| {
+                        s.map(|s| (s % (200 * 365 * 86_400)) * 1_000_000_000 + s.rem_euclid(7))
+                    })
+                    .collect::<Vec<_>>(),
+            )),
+        ],
+    )
+    .unwrap();
     let gpu = engine_with(Backend::Emulated, 8192, 1);
     let cpu = engine_with(Backend::Cpu, 8192, 1);
     gpu.register_batches("dates", vec![batch.clone()]).unwrap();
     cpu.register_batches("dates", vec![batch]).unwrap();
-    let sql = "SELECT d, extract(year FROM d), extract(month FROM d), extract(day FROM d) \
-               FROM dates WHERE d IS NULL OR d > -1000000";
-    assert_eq!(
-        rows(&gpu.collect(sql).await.unwrap()),
-        rows(&cpu.collect(sql).await.unwrap())
+    let fields = [
+        "year", "quarter", "month", "week", "day", "doy", "dow", "isodow",
+    ];
+    let time_fields = ["hour", "minute", "second"];
+    let mut columns = vec!["d".to_string()];
+    for f in fields {
+        columns.push(format!("date_part('{f}', d)"));
+    }
+    for t in ["ts", "tm", "tu", "tn"] {
+        for f in fields.iter().chain(&time_fields) {
+            columns.push(format!("date_part('{f}', {t})"));
+        }
+    }
+    let sql = format!(
+        "SELECT {} FROM dates WHERE d IS NULL OR d > -1000000",
+        columns.join(", ")
     );
-    let plan = explain(&gpu, sql).await;
+    assert_eq!(
+        rows(&gpu.collect(&sql).await.unwrap()),
+        rows(&cpu.collect(&sql).await.unwrap())
+    );
+    let plan = explain(&gpu, &sql).await;
     assert!(plan.contains("GpuProjectionExec"), "{plan}");
+    // A time of day on a date stays on the CPU.
+    let plan = explain(&gpu, "SELECT date_part('hour', d) FROM dates WHERE d > 0").await;
+    assert!(plan.contains("is not supported on the GPU"), "{plan}");
 }
 
 const GROUP_KEYS: &[&str] = &[

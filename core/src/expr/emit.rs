@@ -6,7 +6,7 @@
 
 use std::fmt::Write as _;
 
-use super::ir::{Arith, BitOp, Cast, Check, Cmp, Const, DateField, LikePattern, Node, OnFail, Op};
+use super::ir::{Arith, BitOp, Cast, Check, Cmp, Const, LikePattern, Node, OnFail, Op};
 use super::types::DevType;
 
 /// An emitted value: C expressions for its value and its null flag. A string's value is a byte
@@ -750,14 +750,21 @@ impl Emitter {
                 );
                 self.bind(ty, &value, a.null)
             }
-            Op::DatePart { arg, field } => {
+            Op::DatePart {
+                arg,
+                field,
+                per_second,
+            } => {
                 let a = self.node(arg);
-                let f = match field {
-                    DateField::Year => "date_year",
-                    DateField::Month => "date_month",
-                    DateField::Day => "date_day",
+                let value = match per_second {
+                    None => format!("spate::date_field((i64){}, {}u)", a.value, field.code()),
+                    Some(n) => format!(
+                        "spate::timestamp_field((i64){}, {n}ll, {}u)",
+                        a.value,
+                        field.code()
+                    ),
                 };
-                self.bind(ty, &format!("spate::{f}({})", a.value), a.null)
+                self.bind(ty, &value, a.null)
             }
         }
     }

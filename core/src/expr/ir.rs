@@ -79,8 +79,36 @@ pub(crate) enum BitOp {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum DateField {
     Year,
+    Quarter,
     Month,
+    /// The ISO 8601 week (1-53, weeks start on Monday, week 1 holds the year's first Thursday).
+    Week,
     Day,
+    /// Day of the year, 1-366.
+    DayOfYear,
+    /// Day of the week, Sunday 0 to Saturday 6.
+    DayOfWeek,
+    /// Day of the week, Monday 1 to Sunday 7.
+    IsoDayOfWeek,
+    Hour,
+    Minute,
+    /// Whole seconds of the minute.
+    Second,
+}
+
+impl DateField {
+    /// The field's number in `dates.cuh`'s `date_field`.
+    pub(crate) fn code(self) -> u32 {
+        self as u32
+    }
+
+    /// Whether the field is part of the time of day (a date has none).
+    pub(crate) fn of_time(self) -> bool {
+        matches!(
+            self,
+            DateField::Hour | DateField::Minute | DateField::Second
+        )
+    }
 }
 
 /// A LIKE pattern, compiled.
@@ -297,10 +325,12 @@ pub(crate) enum Op {
         months: i64,
         days: i64,
     },
-    /// A field of a Date32.
+    /// A field of a Date32 (`per_second` is `None`: the value counts days) or of a timestamp
+    /// without a time zone (the value counts `1 / per_second` seconds).
     DatePart {
         arg: Box<Node>,
         field: DateField,
+        per_second: Option<i64>,
     },
 }
 

@@ -71,3 +71,56 @@ __device__ __forceinline__ i32 date_add_interval(i32 days, i64 months, i64 add_d
 }
 
 }  // namespace spate
+
+namespace spate {
+
+// a / b rounded toward negative infinity (b > 0).
+__device__ __forceinline__ i64 floor_div(i64 a, i64 b) {
+    const i64 q = a / b;
+    return (a % b != 0 && a < 0) ? q - 1 : q;
+}
+
+// A calendar field of a day number, as Arrow's date_part (chrono) computes it. `field`:
+// 0 year, 1 quarter, 2 month, 3 ISO week, 4 day, 5 day of the year (1-366), 6 day of the week
+// (Sunday 0), 7 ISO day of the week (Monday 1 to Sunday 7); the order of `DateField` in
+// core/src/expr/ir.rs. Time fields (8 and up) of a date are 0.
+__device__ inline i32 date_field(i64 days, u32 field) {
+    i64 y, m, d;
+    civil_from_days(days, y, m, d);
+    // 1970-01-01 was a Thursday: Monday-based weekday 3.
+    const i64 monday_based = floor_div(days + 3, 7) * -7 + days + 3;
+    switch (field) {
+        case 0: return (i32)y;
+        case 1: return (i32)((m - 1) / 3 + 1);
+        case 2: return (i32)m;
+        case 3: {
+            // The ISO week of a day is the week of its week's Thursday, counted in that
+            // Thursday's year.
+            const i64 thursday = days - monday_based + 3;
+            i64 ty, tm, td;
+            civil_from_days(thursday, ty, tm, td);
+            return (i32)((thursday - days_from_civil(ty, 1, 1)) / 7 + 1);
+        }
+        case 4: return (i32)d;
+        case 5: return (i32)(days - days_from_civil(y, 1, 1) + 1);
+        case 6: return (i32)((monday_based + 1) % 7);
+        case 7: return (i32)(monday_based + 1);
+        default: return 0;
+    }
+}
+
+// A field of a timestamp without a time zone counting `per_second` units per second: the
+// fields of `date_field`, then 8 hour, 9 minute and 10 second (whole seconds of the minute).
+__device__ inline i32 timestamp_field(i64 value, i64 per_second, u32 field) {
+    const i64 seconds = floor_div(value, per_second);
+    const i64 days = floor_div(seconds, 86400);
+    const i64 of_day = seconds - days * 86400;
+    switch (field) {
+        case 8: return (i32)(of_day / 3600);
+        case 9: return (i32)(of_day / 60 % 60);
+        case 10: return (i32)(of_day % 60);
+        default: return date_field(days, field);
+    }
+}
+
+}  // namespace spate

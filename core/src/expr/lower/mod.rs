@@ -11,7 +11,7 @@ mod cast;
 
 use std::sync::Arc;
 
-use arrow::datatypes::{DataType, Schema};
+use arrow::datatypes::{DataType, Schema, TimeUnit};
 use datafusion::common::ScalarValue;
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::expressions::{
@@ -445,13 +445,31 @@ impl<'a> Lowerer<'a> {
         };
         let field = match part.as_str() {
             "year" => DateField::Year,
+            "quarter" => DateField::Quarter,
             "month" => DateField::Month,
+            "week" => DateField::Week,
             "day" => DateField::Day,
+            "doy" => DateField::DayOfYear,
+            "dow" => DateField::DayOfWeek,
+            "isodow" => DateField::IsoDayOfWeek,
+            "hour" => DateField::Hour,
+            "minute" => DateField::Minute,
+            "second" => DateField::Second,
             _ => return Err(unsupported()),
         };
-        if arg.data_type(self.schema).ok() != Some(DataType::Date32)
-            || f.return_type() != &DataType::Int32
-        {
+        // Dates count days; timestamps without a zone count their unit (a zone would need its
+        // offsets on the device).
+        let per_second = match arg.data_type(self.schema).ok() {
+            Some(DataType::Date32) if !field.of_time() => None,
+            Some(DataType::Timestamp(unit, None)) => Some(match unit {
+                TimeUnit::Second => 1,
+                TimeUnit::Millisecond => 1_000,
+                TimeUnit::Microsecond => 1_000_000,
+                TimeUnit::Nanosecond => 1_000_000_000,
+            }),
+            _ => return Err(unsupported()),
+        };
+        if f.return_type() != &DataType::Int32 {
             return Err(unsupported());
         }
         let a = self.lower(arg.as_ref())?;
@@ -460,6 +478,7 @@ impl<'a> Lowerer<'a> {
             Op::DatePart {
                 arg: boxed(a),
                 field,
+                per_second,
             },
         ))
     }
