@@ -672,6 +672,48 @@ async fn calendar_fields_match_the_cpu_over_a_wide_range_of_dates() {
     assert!(plan.contains("is not supported on the GPU"), "{plan}");
 }
 
+/// Float math functions, over NaN, ±0, ±inf, negatives and integers cast to Float64, equal
+/// within 1e-9 relative (1e-6 on Float32): the emulator calls the host's libm, and Rust's own cbrt (and a GPU's
+/// ln, exp and pow) may differ in the last place. DataFusion's sqrt fails on a negative number
+/// and power on zero to a negative power; both fail alike on the GPU.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn float_math_matches_the_cpu() {
+    let (gpu, cpu) = engines_over(table(800, 91), 8192, 1);
+    for column in ["f", "g"] {
+        let sql = format!(
+            "SELECT {column}, cbrt({column}), ln({column}), log10({column}), log2({column}), \
+             log({column}), exp({column}), signum({column}), trunc({column}), \
+             sqrt(abs({column})) FROM t WHERE a IS NULL OR a > -100"
+        );
+        let (got, want) = (
+            rows(&gpu.collect(&sql).await.unwrap()),
+            rows(&cpu.collect(&sql).await.unwrap()),
+        );
+        assert_eq!(got.len(), want.len(), "{sql}");
+        // Float32 results within 1e-6 (a few units in its last place), Float64 within 1e-9.
+        let tolerance = if column == "g" { 1e-6 } else { 1e-9 };
+        for (g, w) in got.iter().zip(&want) {
+            assert!(cells_within(g, w, tolerance), "{sql}: {g} vs {w}");
+        }
+        let plan = explain(&gpu, &sql).await;
+        assert!(plan.contains("GpuProjectionExec"), "{plan}");
+        assert!(!plan.contains("not supported"), "{plan}");
+    }
+    for sql in [
+        // Integers are cast to Float64 first.
+        "SELECT a, sqrt(a), power(a, 3), exp(b) FROM t WHERE a > 0",
+        "SELECT f, power(f, 0.5), power(abs(f) + 1, f) FROM t WHERE a > -100",
+        // Failing where a negative number (or zero to a negative power) is evaluated.
+        "SELECT sqrt(f) FROM t WHERE a > -100",
+        "SELECT power(f, -1.0) FROM t WHERE a > -100",
+        "SELECT CASE WHEN f >= 0 THEN sqrt(f) END FROM t WHERE a > -100",
+    ] {
+        assert_same_outcome(&cpu, &gpu, sql).await;
+        let plan = explain(&gpu, sql).await;
+        assert!(!plan.contains("not supported"), "{sql}\n{plan}");
+    }
+}
+
 const GROUP_KEYS: &[&str] = &[
     "",
     "a",
@@ -737,12 +779,17 @@ async fn variance_and_stddev_match_the_cpu() {
 
 /// Whether two rows (`|`-separated cells) are equal, floats within 1e-9 relative.
 fn cells_close(a: &str, b: &str) -> bool {
+    cells_within(a, b, 1e-9)
+}
+
+/// Whether two rows (`|`-separated cells) are equal, floats within `tolerance` relative.
+fn cells_within(a: &str, b: &str, tolerance: f64) -> bool {
     let (a, b): (Vec<&str>, Vec<&str>) = (a.split('|').collect(), b.split('|').collect());
     a.len() == b.len()
         && a.iter().zip(&b).all(|(x, y)| {
             x == y
                 || match (x.parse::<f64>(), y.parse::<f64>()) {
-                    (Ok(x), Ok(y)) => (x - y).abs() <= 1e-9 * x.abs().max(y.abs()),
+                    (Ok(x), Ok(y)) => (x - y).abs() <= tolerance * x.abs().max(y.abs()),
                     _ => false,
                 }
         })
@@ -1026,6 +1073,8 @@ fn error_kind(sql: &str, e: &SpateError) -> &'static str {
         ("Cast error", "cast"),
         ("to store in a Decimal128", "precision"),
         ("overflow on abs", "abs"),
+        ("square root of a negative number", "sqrt"),
+        ("zero raised to a negative power", "power"),
     ] {
         if m.contains(needle) {
             return kind;

@@ -19,7 +19,7 @@ use super::{Unsupported, blake3_hex};
 const INCLUDES: &str = "#include \"common/prelude.cuh\"\n#include \"common/bitmap.cuh\"\n\
 #include \"common/order.cuh\"\n#include \"common/strings.cuh\"\n#include \"common/dates.cuh\"\n\
 #include \"common/checked.cuh\"\n#include \"common/arith.cuh\"\n#include \"common/casts.cuh\"\n\
-#include \"common/logic.cuh\"\n";
+#include \"common/logic.cuh\"\n#include \"common/math.cuh\"\n";
 
 /// A compiled-to-source predicate: its CUDA source, entry point and the columns it reads.
 #[derive(Debug, Clone)]

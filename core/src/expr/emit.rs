@@ -399,6 +399,21 @@ impl Emitter {
                 let f = if *ceil { "float_ceil" } else { "float_floor" };
                 self.bind(ty, &format!("spate::{f}<{c}>({})", a.value), a.null)
             }
+            Op::FloatMath { func, args, fails } => {
+                let operands: Vec<Operand> = args.iter().map(|a| self.node(a)).collect();
+                let values: Vec<&str> = operands.iter().map(|o| o.value.as_str()).collect();
+                let nulls: Vec<&str> = operands.iter().map(|o| o.null.as_str()).collect();
+                let (values, null) = (values.join(", "), format!("({})", nulls.join(" || ")));
+                if let Some(check) = fails {
+                    let failed = format!(
+                        "!{null} && spate::float_{}_fails<{c}>({values})",
+                        func.helper()
+                    );
+                    self.raise(&failed, check);
+                }
+                let value = format!("spate::float_{}<{c}>({values})", func.helper());
+                self.bind(ty, &value, null)
+            }
             Op::RoundFloat { arg, factor } => {
                 let a = self.node(arg);
                 let factor = match ty {

@@ -111,6 +111,57 @@ impl DateField {
     }
 }
 
+/// DataFusion's float math functions the GPU runs, by their helper in `math.cuh`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FloatFn {
+    Sqrt,
+    Cbrt,
+    Ln,
+    Log10,
+    Log2,
+    /// `log(x)`: ln(x) / ln(10), as Rust's `log(10.0)`.
+    LogTen,
+    Exp,
+    Power,
+    Signum,
+    Trunc,
+}
+
+impl FloatFn {
+    /// The DataFusion function, if it is one of these (`log` of one argument is `log10`).
+    pub(crate) fn of(name: &str, args: usize) -> Option<FloatFn> {
+        Some(match (name, args) {
+            ("sqrt", 1) => FloatFn::Sqrt,
+            ("cbrt", 1) => FloatFn::Cbrt,
+            ("ln", 1) => FloatFn::Ln,
+            ("log10", 1) => FloatFn::Log10,
+            ("log", 1) => FloatFn::LogTen,
+            ("log2", 1) => FloatFn::Log2,
+            ("exp", 1) => FloatFn::Exp,
+            ("power" | "pow", 2) => FloatFn::Power,
+            ("signum", 1) => FloatFn::Signum,
+            ("trunc", 1) => FloatFn::Trunc,
+            _ => return None,
+        })
+    }
+
+    /// The helper's name after `float_`.
+    pub(crate) fn helper(self) -> &'static str {
+        match self {
+            FloatFn::Sqrt => "sqrt",
+            FloatFn::Cbrt => "cbrt",
+            FloatFn::Ln => "ln",
+            FloatFn::Log10 => "log10",
+            FloatFn::Log2 => "log2",
+            FloatFn::LogTen => "log_ten",
+            FloatFn::Exp => "exp",
+            FloatFn::Power => "power",
+            FloatFn::Signum => "signum",
+            FloatFn::Trunc => "trunc",
+        }
+    }
+}
+
 /// A LIKE pattern, compiled.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum LikePattern {
@@ -224,6 +275,13 @@ pub(crate) enum Op {
     FloorCeil {
         arg: Box<Node>,
         ceil: bool,
+    },
+    /// A float math function of one argument, or two for `power` (`math.cuh`); `fails` for
+    /// those that can (sqrt of a negative number, zero to a negative power).
+    FloatMath {
+        func: FloatFn,
+        args: Vec<Node>,
+        fails: Option<Check>,
     },
     /// `round(x, dp)` on a float: `(x * factor).round() / factor` with `factor = 10^dp`,
     /// half away from zero, as DataFusion's.
@@ -384,7 +442,9 @@ impl Node {
                 .flat_map(|(c, v)| [c, v])
                 .chain(otherwise.as_deref())
                 .collect(),
-            Op::Coalesce(args) | Op::Concat(args) => args.iter().collect(),
+            Op::Coalesce(args) | Op::Concat(args) | Op::FloatMath { args, .. } => {
+                args.iter().collect()
+            }
         }
     }
 }
@@ -407,7 +467,7 @@ fn nullable(op: &Op) -> bool {
         | Op::DatePart { arg, .. }
         | Op::Like { arg, .. } => arg.nullable,
         Op::Affix { arg, affix, .. } => either(arg, affix),
-        Op::Concat(parts) => parts.iter().any(|p| p.nullable),
+        Op::Concat(parts) | Op::FloatMath { args: parts, .. } => parts.iter().any(|p| p.nullable),
         Op::IsNull { .. } | Op::Distinct { .. } => false,
         Op::Bitwise { left, right, .. }
         | Op::Logic { left, right, .. }

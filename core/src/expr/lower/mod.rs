@@ -24,7 +24,7 @@ use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 use super::Unsupported;
 use super::abi::ErrorBits;
 use super::abi::KernelInput;
-use super::ir::{Cast, Check, Cmp, Const, DateField, LikePattern, Node, OnFail, Op};
+use super::ir::{Cast, Check, Cmp, Const, DateField, FloatFn, LikePattern, Node, OnFail, Op};
 use super::scalars::{RuntimeScalar, scalar_bits};
 use super::types::DevType;
 
@@ -107,7 +107,11 @@ impl<'a> Lowerer<'a> {
                 "upper" => return self.upper(f),
                 "starts_with" | "ends_with" => return self.affix(f),
                 "nullif" => return self.nullif(f),
-                _ => {}
+                name => {
+                    if let Some(func) = FloatFn::of(name, f.args().len()) {
+                        return self.float_math(f, func);
+                    }
+                }
             }
         }
         if let Some(n) = expr.downcast_ref::<NotExpr>() {
@@ -535,6 +539,40 @@ impl<'a> Lowerer<'a> {
                 ceil: f.name() == "ceil",
             },
         ))
+    }
+
+    /// A float math function (`sqrt`, `ln`, `power`, ...) on Float32 or Float64, whose result
+    /// has its arguments' type, as DataFusion's (which casts other numbers to Float64 first).
+    fn float_math(&mut self, f: &ScalarFunctionExpr, func: FloatFn) -> Result<Node, Unsupported> {
+        let ty = DevType::of(f.return_type())
+            .filter(|t| matches!(t, DevType::F32 | DevType::F64))
+            .ok_or_else(|| Unsupported(format!("`{f}` is not supported on the GPU yet")))?;
+        let args = f
+            .args()
+            .iter()
+            .map(|a| self.lower(a.as_ref()))
+            .collect::<Result<Vec<_>, _>>()?;
+        if args.iter().any(|a| a.ty != ty) {
+            return Err(Unsupported(format!(
+                "`{f}` with arguments of another type is not supported on the GPU yet"
+            )));
+        }
+        // Power runs on Float64 only, as DataFusion's.
+        if func == FloatFn::Power && ty != DevType::F64 {
+            return Err(Unsupported(format!(
+                "`{f}` is not supported on the GPU yet"
+            )));
+        }
+        let fails = match func {
+            FloatFn::Sqrt => Some("cannot take square root of a negative number"),
+            FloatFn::Power => Some("zero raised to a negative power is undefined"),
+            _ => None,
+        }
+        .map(|why| Check {
+            code: ErrorBits::COMPUTE,
+            message: format!("Compute error: {why} (on the GPU)"),
+        });
+        Ok(Node::new(ty, Op::FloatMath { func, args, fails }))
     }
 
     /// `btrim`, `ltrim` and `rtrim`, as DataFusion's: without a second argument they remove
