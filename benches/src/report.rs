@@ -527,10 +527,10 @@ impl TpchReport {
 
     /// Title used by the markdown and the chart: `TPC-H SF 1, hot, h200, 2025-06-15`.
     fn title(&self) -> String {
-        let suite = if self.suite == "tpch" {
-            "TPC-H"
-        } else {
-            self.suite.as_str()
+        let suite = match self.suite.as_str() {
+            "tpch" => "TPC-H",
+            "tpcds" => "TPC-DS",
+            other => other,
         };
         format!(
             "{suite} SF {}, {}, {}, {}",

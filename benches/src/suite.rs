@@ -344,7 +344,17 @@ async fn run_spate(
         .workload
         .register(&engine, &options.data_dir)
         .await?;
-    let mut description = format!("spate {}, {}", env!("CARGO_PKG_VERSION"), engine.backend());
+    let mut description = format!(
+        "spate {}, {}{}",
+        env!("CARGO_PKG_VERSION"),
+        engine.backend(),
+        // A debug build's times say nothing about speed.
+        if cfg!(debug_assertions) {
+            ", debug build"
+        } else {
+            ""
+        }
+    );
     if !options.settings.is_empty() {
         let set: Vec<String> = options
             .settings

@@ -737,7 +737,8 @@ const GROUP_KEYS: &[&str] = &[
 /// ±0.0 and ±inf), so their sums are exact in any order and compare as text.
 const AGGREGATES: &str = "count(*), count(a), count(s), count(p), sum(a), sum(b), sum(m), \
      sum(f), sum(g), sum(t), sum(u), min(a), max(b), min(dt), max(dt), min(m), max(m), min(t), \
-     max(u), avg(f), avg(m), avg(a), avg(u), sum(a * 2 + t)";
+     max(u), avg(f), avg(m), avg(a), avg(u), sum(a * 2 + t), min(p), max(p), bool_and(p), \
+     bool_or(p), bool_and(a > 0)";
 
 /// Float MIN/MAX run on the GPU only without GROUP BY (see `GpuAggregateExec`).
 const FLOAT_MIN_MAX: &str = "min(f), max(f), min(g), max(g)";
@@ -799,7 +800,7 @@ fn cells_within(a: &str, b: &str, tolerance: f64) -> bool {
 async fn window_functions_match_the_cpu() {
     // Each query selects the partition and ORDER BY keys, which fix every value a tie could
     // move (two tied rows swap only identical output rows).
-    const QUERIES: [&str; 13] = [
+    const QUERIES: [&str; 14] = [
         "SELECT a, b, row_number() OVER (PARTITION BY a ORDER BY b) FROM t",
         // Running aggregates: ROWS frames, and RANGE frames whose peers share a value.
         "SELECT a, b, sum(b) OVER (PARTITION BY a ORDER BY b \
@@ -823,6 +824,8 @@ async fn window_functions_match_the_cpu() {
         "SELECT a, b, sum(b) OVER (PARTITION BY a ORDER BY b \
          ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) FROM t",
         "SELECT g, dt, dense_rank() OVER (PARTITION BY g ORDER BY dt), sum(u) OVER (PARTITION BY g) FROM t",
+        // Booleans over a whole partition (bits out of the aggregation).
+        "SELECT a, p, bool_and(p) OVER (PARTITION BY a), max(p) OVER (PARTITION BY a) FROM t",
     ];
     for (seed, rows_in_table, batch_size, partitions) in [
         (61u64, 3000usize, 8192usize, 2usize),

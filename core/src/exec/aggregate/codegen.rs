@@ -180,7 +180,7 @@ fn order_key(ty: DevType) -> String {
         DevType::Int { signed: true, .. } | DevType::Dec { .. } => {
             format!("((u64)(i64)v ^ {SIGN})")
         }
-        DevType::Int { signed: false, .. } => "(u64)v".into(),
+        DevType::Int { signed: false, .. } | DevType::Bool => "(u64)v".into(),
         DevType::F32 => "(u64)spate::total_order(v)".into(),
         _ => "spate::total_order(v)".into(),
     }
@@ -192,6 +192,7 @@ fn from_order_key(ty: DevType, k: &str) -> String {
         DevType::Int { signed: true, .. } => format!("({})(i64)({k} ^ {SIGN})", ty.c_type()),
         DevType::Dec { .. } => format!("(i128)(i64)({k} ^ {SIGN})"),
         DevType::Int { signed: false, .. } => format!("({})({k})", ty.c_type()),
+        DevType::Bool => format!("(({k}) != 0ull)"),
         DevType::F32 => format!("spate_agg_f32((u32)({k}))"),
         _ => format!("spate_agg_f64({k})"),
     }
@@ -232,9 +233,12 @@ fn update_row(spec: &AggSpec, lay: &Layout, acc: &str, seen: &str, stride: &str)
         };
         let ty = spec.args[a];
         let load = match (ty, slot.kind) {
-            (DevType::Bool | DevType::Str, _) | (_, SlotKind::Count { add_values: false }) => {
-                String::new()
+            (_, SlotKind::Count { add_values: false }) | (DevType::Str, _) => String::new(),
+            // A boolean's order key is its bit.
+            (DevType::Bool, SlotKind::Min | SlotKind::Max) => {
+                format!("const u64 v = spate::bit_is_set(ad{a}, ab{a}, i) ? 1ull : 0ull; ")
             }
+            (DevType::Bool, _) => String::new(),
             _ => format!(
                 "const {} v = ((const {}*)ad{a})[i]; ",
                 ty.c_type(),
@@ -599,23 +603,36 @@ SPATE_EXPORT(ENTRY_update)
     let mut compute = String::new();
     let mut publish = String::new();
     let mut nullable = Vec::with_capacity(spec.outputs.len());
+    let mut declare = String::new();
     for (j, (out, ty)) in spec.outputs.iter().enumerate() {
         let c = ty.c_type();
-        let _ = write!(params, ", {c}* out{j}, u32* valid{j}");
         let (value, valid) = finish_value(spec, &lay, out, *ty);
         nullable.push(valid != "true");
-        let _ = writeln!(
-            compute,
-            "            ok{j} = {valid};\n            out{j}[g] = ok{j} ? ({c})({value}) : ({c})0;"
-        );
+        let _ = writeln!(declare, "        bool ok{j} = false;");
+        if *ty == DevType::Bool {
+            // Booleans are bits, published a warp's word at a time like the validity.
+            let _ = write!(params, ", u32* out{j}, u32* valid{j}");
+            let _ = writeln!(declare, "        bool set{j} = false;");
+            let _ = writeln!(
+                compute,
+                "            ok{j} = {valid};\n            set{j} = ok{j} && ({value});"
+            );
+            let _ = writeln!(
+                publish,
+                "        {{ const u32 w = __ballot_sync(SPATE_FULL_MASK, set{j}); if (spate::lane_id() == 0) out{j}[base / 32] = w; }}"
+            );
+        } else {
+            let _ = write!(params, ", {c}* out{j}, u32* valid{j}");
+            let _ = writeln!(
+                compute,
+                "            ok{j} = {valid};\n            out{j}[g] = ok{j} ? ({c})({value}) : ({c})0;"
+            );
+        }
         let _ = writeln!(
             publish,
             "        if (valid{j} != nullptr) {{ const u32 v = __ballot_sync(SPATE_FULL_MASK, ok{j}); if (spate::lane_id() == 0) valid{j}[base / 32] = v; }}"
         );
     }
-    let declare: String = (0..spec.outputs.len())
-        .map(|j| format!("        bool ok{j} = false;\n"))
-        .collect();
     let _ = write!(
         body,
         r#"extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_finish(u64 groups, const u64* acc, const u32* seen{params}) {{

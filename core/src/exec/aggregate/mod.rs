@@ -326,18 +326,24 @@ fn finish_outputs(
     let mut a = vec![KernelArg::U64(groups as u64), acc.into(), seen.into()];
     for (j, (_, ty)) in plan.spec.outputs.iter().enumerate() {
         let field = schema.field(plan.spec.keys.len() + j);
+        // Width 0: a boolean output, a bitmap.
         let width = match ty {
             DevType::Int { bits, .. } => usize::from(*bits) / 8,
             DevType::F32 => 4,
             DevType::F64 => 8,
             DevType::Dec { .. } => 16,
-            DevType::Bool | DevType::Str => {
+            DevType::Bool => 0,
+            DevType::Str => {
                 return Err(SpateError::Internal {
                     message: format!("a GPU aggregate output is {}", field.data_type()),
                 });
             }
         };
-        let data = stream.alloc::<u8>((groups * width).max(16))?;
+        let data = if width == 0 {
+            stream.alloc::<u8>(bitmap_bytes(groups).max(4))?
+        } else {
+            stream.alloc::<u8>((groups * width).max(16))?
+        };
         // No bitmap for an output that cannot be null (COUNT); the kernel skips a null one.
         let valid = match plan.program.nullable.get(j) {
             Some(false) => None,
@@ -354,14 +360,19 @@ fn finish_outputs(
             bytes: DeviceBytes::new(valid),
             offset: 0,
         });
-        columns.push(DeviceColumn::with_uncounted_nulls(
-            data_type,
-            groups,
-            validity,
+        let values = if width == 0 {
+            DeviceValues::Bits {
+                bytes: DeviceBytes::new(data),
+                offset: 0,
+            }
+        } else {
             DeviceValues::Fixed {
                 bytes: DeviceBytes::new(data),
                 width,
-            },
+            }
+        };
+        columns.push(DeviceColumn::with_uncounted_nulls(
+            data_type, groups, validity, values,
         ));
     }
     Ok(columns)

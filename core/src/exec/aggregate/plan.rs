@@ -332,7 +332,12 @@ pub(super) fn analyze(agg: &AggregateExec) -> Result<AggPlan, Unsupported> {
                     arg,
                 });
             }
-            "min" | "max" => {
+            "min" | "max" | "bool_and" | "bool_or" => {
+                if name.starts_with("bool_") && arg_ty != DevType::Bool {
+                    return Err(Unsupported(format!(
+                        "`{label}` over {arg_type} does not run on the GPU"
+                    )));
+                }
                 if matches!(arg_ty, DevType::F32 | DevType::F64) && !keys.is_empty() {
                     // DataFusion's grouped MIN/MAX on floats compares with `partial_cmp` from
                     // a starting value of MIN/MAX: a NaN is kept or dropped depending on the
@@ -344,9 +349,14 @@ pub(super) fn analyze(agg: &AggregateExec) -> Result<AggPlan, Unsupported> {
                          (NaN and -0.0), which the GPU cannot reproduce"
                     )));
                 }
+                // Booleans order FALSE before TRUE: bool_and is their MIN, bool_or their MAX.
                 let ok = match arg_ty {
-                    DevType::Int { .. } | DevType::F32 | DevType::F64 | DevType::Dec { .. } => true,
-                    DevType::Bool | DevType::Str => false,
+                    DevType::Int { .. }
+                    | DevType::F32
+                    | DevType::F64
+                    | DevType::Dec { .. }
+                    | DevType::Bool => true,
+                    DevType::Str => false,
                 };
                 let wide = matches!(arg_ty, DevType::Dec { precision, .. }
                     if precision > NARROW_DECIMAL_PRECISION);
@@ -358,7 +368,7 @@ pub(super) fn analyze(agg: &AggregateExec) -> Result<AggPlan, Unsupported> {
                 let arg = slot_arg(0, state_types[0])?;
                 slots.push(Slot {
                     kind: match (name.as_str(), wide) {
-                        ("min", false) => SlotKind::Min,
+                        ("min" | "bool_and", false) => SlotKind::Min,
                         ("min", true) => SlotKind::MinWide,
                         (_, false) => SlotKind::Max,
                         (_, true) => SlotKind::MaxWide,
