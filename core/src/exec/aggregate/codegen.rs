@@ -115,6 +115,20 @@ pub(super) struct Slot {
     pub(super) kind: SlotKind,
     /// The argument it reads, or `None` when every row counts (`COUNT(*)`).
     pub(super) arg: Option<usize>,
+    /// A boolean argument (the aggregate's FILTER): only the rows where it is TRUE count.
+    pub(super) filter: Option<usize>,
+}
+
+impl Slot {
+    /// `code` run only for the rows the slot's FILTER keeps.
+    fn filtered(&self, code: String) -> String {
+        match self.filter {
+            None => code,
+            Some(f) => format!(
+                "if (spate::row_is_valid(av{f}, ao{f}, i) && spate::bit_is_set(ad{f}, ab{f}, i)) {{ {code} }}"
+            ),
+        }
+    }
 }
 
 /// How an output column is made from the accumulators.
@@ -228,7 +242,8 @@ fn update_row(spec: &AggSpec, lay: &Layout, acc: &str, seen: &str, stride: &str)
             continue;
         }
         let Some(a) = slot.arg else {
-            let _ = writeln!(code, "            atomicAdd(&{}, 1ull);", word(0));
+            let count = slot.filtered(format!("atomicAdd(&{}, 1ull);", word(0)));
+            let _ = writeln!(code, "            {count}");
             continue;
         };
         let ty = spec.args[a];
@@ -269,10 +284,10 @@ fn update_row(spec: &AggSpec, lay: &Layout, acc: &str, seen: &str, stride: &str)
             SlotKind::MinWide => format!("atomicMax(&{}, ~{HIGH_KEY}); {mark}", word(0)),
             SlotKind::CountDistinct | SlotKind::M2 { .. } | SlotKind::M2Merge { .. } => continue,
         };
-        let _ = writeln!(
-            code,
-            "            if (spate::row_is_valid(av{a}, ao{a}, i)) {{ {load}{op} }}"
-        );
+        let fold = slot.filtered(format!(
+            "if (spate::row_is_valid(av{a}, ao{a}, i)) {{ {load}{op} }}"
+        ));
+        let _ = writeln!(code, "            {fold}");
     }
     code
 }
@@ -321,10 +336,10 @@ fn second_kernel(spec: &AggSpec, lay: &Layout, args: &str) -> Option<String> {
             ),
             _ => continue,
         };
-        let _ = writeln!(
-            rows,
-            "        if (spate::row_is_valid(av{a}, ao{a}, i)) {{ {row} }}"
-        );
+        let fold = slot.filtered(format!(
+            "if (spate::row_is_valid(av{a}, ao{a}, i)) {{ {row} }}"
+        ));
+        let _ = writeln!(rows, "        {fold}");
     }
     (!rows.is_empty()).then(|| {
         format!(

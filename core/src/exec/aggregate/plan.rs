@@ -166,11 +166,6 @@ pub(super) fn analyze(agg: &AggregateExec) -> Result<AggPlan, Unsupported> {
         ),
         _ => None,
     };
-    if let Some(f) = agg.filter_expr().iter().flatten().next() {
-        return Err(Unsupported(format!(
-            "aggregate FILTER (WHERE {f}) does not run on the GPU yet"
-        )));
-    }
     let partial_out = agg.mode().output_mode() == AggregateOutputMode::Partial;
     let first_phase_schema = agg.input_schema();
 
@@ -198,10 +193,33 @@ pub(super) fn analyze(agg: &AggregateExec) -> Result<AggPlan, Unsupported> {
     let mut slots: Vec<Slot> = Vec::new();
     let mut outputs: Vec<(Out, DevType)> = Vec::new();
     let mut next_state = group.expr().len();
-    for f in agg.aggr_expr() {
+    for (index, f) in agg.aggr_expr().iter().enumerate() {
         let name = f.fun().name().to_ascii_lowercase();
         let label = f.name().to_string();
         let distinct = f.is_distinct();
+        // FILTER (WHERE …): a boolean operand; the aggregate's slots fold only the rows where
+        // it is TRUE. DataFusion filters the first phase only: a final aggregation keeps the
+        // expression (over the first phase's input), and merges states whatever it says.
+        let filter = match agg.filter_expr().get(index).cloned().flatten() {
+            _ if !raw => None,
+            None => None,
+            Some(_) if distinct => {
+                return Err(Unsupported(format!(
+                    "`{label}`: a DISTINCT aggregate with FILTER does not run on the GPU yet"
+                )));
+            }
+            Some(predicate) => {
+                let (operand, ty) = operands.add(&predicate)?;
+                if ty != DevType::Bool {
+                    return Err(Unsupported(format!(
+                        "`{label}`: FILTER (WHERE {predicate}) is not a boolean"
+                    )));
+                }
+                args.push(operand);
+                arg_types.push(ty);
+                Some(args.len() - 1)
+            }
+        };
         if distinct && (name != "count" || !raw || partial_out) {
             return Err(Unsupported(format!(
                 "`{label}`: a DISTINCT aggregate runs on the GPU only as COUNT(DISTINCT) in a \
@@ -286,6 +304,7 @@ pub(super) fn analyze(agg: &AggregateExec) -> Result<AggPlan, Unsupported> {
                 slots.push(Slot {
                     kind,
                     arg: Some(arg),
+                    filter: None,
                 });
             }
             "count" if distinct => {
@@ -305,6 +324,7 @@ pub(super) fn analyze(agg: &AggregateExec) -> Result<AggPlan, Unsupported> {
                 slots.push(Slot {
                     kind: SlotKind::CountDistinct,
                     arg: Some(arg),
+                    filter: None,
                 });
             }
             "count" => {
@@ -330,6 +350,7 @@ pub(super) fn analyze(agg: &AggregateExec) -> Result<AggPlan, Unsupported> {
                 slots.push(Slot {
                     kind: SlotKind::Count { add_values: !raw },
                     arg,
+                    filter: None,
                 });
             }
             "min" | "max" | "bool_and" | "bool_or" => {
@@ -374,6 +395,7 @@ pub(super) fn analyze(agg: &AggregateExec) -> Result<AggPlan, Unsupported> {
                         (_, true) => SlotKind::MaxWide,
                     },
                     arg: Some(arg),
+                    filter: None,
                 });
             }
             "avg" => {
@@ -399,6 +421,7 @@ pub(super) fn analyze(agg: &AggregateExec) -> Result<AggPlan, Unsupported> {
                 slots.push(Slot {
                     kind: SlotKind::Count { add_values: !raw },
                     arg: Some(count_arg),
+                    filter: None,
                 });
                 slots.push(Slot {
                     kind: if out.is_some() {
@@ -407,6 +430,7 @@ pub(super) fn analyze(agg: &AggregateExec) -> Result<AggPlan, Unsupported> {
                         SlotKind::SumF64
                     },
                     arg: Some(sum_arg),
+                    filter: None,
                 });
                 if !partial_out {
                     let (count, sum) = (first, first + 1);
@@ -440,14 +464,17 @@ pub(super) fn analyze(agg: &AggregateExec) -> Result<AggPlan, Unsupported> {
                     slots.push(Slot {
                         kind: SlotKind::Count { add_values: false },
                         arg: Some(x),
+                        filter: None,
                     });
                     slots.push(Slot {
                         kind: SlotKind::SumF64,
                         arg: Some(x),
+                        filter: None,
                     });
                     slots.push(Slot {
                         kind: SlotKind::M2 { count, sum },
                         arg: Some(x),
+                        filter: None,
                     });
                 } else {
                     let n = slot_arg(0, u64_ty)?;
@@ -468,10 +495,12 @@ pub(super) fn analyze(agg: &AggregateExec) -> Result<AggPlan, Unsupported> {
                     slots.push(Slot {
                         kind: SlotKind::Count { add_values: true },
                         arg: Some(n),
+                        filter: None,
                     });
                     slots.push(Slot {
                         kind: SlotKind::SumF64,
                         arg: Some(args.len() - 1),
+                        filter: None,
                     });
                     slots.push(Slot {
                         kind: SlotKind::M2Merge {
@@ -481,6 +510,7 @@ pub(super) fn analyze(agg: &AggregateExec) -> Result<AggPlan, Unsupported> {
                             m2,
                         },
                         arg: Some(n),
+                        filter: None,
                     });
                 }
                 if partial_out {
@@ -504,6 +534,9 @@ pub(super) fn analyze(agg: &AggregateExec) -> Result<AggPlan, Unsupported> {
                     "aggregate function `{other}` does not run on the GPU yet"
                 )));
             }
+        }
+        for slot in &mut slots[first..] {
+            slot.filter = filter;
         }
         if variance {
             // Its outputs are made above.
