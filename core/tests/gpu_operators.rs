@@ -2071,8 +2071,9 @@ async fn sorted_merges_between_gpu_operators_stay_on_the_device() {
 /// `upper` with Rust's full Unicode case mapping (`ß` to `SS`, ligatures to several letters),
 /// compared (in filters and join filters, as TPC-DS q24's `c_birth_country <> upper(ca_country)`)
 /// or stored (a projection's output, a group key). Elsewhere it stays on the CPU, saying why.
+/// And `strpos`, counting characters, over the same words.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn upper_matches_the_cpu() {
+async fn upper_and_strpos_match_the_cpu() {
     const WORDS: &[Option<&str>] = &[
         Some("straße"),
         Some("STRASSE"),
@@ -2113,6 +2114,9 @@ async fn upper_matches_the_cpu() {
             "SELECT upper(s) AS u, count(*) AS n FROM t GROUP BY upper(s)",
             "SELECT t.k, t.s, w.s AS ws FROM t JOIN w ON t.k = w.k AND t.s <> upper(w.s)",
             "SELECT t.k, t.s, w.s AS ws FROM t JOIN w ON t.k = w.k AND upper(t.s) = upper(w.s)",
+            "SELECT k, s, strpos(s, 'ß'), strpos(s, 'S'), strpos(s, ''), strpos(s, s), \
+             instr(s, 'a'), strpos(s, 'ﬁ') FROM t WHERE k >= 0",
+            "SELECT t.k, t.s, w.s AS ws FROM t JOIN w ON t.k = w.k AND strpos(t.s, w.s) > 1",
         ] {
             let want = rows(&cpu.collect(sql).await.unwrap());
             let got = rows(&gpu.collect(sql).await.unwrap());

@@ -734,6 +734,15 @@ impl Emitter {
                     ty,
                 }
             }
+            Op::Position { arg, sub } => {
+                let (a, p) = (self.node(arg), self.node(sub));
+                let value = format!(
+                    "({c})spate::str_position({a}, {a}_n, {p}, {p}_n)",
+                    a = a.value,
+                    p = p.value
+                );
+                self.bind(ty, &value, either_null(&a, &p))
+            }
             Op::Affix { arg, affix, ends } => {
                 let (a, p) = (self.node(arg), self.node(affix));
                 let f = if *ends { "str_ends" } else { "str_starts" };

@@ -365,6 +365,11 @@ pub(crate) enum Op {
     /// bytes are never stored in the row: it is read as a stream, so it may only be compared
     /// (`Compare`, `Distinct`) or be a value kernel's output (see `builder::misplaced_upper`).
     Upper(Box<Node>),
+    /// `strpos(arg, sub)`: the 1-based character position of `sub` in `arg`, 0 if absent.
+    Position {
+        arg: Box<Node>,
+        sub: Box<Node>,
+    },
     /// Whether a string starts (or, `ends`, ends) with another.
     Affix {
         arg: Box<Node>,
@@ -430,6 +435,10 @@ impl Node {
                 affix: right,
                 ..
             }
+            | Op::Position {
+                arg: left,
+                sub: right,
+            }
             | Op::Decimal { left, right, .. }
             | Op::Divide { left, right, .. }
             | Op::DecimalDivide { left, right, .. } => vec![left, right],
@@ -467,6 +476,7 @@ fn nullable(op: &Op) -> bool {
         | Op::DatePart { arg, .. }
         | Op::Like { arg, .. } => arg.nullable,
         Op::Affix { arg, affix, .. } => either(arg, affix),
+        Op::Position { arg, sub } => either(arg, sub),
         Op::Concat(parts) | Op::FloatMath { args: parts, .. } => parts.iter().any(|p| p.nullable),
         Op::IsNull { .. } | Op::Distinct { .. } => false,
         Op::Bitwise { left, right, .. }

@@ -86,6 +86,15 @@ __device__ inline u64 utf8_length(const u8* s, u64 n) {
     return count;
 }
 
+// strpos(s, p) as DataFusion's: the 1-based character position of p's first occurrence in s,
+// 0 when there is none, 1 for an empty p. (A match of valid UTF-8 in valid UTF-8 starts on a
+// character.)
+__device__ inline i64 str_position(const u8* s, u64 sn, const u8* p, u64 pn) {
+    if (pn == 0) return 1;
+    const i64 at = str_find(s, sn, 0, p, pn);
+    return at < 0 ? 0 : (i64)utf8_length(s, (u64)at) + 1;
+}
+
 // SQL substr by character positions, as DataFusion (and PostgreSQL) define it: the characters
 // at 1-based positions [from, to) that exist (`from` >= 1). Returns where they start and writes
 // their length in bytes.

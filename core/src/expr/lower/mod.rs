@@ -106,6 +106,7 @@ impl<'a> Lowerer<'a> {
                 "btrim" | "ltrim" | "rtrim" => return self.trim(f),
                 "upper" => return self.upper(f),
                 "starts_with" | "ends_with" => return self.affix(f),
+                "strpos" | "instr" | "position" => return self.position(f),
                 "nullif" => return self.nullif(f),
                 name => {
                     if let Some(func) = FloatFn::of(name, f.args().len()) {
@@ -618,6 +619,28 @@ impl<'a> Lowerer<'a> {
             return Err(unsupported());
         }
         Ok(Node::new(DevType::Str, Op::Upper(boxed(a))))
+    }
+
+    /// `strpos(s, sub)` (also `instr`, `position`): Int32, or Int64 over LargeUtf8.
+    fn position(&mut self, f: &ScalarFunctionExpr) -> Result<Node, Unsupported> {
+        let unsupported = || Unsupported(format!("`{f}` is not supported on the GPU yet"));
+        let [arg, sub] = f.args() else {
+            return Err(unsupported());
+        };
+        let (a, p) = (self.lower(arg.as_ref())?, self.lower(sub.as_ref())?);
+        let ty = DevType::of(f.return_type())
+            .filter(|t| matches!(t, DevType::Int { signed: true, .. }))
+            .ok_or_else(unsupported)?;
+        if a.ty != DevType::Str || p.ty != DevType::Str {
+            return Err(unsupported());
+        }
+        Ok(Node::new(
+            ty,
+            Op::Position {
+                arg: boxed(a),
+                sub: boxed(p),
+            },
+        ))
     }
 
     /// `starts_with(s, prefix)` and `ends_with(s, suffix)`, bytewise.
