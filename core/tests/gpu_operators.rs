@@ -489,10 +489,10 @@ async fn explain_shows_gpu_filters_and_the_cpu_keeps_the_rest() {
         placed.host_exchanges.iter().any(|n| n == "RepartitionExec"),
         "{placed:?}"
     );
-    // lag has no GPU version yet.
-    let plan = explain(&gpu, "SELECT a, lag(a) OVER (ORDER BY a) FROM t").await;
+    // ntile has no GPU version yet.
+    let plan = explain(&gpu, "SELECT a, ntile(3) OVER (ORDER BY a) FROM t").await;
     assert!(
-        plan.contains("[CPU: window function `lag` does not run on the GPU yet]"),
+        plan.contains("[CPU: window function `ntile` does not run on the GPU yet]"),
         "{plan}"
     );
     let plan = explain(&gpu, "SELECT a FROM t WHERE cos(a) = 1").await;
@@ -519,7 +519,7 @@ async fn the_fallback_policy_decides_what_happens_to_cpu_operators() {
     let context = gpu.gpu().unwrap();
 
     let before = context.fallbacks();
-    gpu.collect("SELECT a, lag(a) OVER (ORDER BY a) FROM t")
+    gpu.collect("SELECT a, ntile(3) OVER (ORDER BY a) FROM t")
         .await
         .unwrap();
     assert!(
@@ -561,7 +561,7 @@ async fn the_fallback_policy_decides_what_happens_to_cpu_operators() {
     );
     assert!(matches!(err, SpateError::Unsupported { .. }), "{err:?}");
     let err = gpu
-        .collect("SELECT a, lag(a) OVER (ORDER BY a) FROM t")
+        .collect("SELECT a, ntile(3) OVER (ORDER BY a) FROM t")
         .await
         .unwrap_err();
     assert!(err.to_string().contains("cannot run on the GPU"), "{err}");
@@ -800,7 +800,7 @@ fn cells_within(a: &str, b: &str, tolerance: f64) -> bool {
 async fn window_functions_match_the_cpu() {
     // Each query selects the partition and ORDER BY keys, which fix every value a tie could
     // move (two tied rows swap only identical output rows).
-    const QUERIES: [&str; 14] = [
+    const QUERIES: [&str; 17] = [
         "SELECT a, b, row_number() OVER (PARTITION BY a ORDER BY b) FROM t",
         // Running aggregates: ROWS frames, and RANGE frames whose peers share a value.
         "SELECT a, b, sum(b) OVER (PARTITION BY a ORDER BY b \
@@ -826,6 +826,12 @@ async fn window_functions_match_the_cpu() {
         "SELECT g, dt, dense_rank() OVER (PARTITION BY g ORDER BY dt), sum(u) OVER (PARTITION BY g) FROM t",
         // Booleans over a whole partition (bits out of the aggregation).
         "SELECT a, p, bool_and(p) OVER (PARTITION BY a), max(p) OVER (PARTITION BY a) FROM t",
+        // lag and lead: NULL past the partition's edges, any type.
+        "SELECT a, b, lag(b) OVER (PARTITION BY a ORDER BY b), lead(b, 2) OVER (PARTITION BY a \
+         ORDER BY b), lag(b, 0) OVER (PARTITION BY a ORDER BY b) FROM t",
+        "SELECT a, b, s, lag(s) OVER (PARTITION BY a ORDER BY b, s), \
+         lead(s, 1, NULL) OVER (PARTITION BY a ORDER BY b, s) FROM t",
+        "SELECT m, lag(m, 3) OVER (ORDER BY m), lead(m, 5) OVER (ORDER BY m) FROM t",
     ];
     for (seed, rows_in_table, batch_size, partitions) in [
         (61u64, 3000usize, 8192usize, 2usize),
@@ -873,7 +879,15 @@ async fn window_functions_the_gpu_cannot_match_stay_on_the_cpu() {
              FROM t",
             "without ORDER BY",
         ),
-        ("SELECT a, lag(a) OVER (ORDER BY a) FROM t", "`lag`"),
+        ("SELECT a, ntile(3) OVER (ORDER BY a) FROM t", "`ntile`"),
+        (
+            "SELECT a, lag(a, 1, 0) OVER (ORDER BY a) FROM t",
+            "a default value",
+        ),
+        (
+            "SELECT a, b, lead(b) IGNORE NULLS OVER (ORDER BY a, b) FROM t",
+            "IGNORE NULLS",
+        ),
     ] {
         let placed = placement(&gpu, sql).await;
         assert!(

@@ -7,6 +7,9 @@
 //!   starts at;
 //! - `numbers(pid, qid, pstart, qstart, u64 n, u32 kind, u64* out)`: row_number (kind 0), rank
 //!   (1) or dense_rank (2);
+//! - `shift(pid, pstart, u64 partitions, u64 n, i64 offset, u32* out)`: for `lag` and `lead`,
+//!   the row `offset` rows before each row (after it for a negative offset), or `NULL_INDEX`
+//!   when that row is outside the row's partition;
 //! - `running(r args…, const u32* pstart, u64 partitions, const u32* nq, u64 n, (T* out,
 //!   u32* valid)…)`, when the window has running aggregates: one thread per partition walks its
 //!   rows in order, as DataFusion's accumulators do, and writes each row's value (ROWS frames) or
@@ -117,9 +120,25 @@ extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_numbers(
 }}
 SPATE_EXPORT(ENTRY_numbers)
 
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_shift(const u32* pid, const u32* pstart, u64 partitions, u64 n, i64 offset, u32* out) {{
+    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{
+        const u64 p = pid[i];
+        const i64 start = (i64)pstart[p];
+        const i64 end = p + 1ull < partitions ? (i64)pstart[p + 1ull] : (i64)n;
+        const i64 j = (i64)i - offset;
+        out[i] = (j >= start && j < end) ? (u32)j : SPATE_NULL_INDEX;
+    }}
+}}
+SPATE_EXPORT(ENTRY_shift)
+
 "#
     );
-    let mut names = vec!["bounds".to_string(), "starts".into(), "numbers".into()];
+    let mut names = vec![
+        "bounds".to_string(),
+        "starts".into(),
+        "numbers".into(),
+        "shift".into(),
+    ];
     if !running.is_empty() {
         body.push_str(&running_kernel(running, args));
         names.push("running".into());

@@ -19,9 +19,12 @@
 //!    partition in order on one thread, as DataFusion's accumulators do (`codegen.rs`): many
 //!    partitions run in parallel, one huge partition runs alone.
 //!
-//! Other frames (sliding windows, ROWS without ORDER BY), other functions (`lag`, `lead`,
-//! `ntile`, ...), FILTER and DISTINCT window aggregates, float MIN/MAX and float sums over
-//! RANGE frames stay on the CPU, with the reason.
+//! `lag` and `lead` gather the row `offset` before (after) each row in its partition, NULL
+//! past its edges (`shift`).
+//!
+//! Other frames (sliding windows, ROWS without ORDER BY), other functions (`ntile`,
+//! `first_value`, ...), lag/lead with a default or IGNORE NULLS, FILTER and DISTINCT window
+//! aggregates, float MIN/MAX and float sums over RANGE frames stay on the CPU, with the reason.
 
 mod codegen;
 
@@ -74,6 +77,12 @@ enum Function {
     Aggregate(usize),
     /// Running aggregate `k` (`codegen::Running`).
     Running(usize),
+    /// `lag` (a positive offset) or `lead` (negative) of input column `column`, NULL outside the
+    /// partition.
+    Shift {
+        column: usize,
+        offset: i64,
+    },
 }
 
 /// What the GPU computes for one window operator.
@@ -240,6 +249,10 @@ impl GpuWindowExec {
                 Function::Running(k) => {
                     DevType::of(field.data_type()) == Some(self.plan.running[*k].out_ty)
                 }
+                // A value of the input column, gathered as it is.
+                Function::Shift { column, .. } => {
+                    self.input().schema().field(*column).data_type() == field.data_type()
+                }
                 _ => field.data_type() == &DataType::UInt64,
             };
             if !ok {
@@ -312,6 +325,7 @@ fn function(
             "row_number" => Ok(Function::RowNumber),
             "rank" => Ok(Function::Rank),
             "dense_rank" => Ok(Function::DenseRank),
+            "lag" | "lead" => shift(e, standard, &name),
             other => Err(Unsupported(format!(
                 "window function `{other}` does not run on the GPU yet"
             ))),
@@ -388,6 +402,64 @@ fn function(
         )));
     }
     Ok(Function::Running(running.len() - 1))
+}
+
+/// `lag(column[, offset[, NULL]])` or `lead(…)`: the value `offset` rows before (after) in the
+/// partition, NULL past its edges. A default other than NULL, IGNORE NULLS, and a plan that
+/// evaluates the function in reverse stay on the CPU.
+fn shift(
+    e: &dyn WindowExpr,
+    standard: &StandardWindowExpr,
+    name: &str,
+) -> std::result::Result<Function, Unsupported> {
+    let unsupported =
+        |why: &str| Unsupported(format!("`{}`: {why} does not run on the GPU yet", e.name()));
+    let udf = standard
+        .get_standard_func_expr()
+        .as_any()
+        .downcast_ref::<WindowUDFExpr>()
+        .ok_or_else(|| unsupported("this window function"))?;
+    // DataFusion 55 keeps `ignore_nulls` and `is_reversed` private; their Debug form tells.
+    let debug = format!("{udf:?}");
+    if debug.contains("ignore_nulls: true") {
+        return Err(unsupported("IGNORE NULLS"));
+    }
+    if !debug.contains("is_reversed: false") {
+        return Err(unsupported("a shift evaluated in reverse"));
+    }
+    let args = udf.args();
+    let column = args
+        .first()
+        .and_then(|a| a.downcast_ref::<Column>())
+        .ok_or_else(|| unsupported("a shift of an expression"))?
+        .index();
+    let offset = match args
+        .get(1)
+        .map(|a| a.downcast_ref::<Literal>().map(Literal::value))
+    {
+        None => 1,
+        Some(Some(v)) => match v.cast_to(&DataType::Int64) {
+            Ok(datafusion::common::ScalarValue::Int64(Some(k))) => k,
+            _ => return Err(unsupported("this offset")),
+        },
+        Some(None) => return Err(unsupported("an offset that is not a literal")),
+    };
+    match args
+        .get(2)
+        .map(|a| a.downcast_ref::<Literal>().map(Literal::value))
+    {
+        None => {}
+        Some(Some(v)) if v.is_null() => {}
+        Some(_) => return Err(unsupported("a default value")),
+    }
+    let offset = if name == "lag" {
+        offset
+    } else {
+        offset
+            .checked_neg()
+            .ok_or_else(|| unsupported("this offset"))?
+    };
+    Ok(Function::Shift { column, offset })
 }
 
 /// A running SUM, COUNT, MIN or MAX of a column (or COUNT(*)).
@@ -539,6 +611,24 @@ fn window_batch(
         let column = match *f {
             Function::Aggregate(k) => gathered.get(k).cloned(),
             Function::Running(k) => running.get(k).cloned(),
+            Function::Shift { column, offset } => {
+                let rows = stream.alloc::<u32>(n)?;
+                launch(
+                    stream,
+                    kernels.get("shift")?,
+                    n,
+                    &[
+                        (&pid).into(),
+                        (&pstart).into(),
+                        KernelArg::U64(partitions as u64),
+                        KernelArg::U64(n as u64),
+                        KernelArg::I64(offset),
+                        (&rows).into(),
+                    ],
+                )?;
+                let gather = Gather::rows_or_null(&batch.columns()[column], rows.as_slice());
+                gather_columns(stream, &[gather])?.pop()
+            }
             Function::RowNumber | Function::Rank | Function::DenseRank => {
                 let kind = match f {
                     Function::RowNumber => 0,
