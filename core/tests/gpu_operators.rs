@@ -489,10 +489,10 @@ async fn explain_shows_gpu_filters_and_the_cpu_keeps_the_rest() {
         placed.host_exchanges.iter().any(|n| n == "RepartitionExec"),
         "{placed:?}"
     );
-    // ntile has no GPU version yet.
-    let plan = explain(&gpu, "SELECT a, ntile(3) OVER (ORDER BY a) FROM t").await;
+    // nth_value has no GPU version yet.
+    let plan = explain(&gpu, "SELECT a, nth_value(a, 2) OVER (ORDER BY a) FROM t").await;
     assert!(
-        plan.contains("[CPU: window function `ntile` does not run on the GPU yet]"),
+        plan.contains("[CPU: window function `nth_value` does not run on the GPU yet]"),
         "{plan}"
     );
     let plan = explain(&gpu, "SELECT a FROM t WHERE cos(a) = 1").await;
@@ -519,7 +519,7 @@ async fn the_fallback_policy_decides_what_happens_to_cpu_operators() {
     let context = gpu.gpu().unwrap();
 
     let before = context.fallbacks();
-    gpu.collect("SELECT a, ntile(3) OVER (ORDER BY a) FROM t")
+    gpu.collect("SELECT a, nth_value(a, 2) OVER (ORDER BY a) FROM t")
         .await
         .unwrap();
     assert!(
@@ -561,7 +561,7 @@ async fn the_fallback_policy_decides_what_happens_to_cpu_operators() {
     );
     assert!(matches!(err, SpateError::Unsupported { .. }), "{err:?}");
     let err = gpu
-        .collect("SELECT a, ntile(3) OVER (ORDER BY a) FROM t")
+        .collect("SELECT a, nth_value(a, 2) OVER (ORDER BY a) FROM t")
         .await
         .unwrap_err();
     assert!(err.to_string().contains("cannot run on the GPU"), "{err}");
@@ -800,7 +800,7 @@ fn cells_within(a: &str, b: &str, tolerance: f64) -> bool {
 async fn window_functions_match_the_cpu() {
     // Each query selects the partition and ORDER BY keys, which fix every value a tie could
     // move (two tied rows swap only identical output rows).
-    const QUERIES: [&str; 17] = [
+    const QUERIES: [&str; 19] = [
         "SELECT a, b, row_number() OVER (PARTITION BY a ORDER BY b) FROM t",
         // Running aggregates: ROWS frames, and RANGE frames whose peers share a value.
         "SELECT a, b, sum(b) OVER (PARTITION BY a ORDER BY b \
@@ -832,6 +832,16 @@ async fn window_functions_match_the_cpu() {
         "SELECT a, b, s, lag(s) OVER (PARTITION BY a ORDER BY b, s), \
          lead(s, 1, NULL) OVER (PARTITION BY a ORDER BY b, s) FROM t",
         "SELECT m, lag(m, 3) OVER (ORDER BY m), lead(m, 5) OVER (ORDER BY m) FROM t",
+        // Distribution functions; tied rows differ in no selected column.
+        "SELECT a, b, percent_rank() OVER (PARTITION BY a ORDER BY b), cume_dist() OVER \
+         (PARTITION BY a ORDER BY b), ntile(3) OVER (PARTITION BY a ORDER BY b), ntile(100) \
+         OVER (PARTITION BY a ORDER BY b) FROM t",
+        // First and last values at the frame's edges.
+        "SELECT a, b, s, first_value(b) OVER (PARTITION BY a ORDER BY b), last_value(b) OVER \
+         (PARTITION BY a ORDER BY b), last_value(b) OVER (PARTITION BY a ORDER BY b ROWS \
+         BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW), last_value(s) OVER (PARTITION BY a ORDER \
+         BY b, s ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING), first_value(s) \
+         OVER (PARTITION BY a ORDER BY b, s) FROM t",
     ];
     for (seed, rows_in_table, batch_size, partitions) in [
         (61u64, 3000usize, 8192usize, 2usize),
@@ -879,7 +889,14 @@ async fn window_functions_the_gpu_cannot_match_stay_on_the_cpu() {
              FROM t",
             "without ORDER BY",
         ),
-        ("SELECT a, ntile(3) OVER (ORDER BY a) FROM t", "`ntile`"),
+        (
+            "SELECT a, nth_value(a, 2) OVER (ORDER BY a) FROM t",
+            "`nth_value`",
+        ),
+        (
+            "SELECT a, first_value(b) OVER (PARTITION BY a) FROM t",
+            "without ORDER BY",
+        ),
         (
             "SELECT a, lag(a, 1, 0) OVER (ORDER BY a) FROM t",
             "a default value",

@@ -10,6 +10,14 @@
 //! - `shift(pid, pstart, u64 partitions, u64 n, i64 offset, u32* out)`: for `lag` and `lead`,
 //!   the row `offset` rows before each row (after it for a negative offset), or `NULL_INDEX`
 //!   when that row is outside the row's partition;
+//! - `ratios(pid, qid, pstart, qstart, u64 partitions, u64 n, u32 cume, f64* out)`:
+//!   `percent_rank` ((rank - 1) / max(rows - 1, 1)) or `cume_dist` (rows up to the last peer /
+//!   rows), as DataFusion computes them;
+//! - `ntile(pid, pstart, u64 partitions, u64 n, u64 buckets, u64* out)`: DataFusion's buckets,
+//!   the first `rows % buckets` one row larger;
+//! - `edges(pid, qid, pstart, qstart, u64 partitions, u64 n, u32 which, u32* out)`: per row, its
+//!   partition's first row (0), its peer run's last row (1), its partition's last row (2) or
+//!   itself (3), for `first_value` and `last_value`;
 //! - `running(r args…, const u32* pstart, u64 partitions, const u32* nq, u64 n, (T* out,
 //!   u32* valid)…)`, when the window has running aggregates: one thread per partition walks its
 //!   rows in order, as DataFusion's accumulators do, and writes each row's value (ROWS frames) or
@@ -131,6 +139,54 @@ extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_shift(co
 }}
 SPATE_EXPORT(ENTRY_shift)
 
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_ratios(const u32* pid, const u32* qid, const u32* pstart, const u32* qstart, u64 partitions, u64 n, u32 cume, f64* out) {{
+    const u64 last_q = qid[n - 1ull];
+    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{
+        const u64 p = pid[i];
+        const u64 q = qid[i];
+        const u64 ps = pstart[p];
+        const u64 pe = p + 1ull < partitions ? (u64)pstart[p + 1ull] : n;
+        const u64 rows = pe - ps;
+        if (cume != 0u) {{
+            const u64 qe = q < last_q ? (u64)qstart[q + 1ull] : n;
+            out[i] = (f64)(qe - ps) / (f64)rows;
+        }} else {{
+            const f64 d = (f64)rows - 1.0;
+            out[i] = (f64)((u64)qstart[q] - ps) / (d > 1.0 ? d : 1.0);
+        }}
+    }}
+}}
+SPATE_EXPORT(ENTRY_ratios)
+
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_ntile(const u32* pid, const u32* pstart, u64 partitions, u64 n, u64 buckets, u64* out) {{
+    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{
+        const u64 p = pid[i];
+        const u64 ps = pstart[p];
+        const u64 rows = (p + 1ull < partitions ? (u64)pstart[p + 1ull] : n) - ps;
+        const u64 k = i - ps;
+        const u64 base = rows / buckets;
+        const u64 rem = rows % buckets;
+        const u64 large_rows = rem * (base + 1ull);
+        out[i] = k < large_rows ? k / (base + 1ull) + 1ull : rem + (k - large_rows) / base + 1ull;
+    }}
+}}
+SPATE_EXPORT(ENTRY_ntile)
+
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_edges(const u32* pid, const u32* qid, const u32* pstart, const u32* qstart, u64 partitions, u64 n, u32 which, u32* out) {{
+    const u64 last_q = qid[n - 1ull];
+    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{
+        const u64 p = pid[i];
+        const u64 q = qid[i];
+        u64 r;
+        if (which == 0u) r = pstart[p];
+        else if (which == 1u) r = (q < last_q ? (u64)qstart[q + 1ull] : n) - 1ull;
+        else if (which == 2u) r = (p + 1ull < partitions ? (u64)pstart[p + 1ull] : n) - 1ull;
+        else r = i;
+        out[i] = (u32)r;
+    }}
+}}
+SPATE_EXPORT(ENTRY_edges)
+
 "#
     );
     let mut names = vec![
@@ -138,6 +194,9 @@ SPATE_EXPORT(ENTRY_shift)
         "starts".into(),
         "numbers".into(),
         "shift".into(),
+        "ratios".into(),
+        "ntile".into(),
+        "edges".into(),
     ];
     if !running.is_empty() {
         body.push_str(&running_kernel(running, args));

@@ -20,10 +20,12 @@
 //!    partitions run in parallel, one huge partition runs alone.
 //!
 //! `lag` and `lead` gather the row `offset` before (after) each row in its partition, NULL
-//! past its edges (`shift`).
+//! past its edges (`shift`); `first_value` and `last_value` gather the row at the frame's edge
+//! (`edges`); `percent_rank`, `cume_dist` and `ntile` follow from the partition and peer-run
+//! starts (`ratios`, `ntile`).
 //!
-//! Other frames (sliding windows, ROWS without ORDER BY), other functions (`ntile`,
-//! `first_value`, ...), lag/lead with a default or IGNORE NULLS, FILTER and DISTINCT window
+//! Other frames (sliding windows, ROWS without ORDER BY), other functions (`nth_value`, ...),
+//! lag/lead with a default, IGNORE NULLS, FILTER and DISTINCT window
 //! aggregates, float MIN/MAX and float sums over RANGE frames stay on the CPU, with the reason.
 
 mod codegen;
@@ -82,6 +84,18 @@ enum Function {
     Shift {
         column: usize,
         offset: i64,
+    },
+    /// `percent_rank` or (`cume`) `cume_dist`.
+    Ratio {
+        cume: bool,
+    },
+    /// `ntile(buckets)`.
+    Ntile(u64),
+    /// `first_value` or `last_value` of input column `column`: the value at the row the `edges`
+    /// kernel picks (`which`).
+    Edge {
+        column: usize,
+        which: u32,
     },
 }
 
@@ -250,9 +264,10 @@ impl GpuWindowExec {
                     DevType::of(field.data_type()) == Some(self.plan.running[*k].out_ty)
                 }
                 // A value of the input column, gathered as it is.
-                Function::Shift { column, .. } => {
+                Function::Shift { column, .. } | Function::Edge { column, .. } => {
                     self.input().schema().field(*column).data_type() == field.data_type()
                 }
+                Function::Ratio { .. } => field.data_type() == &DataType::Float64,
                 _ => field.data_type() == &DataType::UInt64,
             };
             if !ok {
@@ -326,6 +341,10 @@ fn function(
             "rank" => Ok(Function::Rank),
             "dense_rank" => Ok(Function::DenseRank),
             "lag" | "lead" => shift(e, standard, &name),
+            "percent_rank" => Ok(Function::Ratio { cume: false }),
+            "cume_dist" => Ok(Function::Ratio { cume: true }),
+            "ntile" => ntile(e, standard),
+            "first_value" | "last_value" => edge(e, standard, &name),
             other => Err(Unsupported(format!(
                 "window function `{other}` does not run on the GPU yet"
             ))),
@@ -414,20 +433,7 @@ fn shift(
 ) -> std::result::Result<Function, Unsupported> {
     let unsupported =
         |why: &str| Unsupported(format!("`{}`: {why} does not run on the GPU yet", e.name()));
-    let udf = standard
-        .get_standard_func_expr()
-        .as_any()
-        .downcast_ref::<WindowUDFExpr>()
-        .ok_or_else(|| unsupported("this window function"))?;
-    // DataFusion 55 keeps `ignore_nulls` and `is_reversed` private; their Debug form tells.
-    let debug = format!("{udf:?}");
-    if debug.contains("ignore_nulls: true") {
-        return Err(unsupported("IGNORE NULLS"));
-    }
-    if !debug.contains("is_reversed: false") {
-        return Err(unsupported("a shift evaluated in reverse"));
-    }
-    let args = udf.args();
+    let args = udf_args(e, standard)?;
     let column = args
         .first()
         .and_then(|a| a.downcast_ref::<Column>())
@@ -460,6 +466,92 @@ fn shift(
             .ok_or_else(|| unsupported("this offset"))?
     };
     Ok(Function::Shift { column, offset })
+}
+
+/// The arguments of a standard window function; IGNORE NULLS and evaluation in reverse stay
+/// on the CPU (DataFusion 55 keeps those two flags private; their Debug form tells).
+fn udf_args<'a>(
+    e: &dyn WindowExpr,
+    standard: &'a StandardWindowExpr,
+) -> std::result::Result<&'a [Arc<dyn PhysicalExpr>], Unsupported> {
+    let unsupported =
+        |why: &str| Unsupported(format!("`{}`: {why} does not run on the GPU yet", e.name()));
+    let udf = standard
+        .get_standard_func_expr()
+        .as_any()
+        .downcast_ref::<WindowUDFExpr>()
+        .ok_or_else(|| unsupported("this window function"))?;
+    let debug = format!("{udf:?}");
+    if debug.contains("ignore_nulls: true") {
+        return Err(unsupported("IGNORE NULLS"));
+    }
+    if !debug.contains("is_reversed: false") {
+        return Err(unsupported("a window function evaluated in reverse"));
+    }
+    Ok(udf.args())
+}
+
+/// `ntile(n)` for a literal positive `n`; any other `n` fails on the CPU.
+fn ntile(
+    e: &dyn WindowExpr,
+    standard: &StandardWindowExpr,
+) -> std::result::Result<Function, Unsupported> {
+    let args = udf_args(e, standard)?;
+    let buckets = args
+        .first()
+        .and_then(|a| a.downcast_ref::<Literal>())
+        .and_then(|l| l.value().cast_to(&DataType::UInt64).ok())
+        .and_then(|v| match v {
+            datafusion::common::ScalarValue::UInt64(Some(n)) if n > 0 => Some(n),
+            _ => None,
+        })
+        .ok_or_else(|| {
+            Unsupported(format!(
+                "`{}`: ntile of anything but a positive literal does not run on the GPU",
+                e.name()
+            ))
+        })?;
+    Ok(Function::Ntile(buckets))
+}
+
+/// `first_value(column)` and `last_value(column)` over a frame from UNBOUNDED PRECEDING: the
+/// partition's first row, and its last row (a frame to UNBOUNDED FOLLOWING), the current row's
+/// last peer (RANGE or GROUPS to CURRENT ROW) or the current row (ROWS).
+fn edge(
+    e: &dyn WindowExpr,
+    standard: &StandardWindowExpr,
+    name: &str,
+) -> std::result::Result<Function, Unsupported> {
+    let unsupported =
+        |why: &str| Unsupported(format!("`{}`: {why} does not run on the GPU yet", e.name()));
+    let args = udf_args(e, standard)?;
+    let [arg] = args else {
+        return Err(unsupported("this form"));
+    };
+    let column = arg
+        .downcast_ref::<Column>()
+        .ok_or_else(|| unsupported("a value that is an expression"))?
+        .index();
+    let frame = e.get_window_frame();
+    if !frame.start_bound.is_unbounded() {
+        return Err(unsupported(&format!("a sliding frame ({frame})")));
+    }
+    // Without ORDER BY the first and last rows are the input's, which nothing fixes.
+    if e.order_by().is_empty() {
+        return Err(unsupported("a first or last value without ORDER BY"));
+    }
+    let rows = frame.units == WindowFrameUnits::Rows;
+    let to_end = frame.end_bound.is_unbounded();
+    let which = match (name, to_end) {
+        ("first_value", _) => 0,
+        (_, true) => 2,
+        _ if !matches!(frame.end_bound, WindowFrameBound::CurrentRow) => {
+            return Err(unsupported(&format!("this frame ({frame})")));
+        }
+        _ if rows => 3,
+        _ => 1,
+    };
+    Ok(Function::Edge { column, which })
 }
 
 /// A running SUM, COUNT, MIN or MAX of a column (or COUNT(*)).
@@ -628,6 +720,80 @@ fn window_batch(
                 )?;
                 let gather = Gather::rows_or_null(&batch.columns()[column], rows.as_slice());
                 gather_columns(stream, &[gather])?.pop()
+            }
+            Function::Edge { column, which } => {
+                let rows = stream.alloc::<u32>(n)?;
+                launch(
+                    stream,
+                    kernels.get("edges")?,
+                    n,
+                    &[
+                        (&pid).into(),
+                        (&qid).into(),
+                        (&pstart).into(),
+                        (&qstart).into(),
+                        KernelArg::U64(partitions as u64),
+                        KernelArg::U64(n as u64),
+                        KernelArg::U32(which),
+                        (&rows).into(),
+                    ],
+                )?;
+                let gather = Gather::rows(&batch.columns()[column], rows.as_slice());
+                gather_columns(stream, &[gather])?.pop()
+            }
+            Function::Ratio { cume } => {
+                let out = stream.alloc::<f64>(n)?;
+                launch(
+                    stream,
+                    kernels.get("ratios")?,
+                    n,
+                    &[
+                        (&pid).into(),
+                        (&qid).into(),
+                        (&pstart).into(),
+                        (&qstart).into(),
+                        KernelArg::U64(partitions as u64),
+                        KernelArg::U64(n as u64),
+                        KernelArg::U32(u32::from(cume)),
+                        (&out).into(),
+                    ],
+                )?;
+                Some(DeviceColumn::new(
+                    DataType::Float64,
+                    n,
+                    0,
+                    None,
+                    DeviceValues::Fixed {
+                        bytes: DeviceBytes::new(out.into_bytes()),
+                        width: 8,
+                    },
+                ))
+            }
+            Function::Ntile(buckets) => {
+                let out = stream.alloc::<u64>(n)?;
+                launch(
+                    stream,
+                    kernels.get("ntile")?,
+                    n,
+                    &[
+                        (&pid).into(),
+                        (&pstart).into(),
+                        KernelArg::U64(partitions as u64),
+                        KernelArg::U64(n as u64),
+                        KernelArg::U64(buckets),
+                        (&out).into(),
+                    ],
+                )?;
+                Some(DeviceColumn::new(
+                    DataType::UInt64,
+                    n,
+                    0,
+                    None,
+                    DeviceValues::Fixed {
+                        bytes: DeviceBytes::new(out.into_bytes()),
+                        width: 8,
+                    },
+                ))
             }
             Function::RowNumber | Function::Rank | Function::DenseRank => {
                 let kind = match f {
