@@ -16,7 +16,8 @@
 //!   partitioned join over one partition each side is correct as it is (one partition
 //!   satisfies any hash distribution), and a sorted merge over one sorted partition passes it
 //!   through. Under a GPU consumer such a merge leaves the plan (its fetch becomes a GPU
-//!   limit): it would download the partition only to pass it through on the host.
+//!   limit) when the partition is in its order: it would download the partition only to pass
+//!   it through on the host.
 //! - A final aggregation over the partial one below it (now in the same partition) becomes one
 //!   single-stage aggregation over the partial's input, when the GPU runs it and its schema is
 //!   the final's.
@@ -190,12 +191,17 @@ fn rewrite(node: Arc<dyn ExecutionPlan>, gpu_consumer: bool) -> DFResult<Arc<dyn
     {
         return Ok(gpu);
     }
-    // A sorted merge between GPU operators: its input, rewritten, is one sorted partition on
-    // the device, which it would only download and pass through on the host.
+    // A sorted merge between GPU operators whose input, rewritten, is one partition on the
+    // device already in its order (a GPU sort's): it would only download it and pass it
+    // through on the host. (An input whose partitions were merged unsorted keeps the merge,
+    // and the plan DataFusion made: the sanity check cannot see the order it establishes.)
     if gpu_consumer && let Some(merge) = node.downcast_ref::<SortPreservingMergeExec>() {
         let input = rewrite(Arc::clone(merge.input()), true)?;
         if input.output_partitioning().partition_count() == 1
             && as_gpu_exec(input.as_ref()).is_some()
+            && input
+                .equivalence_properties()
+                .ordering_satisfy(merge.expr().clone())?
         {
             return Ok(match merge.fetch() {
                 None => input,
