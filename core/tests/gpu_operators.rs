@@ -897,6 +897,12 @@ async fn window_functions_the_gpu_cannot_match_stay_on_the_cpu() {
             "SELECT a, first_value(b) OVER (PARTITION BY a) FROM t",
             "without ORDER BY",
         ),
+        // Empty frames for the first rows: DataFusion's value is NULL there.
+        (
+            "SELECT a, b, first_value(b) OVER (PARTITION BY a ORDER BY b ROWS BETWEEN \
+             UNBOUNDED PRECEDING AND 1 PRECEDING) FROM t",
+            "this frame",
+        ),
         (
             "SELECT a, lag(a, 1, 0) OVER (ORDER BY a) FROM t",
             "a default value",

@@ -2,8 +2,9 @@
 //! and CUDA C.
 //!
 //! [`super::lower`] builds it and makes every decision on the way: what runs on the GPU, the
-//! result types (decimal shapes, the cast table) and where an error may be raised (the AND/OR
-//! rule). [`super::emit`] only prints it, as calls into `kernels/cuda/common/*.cuh`.
+//! result types (decimal shapes, the cast table) and which checks each operation makes.
+//! [`super::emit`] prints it, as calls into `kernels/cuda/common/*.cuh`, and guards each check
+//! by the rows the CPU evaluates it for.
 //!
 //! Every node carries its device type and whether it can be NULL; the checks a node makes (a
 //! zero divisor, an overflow, a value a cast cannot represent) are in its operation. CASE,

@@ -39,14 +39,15 @@
 //! batching, and where the CPU's outcome depends on its batches, the GPU's is the CPU's one row
 //! at a time.
 //!
-//! Also: `[NOT] IN (list)`, `CASE WHEN` and `CASE x WHEN`, `coalesce`,
-//! `extract(year|month|day)` and `date ± interval` (months and days, the day clamped to the
-//! month's end as Arrow does) on Date32, and on strings (read as offsets + bytes) comparisons,
-//! `IN`, `LIKE` (`%`, `_` and backslash escapes), `character_length`, `octet_length`, `substr`
-//! with literal positions, `btrim`/`ltrim`/`rtrim`, `starts_with`/`ends_with`, and `||` as a
-//! value kernel's output; `abs`, `round` with a literal
-//! scale, `floor`, `ceil`, `nullif`, bitwise `& | ^ << >>`, and `CASE x WHEN` on floats (Arrow's
-//! total-order `eq`). A division that a CASE branch's WHEN proves safe (`WHEN c > 0 THEN x / c`)
+//! Also: `[NOT] IN (list)`, `CASE WHEN` and `CASE x WHEN`, `coalesce`, `extract`/`date_part`
+//! (year to second, ISO week, days of the year and week) of dates and of timestamps without a
+//! zone, `date ± interval` (months and days, the day clamped to the month's end as Arrow does)
+//! on Date32, and on strings (read as offsets + bytes) comparisons, `IN`, `LIKE` (`%`, `_` and
+//! backslash escapes), `character_length`, `octet_length`, `substr` with literal positions,
+//! `btrim`/`ltrim`/`rtrim`, `starts_with`/`ends_with`, `strpos`, `upper` (compared, or as an
+//! output) and `||` as a value kernel's output; `abs`, `round` with a literal scale, `floor`,
+//! `ceil`, the float functions `sqrt` to `trunc` (`math.cuh`), `nullif`, bitwise
+//! `& | ^ << >>`, and `CASE x WHEN` on floats (Arrow's total-order `eq`). A division that a CASE branch's WHEN proves safe (`WHEN c > 0 THEN x / c`)
 //! carries no check.
 //!
 //! Anything else (other string functions, casts from and to strings) is reported

@@ -214,6 +214,9 @@ fn rewrite(node: Arc<dyn ExecutionPlan>, gpu_consumer: bool) -> DFResult<Arc<dyn
                 }
             });
         }
+        // The merge stays, over the input rewritten once (it is plumbing under a GPU
+        // consumer, which the general case below would rewrite again).
+        return replace_children_if_necessary(node, vec![input]);
     }
     if gpu_consumer && matches!(node.name(), "InterleaveExec" | "UnionExec") {
         let children = node

@@ -9,8 +9,9 @@
 //!    (probe row, build row) pairs; inner and outer joins gather both sides' columns by them,
 //!    semi and anti joins keep the probe rows that did or did not match.
 //!
-//! Left, full, left semi and left anti joins mark the build groups that matched and emit the
-//! build rows that did (not) match after the last probe batch. In `CollectLeft` mode the build
+//! Left, full, left semi, left anti and left mark joins mark the build groups that matched and
+//! emit the build rows that did (not) match (all of them, for a mark join) after the last probe
+//! batch. In `CollectLeft` mode the build
 //! side (and its marks) is shared by all probe partitions, and the last partition to finish
 //! emits them; in `Partitioned` mode each partition has its own build side.
 //!

@@ -1059,14 +1059,17 @@ impl ProbeState {
             if !Arc::ptr_eq(&build.stream, &self.stream) {
                 build.batch.share_across_streams();
             }
+            // The count is read back here (one word): a shared build side's count and string
+            // byte words live on its own stream, and must not outlive it on this one's.
+            let all = build.batch.resolve(s)?;
             return marked_batch(
                 s,
                 &self.kernels,
                 &self.schema,
                 self.projection.as_deref(),
-                build.batch.columns().to_vec(),
+                all.columns().to_vec(),
                 mask.as_slice(),
-                build.batch.row_count().clone(),
+                all.row_count().clone(),
             )
             .map(Some);
         }

@@ -29,6 +29,7 @@
 //! aggregates, float MIN/MAX and float sums over RANGE frames stay on the CPU, with the reason.
 
 mod codegen;
+mod functions;
 
 use std::fmt;
 use std::sync::Arc;
@@ -54,6 +55,7 @@ use futures::TryStreamExt;
 use spate_kernels::{KernelArg, Stream as DeviceStream};
 
 use self::codegen::{Running, RunningKind};
+use self::functions::{Starts, edge, ntile, shift};
 use super::aggregate::SegmentAggregate;
 use super::appended::Appended;
 use super::batching::KeepsCounts;
@@ -71,7 +73,7 @@ use crate::expr::{DevType, Unsupported, column_args};
 
 /// What one window expression computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Function {
+pub(super) enum Function {
     RowNumber,
     Rank,
     DenseRank,
@@ -423,137 +425,6 @@ fn function(
     Ok(Function::Running(running.len() - 1))
 }
 
-/// `lag(column[, offset[, NULL]])` or `lead(…)`: the value `offset` rows before (after) in the
-/// partition, NULL past its edges. A default other than NULL, IGNORE NULLS, and a plan that
-/// evaluates the function in reverse stay on the CPU.
-fn shift(
-    e: &dyn WindowExpr,
-    standard: &StandardWindowExpr,
-    name: &str,
-) -> std::result::Result<Function, Unsupported> {
-    let unsupported =
-        |why: &str| Unsupported(format!("`{}`: {why} does not run on the GPU yet", e.name()));
-    let args = udf_args(e, standard)?;
-    let column = args
-        .first()
-        .and_then(|a| a.downcast_ref::<Column>())
-        .ok_or_else(|| unsupported("a shift of an expression"))?
-        .index();
-    let offset = match args
-        .get(1)
-        .map(|a| a.downcast_ref::<Literal>().map(Literal::value))
-    {
-        None => 1,
-        Some(Some(v)) => match v.cast_to(&DataType::Int64) {
-            Ok(datafusion::common::ScalarValue::Int64(Some(k))) => k,
-            _ => return Err(unsupported("this offset")),
-        },
-        Some(None) => return Err(unsupported("an offset that is not a literal")),
-    };
-    match args
-        .get(2)
-        .map(|a| a.downcast_ref::<Literal>().map(Literal::value))
-    {
-        None => {}
-        Some(Some(v)) if v.is_null() => {}
-        Some(_) => return Err(unsupported("a default value")),
-    }
-    let offset = if name == "lag" {
-        offset
-    } else {
-        offset
-            .checked_neg()
-            .ok_or_else(|| unsupported("this offset"))?
-    };
-    Ok(Function::Shift { column, offset })
-}
-
-/// The arguments of a standard window function; IGNORE NULLS and evaluation in reverse stay
-/// on the CPU (DataFusion 55 keeps those two flags private; their Debug form tells).
-fn udf_args<'a>(
-    e: &dyn WindowExpr,
-    standard: &'a StandardWindowExpr,
-) -> std::result::Result<&'a [Arc<dyn PhysicalExpr>], Unsupported> {
-    let unsupported =
-        |why: &str| Unsupported(format!("`{}`: {why} does not run on the GPU yet", e.name()));
-    let udf = standard
-        .get_standard_func_expr()
-        .as_any()
-        .downcast_ref::<WindowUDFExpr>()
-        .ok_or_else(|| unsupported("this window function"))?;
-    let debug = format!("{udf:?}");
-    if debug.contains("ignore_nulls: true") {
-        return Err(unsupported("IGNORE NULLS"));
-    }
-    if !debug.contains("is_reversed: false") {
-        return Err(unsupported("a window function evaluated in reverse"));
-    }
-    Ok(udf.args())
-}
-
-/// `ntile(n)` for a literal positive `n`; any other `n` fails on the CPU.
-fn ntile(
-    e: &dyn WindowExpr,
-    standard: &StandardWindowExpr,
-) -> std::result::Result<Function, Unsupported> {
-    let args = udf_args(e, standard)?;
-    let buckets = args
-        .first()
-        .and_then(|a| a.downcast_ref::<Literal>())
-        .and_then(|l| l.value().cast_to(&DataType::UInt64).ok())
-        .and_then(|v| match v {
-            datafusion::common::ScalarValue::UInt64(Some(n)) if n > 0 => Some(n),
-            _ => None,
-        })
-        .ok_or_else(|| {
-            Unsupported(format!(
-                "`{}`: ntile of anything but a positive literal does not run on the GPU",
-                e.name()
-            ))
-        })?;
-    Ok(Function::Ntile(buckets))
-}
-
-/// `first_value(column)` and `last_value(column)` over a frame from UNBOUNDED PRECEDING: the
-/// partition's first row, and its last row (a frame to UNBOUNDED FOLLOWING), the current row's
-/// last peer (RANGE or GROUPS to CURRENT ROW) or the current row (ROWS).
-fn edge(
-    e: &dyn WindowExpr,
-    standard: &StandardWindowExpr,
-    name: &str,
-) -> std::result::Result<Function, Unsupported> {
-    let unsupported =
-        |why: &str| Unsupported(format!("`{}`: {why} does not run on the GPU yet", e.name()));
-    let args = udf_args(e, standard)?;
-    let [arg] = args else {
-        return Err(unsupported("this form"));
-    };
-    let column = arg
-        .downcast_ref::<Column>()
-        .ok_or_else(|| unsupported("a value that is an expression"))?
-        .index();
-    let frame = e.get_window_frame();
-    if !frame.start_bound.is_unbounded() {
-        return Err(unsupported(&format!("a sliding frame ({frame})")));
-    }
-    // Without ORDER BY the first and last rows are the input's, which nothing fixes.
-    if e.order_by().is_empty() {
-        return Err(unsupported("a first or last value without ORDER BY"));
-    }
-    let rows = frame.units == WindowFrameUnits::Rows;
-    let to_end = frame.end_bound.is_unbounded();
-    let which = match (name, to_end) {
-        ("first_value", _) => 0,
-        (_, true) => 2,
-        _ if !matches!(frame.end_bound, WindowFrameBound::CurrentRow) => {
-            return Err(unsupported(&format!("this frame ({frame})")));
-        }
-        _ if rows => 3,
-        _ => 1,
-    };
-    Ok(Function::Edge { column, which })
-}
-
 /// A running SUM, COUNT, MIN or MAX of a column (or COUNT(*)).
 fn running_aggregate(
     e: &dyn WindowExpr,
@@ -703,130 +574,19 @@ fn window_batch(
         let column = match *f {
             Function::Aggregate(k) => gathered.get(k).cloned(),
             Function::Running(k) => running.get(k).cloned(),
-            Function::Shift { column, offset } => {
-                let rows = stream.alloc::<u32>(n)?;
-                launch(
-                    stream,
-                    kernels.get("shift")?,
-                    n,
-                    &[
-                        (&pid).into(),
-                        (&pstart).into(),
-                        KernelArg::U64(partitions as u64),
-                        KernelArg::U64(n as u64),
-                        KernelArg::I64(offset),
-                        (&rows).into(),
-                    ],
-                )?;
-                let gather = Gather::rows_or_null(&batch.columns()[column], rows.as_slice());
-                gather_columns(stream, &[gather])?.pop()
-            }
-            Function::Edge { column, which } => {
-                let rows = stream.alloc::<u32>(n)?;
-                launch(
-                    stream,
-                    kernels.get("edges")?,
-                    n,
-                    &[
-                        (&pid).into(),
-                        (&qid).into(),
-                        (&pstart).into(),
-                        (&qstart).into(),
-                        KernelArg::U64(partitions as u64),
-                        KernelArg::U64(n as u64),
-                        KernelArg::U32(which),
-                        (&rows).into(),
-                    ],
-                )?;
-                let gather = Gather::rows(&batch.columns()[column], rows.as_slice());
-                gather_columns(stream, &[gather])?.pop()
-            }
-            Function::Ratio { cume } => {
-                let out = stream.alloc::<f64>(n)?;
-                launch(
-                    stream,
-                    kernels.get("ratios")?,
-                    n,
-                    &[
-                        (&pid).into(),
-                        (&qid).into(),
-                        (&pstart).into(),
-                        (&qstart).into(),
-                        KernelArg::U64(partitions as u64),
-                        KernelArg::U64(n as u64),
-                        KernelArg::U32(u32::from(cume)),
-                        (&out).into(),
-                    ],
-                )?;
-                Some(DeviceColumn::new(
-                    DataType::Float64,
-                    n,
-                    0,
-                    None,
-                    DeviceValues::Fixed {
-                        bytes: DeviceBytes::new(out.into_bytes()),
-                        width: 8,
-                    },
-                ))
-            }
-            Function::Ntile(buckets) => {
-                let out = stream.alloc::<u64>(n)?;
-                launch(
-                    stream,
-                    kernels.get("ntile")?,
-                    n,
-                    &[
-                        (&pid).into(),
-                        (&pstart).into(),
-                        KernelArg::U64(partitions as u64),
-                        KernelArg::U64(n as u64),
-                        KernelArg::U64(buckets),
-                        (&out).into(),
-                    ],
-                )?;
-                Some(DeviceColumn::new(
-                    DataType::UInt64,
-                    n,
-                    0,
-                    None,
-                    DeviceValues::Fixed {
-                        bytes: DeviceBytes::new(out.into_bytes()),
-                        width: 8,
-                    },
-                ))
-            }
-            Function::RowNumber | Function::Rank | Function::DenseRank => {
-                let kind = match f {
-                    Function::RowNumber => 0,
-                    Function::Rank => 1,
-                    _ => 2,
-                };
-                let out = stream.alloc::<u64>(n)?;
-                launch(
-                    stream,
-                    kernels.get("numbers")?,
-                    n,
-                    &[
-                        (&pid).into(),
-                        (&qid).into(),
-                        (&pstart).into(),
-                        (&qstart).into(),
-                        KernelArg::U64(n as u64),
-                        KernelArg::U32(kind),
-                        (&out).into(),
-                    ],
-                )?;
-                Some(DeviceColumn::new(
-                    DataType::UInt64,
-                    n,
-                    0,
-                    None,
-                    DeviceValues::Fixed {
-                        bytes: DeviceBytes::new(out.into_bytes()),
-                        width: 8,
-                    },
-                ))
-            }
+            _ => functions::column(
+                stream,
+                kernels,
+                *f,
+                batch,
+                &Starts {
+                    pid: &pid,
+                    qid: &qid,
+                    pstart: &pstart,
+                    qstart: &qstart,
+                    partitions,
+                },
+            )?,
         };
         columns.push(column.ok_or_else(|| SpateError::Internal {
             message: format!("the window's {f:?} was not computed"),

@@ -438,7 +438,9 @@ impl<'a> Lowerer<'a> {
         ))
     }
 
-    /// `extract(year|month|day FROM <Date32>)` (DataFusion's `date_part`), as Int32.
+    /// `extract(field FROM x)` (DataFusion's `date_part`) of a Date32 or a timestamp without a
+    /// zone, as Int32: year, quarter, month, ISO week, day, doy, dow, isodow, and of timestamps
+    /// hour, minute and second.
     fn date_part(&mut self, f: &ScalarFunctionExpr) -> Result<Node, Unsupported> {
         let unsupported = || Unsupported(format!("`{f}` is not supported on the GPU yet"));
         let [part, arg] = f.args() else {

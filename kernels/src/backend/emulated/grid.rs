@@ -65,29 +65,46 @@ struct StackRegion {
     guard: usize,
 }
 
-/// Fiber stacks not in use, for every kernel module of the process: a worker leases a region
-/// for one launch (`spate_emu.h`'s `StackLease`). So there are as many regions as workers ever
-/// ran at once, and each costs its mappings once, not once per launch, nor once per thread
-/// (each stream thread keeping its own ran a query with scores of streams out of
-/// `vm.max_map_count`).
-static STACKS: Mutex<Vec<StackRegion>> = Mutex::new(Vec::new());
+impl StackRegion {
+    fn bytes(&self) -> usize {
+        self.count * (self.stack + self.guard)
+    }
+}
+
+/// Fiber stacks for every kernel module of the process: a worker leases a region for one
+/// launch (`spate_emu.h`'s `StackLease`), any free one with enough slots of the same layout.
+/// So there are about as many regions as workers ever ran at once, and each costs its mappings
+/// once, not once per launch, nor once per thread (each stream thread keeping its own ran a
+/// query with scores of streams out of `vm.max_map_count`). At most [`SPARE_REGIONS`] free
+/// ones are kept; the rest are unmapped when returned.
+struct StackPool {
+    free: Vec<StackRegion>,
+    leased: Vec<StackRegion>,
+}
+
+static STACKS: Mutex<StackPool> = Mutex::new(StackPool {
+    free: Vec::new(),
+    leased: Vec::new(),
+});
+
+/// Free regions kept for the next launches.
+const SPARE_REGIONS: usize = 64;
 
 unsafe extern "C" fn acquire_stacks(count: c_ulong, stack: c_ulong, guard: c_ulong) -> *mut c_void {
     let (count, stack, guard) = (count as usize, stack as usize, guard as usize);
-    {
-        let mut free = STACKS.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(at) = free
-            .iter()
-            .position(|r| r.count == count && r.stack == stack && r.guard == guard)
-        {
-            return free.swap_remove(at).base as *mut c_void;
-        }
+    let mut pool = STACKS.lock().unwrap_or_else(|p| p.into_inner());
+    let fits = |r: &StackRegion| r.count >= count && r.stack == stack && r.guard == guard;
+    if let Some(at) = pool.free.iter().position(fits) {
+        let region = pool.free.swap_remove(at);
+        let base = region.base as *mut c_void;
+        pool.leased.push(region);
+        return base;
     }
     let Some(bytes) = count.checked_mul(stack + guard) else {
         return std::ptr::null_mut();
     };
     // SAFETY: a fresh private mapping; the guard pages are inside it.
-    unsafe {
+    let base = unsafe {
         let base = libc::mmap(
             std::ptr::null_mut(),
             bytes,
@@ -107,24 +124,33 @@ unsafe extern "C" fn acquire_stacks(count: c_ulong, stack: c_ulong, guard: c_ulo
             }
         }
         base
-    }
+    };
+    pool.leased.push(StackRegion {
+        base: base as usize,
+        count,
+        stack,
+        guard,
+    });
+    base
 }
 
 unsafe extern "C" fn release_stacks(
     base: *mut c_void,
-    count: c_ulong,
-    stack: c_ulong,
-    guard: c_ulong,
+    _count: c_ulong,
+    _stack: c_ulong,
+    _guard: c_ulong,
 ) {
-    STACKS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(StackRegion {
-            base: base as usize,
-            count: count as usize,
-            stack: stack as usize,
-            guard: guard as usize,
-        });
+    let mut pool = STACKS.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(at) = pool.leased.iter().position(|r| r.base == base as usize) else {
+        return;
+    };
+    let region = pool.leased.swap_remove(at);
+    if pool.free.len() < SPARE_REGIONS {
+        pool.free.push(region);
+    } else {
+        // SAFETY: the region was mapped by `acquire_stacks` and no launch uses it any more.
+        unsafe { libc::munmap(region.base as *mut c_void, region.bytes()) };
+    }
 }
 
 /// What the threads of one running launch share with the signal handlers and the watchdog.
