@@ -780,6 +780,12 @@ impl Emitter {
                 per_second,
             } => {
                 let a = self.node(arg);
+                let null = format!(
+                    "({} || !spate::date_part_exists((i64){}, {}ll))",
+                    a.null,
+                    a.value,
+                    per_second.unwrap_or(0)
+                );
                 let value = match per_second {
                     None => format!("spate::date_field((i64){}, {}u)", a.value, field.code()),
                     Some(n) => format!(
@@ -788,7 +794,7 @@ impl Emitter {
                         field.code()
                     ),
                 };
-                self.bind(ty, &value, a.null)
+                self.bind(ty, &value, null)
             }
         }
     }

@@ -474,8 +474,9 @@ fn nullable(op: &Op) -> bool {
         | Op::Length { arg, .. }
         | Op::Substr { arg, .. }
         | Op::DateAddInterval { arg, .. }
-        | Op::DatePart { arg, .. }
         | Op::Like { arg, .. } => arg.nullable,
+        // NULL past chrono's years too.
+        Op::DatePart { .. } => true,
         Op::Affix { arg, affix, .. } => either(arg, affix),
         Op::Position { arg, sub } => either(arg, sub),
         Op::Concat(parts) | Op::FloatMath { args: parts, .. } => parts.iter().any(|p| p.nullable),

@@ -109,6 +109,14 @@ __device__ inline i32 date_field(i64 days, u32 field) {
     }
 }
 
+// Whether a date part of `value` exists: chrono, which Arrow's date_part uses, spans the days
+// of years -262143 to 262142; outside them the part is NULL. `per_second` is 0 for a Date32
+// (the value counts days), else the timestamp's units per second.
+__device__ inline bool date_part_exists(i64 value, i64 per_second) {
+    const i64 days = per_second == 0 ? value : floor_div(floor_div(value, per_second), 86400);
+    return days >= -96465292ll && days <= 95026236ll;
+}
+
 // A field of a timestamp without a time zone counting `per_second` units per second: the
 // fields of `date_field`, then 8 hour, 9 minute and 10 second (whole seconds of the minute).
 __device__ inline i32 timestamp_field(i64 value, i64 per_second, u32 field) {
