@@ -2113,7 +2113,8 @@ async fn sorted_merges_between_gpu_operators_stay_on_the_device() {
 /// `upper` with Rust's full Unicode case mapping (`ß` to `SS`, ligatures to several letters),
 /// compared (in filters and join filters, as TPC-DS q24's `c_birth_country <> upper(ca_country)`)
 /// or stored (a projection's output, a group key). Elsewhere it stays on the CPU, saying why.
-/// And `strpos`, counting characters, over the same words.
+/// And `strpos`, counting characters, and `replace` of literals (streamed as `upper` is), over
+/// the same words.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upper_and_strpos_match_the_cpu() {
     const WORDS: &[Option<&str>] = &[
@@ -2159,6 +2160,12 @@ async fn upper_and_strpos_match_the_cpu() {
             "SELECT k, s, strpos(s, 'ß'), strpos(s, 'S'), strpos(s, ''), strpos(s, s), \
              instr(s, 'a'), strpos(s, 'ﬁ') FROM t WHERE k >= 0",
             "SELECT t.k, t.s, w.s AS ws FROM t JOIN w ON t.k = w.k AND strpos(t.s, w.s) > 1",
+            // replace of a literal by a literal: compared and stored, as upper.
+            "SELECT k, s, replace(s, 'ß', 'ss'), replace(s, 'S', '') FROM t WHERE k >= 0",
+            "SELECT k, s FROM t WHERE replace(s, 'ß', 'SS') = upper(s)",
+            "SELECT replace(s, 'a', 'AA') AS r, count(*) AS n FROM t GROUP BY replace(s, 'a', 'AA')",
+            "SELECT t.k, t.s, w.s AS ws FROM t JOIN w ON t.k = w.k \
+             AND replace(t.s, 'ß', 'SS') = upper(w.s)",
         ] {
             let want = rows(&cpu.collect(sql).await.unwrap());
             let got = rows(&gpu.collect(sql).await.unwrap());
@@ -2170,13 +2177,15 @@ async fn upper_and_strpos_match_the_cpu() {
         for sql in [
             "SELECT k FROM t WHERE upper(s) LIKE 'ST%'",
             "SELECT k, length(upper(s)) AS n FROM t WHERE k > 1",
+            "SELECT k, length(replace(s, 'a', 'bb')) AS n FROM t WHERE k > 1",
+            "SELECT k, upper(replace(s, 'a', 'b')) AS u FROM t WHERE k > 1",
         ] {
             let want = rows(&cpu.collect(sql).await.unwrap());
             let got = rows(&gpu.collect(sql).await.unwrap());
             assert_eq!(got, want, "{sql}");
             let plan = explain(&gpu, sql).await;
             assert!(
-                plan.contains("`upper` feeding anything but"),
+                plan.contains("`upper` or `replace` feeding anything but"),
                 "{sql}\n{plan}"
             );
         }

@@ -1,5 +1,6 @@
 //! `upper` on the GPU (`kernels/cuda/common/upper.cuh`) against Rust's `str::to_uppercase`,
-//! which DataFusion's `upper` calls: every code point, and comparisons of mapped strings.
+//! which DataFusion's `upper` calls: every code point, and comparisons of mapped strings; and
+//! `replace` against Rust's `str::replace`.
 //!
 //! The code points whose uppercase is not themselves are a table generated from Rust's
 //! `char::to_uppercase` (`kernels/cuda/common/upper_table.cuh`). The test fails when the table
@@ -245,4 +246,76 @@ fn comparisons_of_uppercased_strings_order_as_their_bytes() {
         let want = a2.as_bytes().cmp(b2.as_bytes()) as i32;
         assert_eq!(g.signum(), want, "{a:?} (upper {au}) vs {b:?} (upper {bu})");
     }
+}
+
+#[test]
+fn replace_streams_what_rust_replaces() {
+    let cases: Vec<(&str, &str, &str)> = vec![
+        ("hello world", "o", "0"),
+        ("aaaa", "aa", "b"),
+        ("aaa", "aa", "b"),
+        ("abcabc", "abc", ""),
+        ("abc", "abcd", "x"),
+        ("", "a", "b"),
+        ("straße", "ß", "ss"),
+        ("日本語日本", "日本", "にほん"),
+        ("xyz", "z", "zzzz"),
+        ("a-b-c-", "-", "--"),
+        ("mississippi", "ss", "SS"),
+    ];
+    let values: Vec<String> = cases.iter().map(|c| c.0.to_string()).collect();
+    let froms: Vec<String> = cases.iter().map(|c| c.1.to_string()).collect();
+    let tos: Vec<String> = cases.iter().map(|c| c.2.to_string()).collect();
+    let want: Vec<String> = cases.iter().map(|(s, f, t)| s.replace(f, t)).collect();
+    let n = cases.len();
+    let device = Device::emulated(DeviceOptions::default()).unwrap();
+    let stream = device.new_stream().unwrap();
+    let ((vb, vo), (fb, fo), (tb, to)) = (strings(&values), strings(&froms), strings(&tos));
+    let (want_bytes, want_offsets) = strings(&want);
+    let buffers: Vec<_> = [&vb, &fb, &tb]
+        .into_iter()
+        .map(|b| {
+            stream
+                .from_host(&b.iter().copied().chain([0]).collect::<Vec<u8>>())
+                .unwrap()
+        })
+        .collect();
+    let offsets: Vec<_> = [&vo, &fo, &to, &want_offsets]
+        .into_iter()
+        .map(|o| stream.from_host(o).unwrap())
+        .collect();
+    let lens = stream.alloc_zeroed::<u64>(n).unwrap();
+    let out = stream.alloc_zeroed::<u8>(want_bytes.len().max(1)).unwrap();
+    let cmp = stream.alloc_zeroed::<i32>(n).unwrap();
+    run(
+        &device,
+        &stream,
+        "const u8* s, const u64* so, const u8* f, const u64* fo, const u8* t, const u64* to, \
+         const u64* wo, u64* lens, u8* out, i32* cmp, ",
+        "const spate::StrStream r = spate::replace_stream(s + so[i], so[i + 1] - so[i], \
+         f + fo[i], fo[i + 1] - fo[i], t + to[i], to[i + 1] - to[i]); \
+         lens[i] = spate::stream_len(r); spate::stream_copy(r, out + wo[i]); \
+         cmp[i] = spate::stream_cmp(r, spate::plain_stream(out + wo[i], wo[i + 1] - wo[i]));",
+        &[
+            (&buffers[0]).into(),
+            (&offsets[0]).into(),
+            (&buffers[1]).into(),
+            (&offsets[1]).into(),
+            (&buffers[2]).into(),
+            (&offsets[2]).into(),
+            (&offsets[3]).into(),
+            (&lens).into(),
+            (&out).into(),
+            (&cmp).into(),
+        ],
+        n,
+    );
+    let (lens, out) = (stream.to_vec(&lens).unwrap(), stream.to_vec(&out).unwrap());
+    for (k, w) in want.iter().enumerate() {
+        let (a, b) = (want_offsets[k] as usize, want_offsets[k + 1] as usize);
+        assert_eq!(lens[k] as usize, w.len(), "{:?}", cases[k]);
+        assert_eq!(&out[a..b], w.as_bytes(), "{:?}", cases[k]);
+    }
+    // Each thread compared its stream with the bytes it had just written: equal.
+    assert!(stream.to_vec(&cmp).unwrap().iter().all(|&c| c == 0));
 }

@@ -33,9 +33,9 @@ pub(crate) struct Emitter {
     /// The parts of each concatenation emitted (by the operand's value): its bytes are these
     /// strings' one after the other, `<value>_n` in all.
     concats: Vec<(String, Vec<String>)>,
-    /// The uppercased strings emitted (by the operand's value, which points at the source
-    /// string; `<value>_src` is its length): read through `upper.cuh`'s byte stream.
-    uppers: Vec<String>,
+    /// The strings computed a byte at a time (`upper`, `replace`), by the operand's value: a
+    /// `spate::StrStream` (`upper.cuh`).
+    streams: Vec<String>,
 }
 
 /// `10^k` as an i128 literal (`k` <= 38, as the planner guarantees).
@@ -120,6 +120,14 @@ impl Emitter {
         o
     }
 
+    /// A fresh `spate::StrStream` variable holding `stream`, NULL where `null` holds.
+    fn stream(&mut self, ty: DevType, stream: String, null: String) -> Operand {
+        let v = self.var();
+        self.line(&format!("const spate::StrStream {v} = {stream};"));
+        self.streams.push(v.clone());
+        Operand { value: v, null, ty }
+    }
+
     /// A fresh variable holding `value` of type `ty`, NULL where `null` holds.
     fn bind(&mut self, ty: DevType, value: &str, null: String) -> Operand {
         let v = self.var();
@@ -136,19 +144,28 @@ impl Emitter {
             .map(|(_, parts)| parts.as_slice())
     }
 
-    fn is_upper(&self, operand: &Operand) -> bool {
-        self.uppers.contains(&operand.value)
+    fn is_stream(&self, operand: &Operand) -> bool {
+        self.streams.contains(&operand.value)
     }
 
     /// Whether a kernel emitted so far needs `upper.cuh`.
-    pub(crate) fn uses_upper(&self) -> bool {
-        !self.uppers.is_empty()
+    pub(crate) fn uses_streams(&self) -> bool {
+        !self.streams.is_empty()
+    }
+
+    /// C for string `operand` as a `spate::StrStream`.
+    fn stream_of(&self, operand: &Operand) -> String {
+        if self.is_stream(operand) {
+            operand.value.clone()
+        } else {
+            format!("spate::plain_stream({v}, {v}_n)", v = operand.value)
+        }
     }
 
     /// C for the byte length of string `operand` as stored.
     pub(crate) fn stored_len(&self, operand: &Operand) -> String {
-        if self.is_upper(operand) {
-            format!("spate::upper_len({v}, {v}_src)", v = operand.value)
+        if self.is_stream(operand) {
+            format!("spate::stream_len({})", operand.value)
         } else {
             format!("(u64){}_n", operand.value)
         }
@@ -162,8 +179,8 @@ impl Emitter {
                 .iter()
                 .map(|p| format!("for (u64 k = 0; k < {p}_n; ++k) *dst++ = {p}[k]; "))
                 .collect(),
-            None if self.is_upper(operand) => {
-                format!("spate::upper_copy({v}, {v}_src, dst); ", v = operand.value)
+            None if self.is_stream(operand) => {
+                format!("spate::stream_copy({}, dst); ", operand.value)
             }
             None => format!(
                 "for (u64 k = 0; k < {v}_n; ++k) dst[k] = {v}[k]; ",
@@ -172,24 +189,19 @@ impl Emitter {
         }
     }
 
-    /// C for the three-way comparison of strings `l` and `r`, either of them uppercased.
+    /// C for the three-way comparison of strings `l` and `r`, either of them streamed.
     fn str_cmp(&self, l: &Operand, r: &Operand) -> String {
-        let (lu, ru) = (self.is_upper(l), self.is_upper(r));
-        if !lu && !ru {
+        if !self.is_stream(l) && !self.is_stream(r) {
             return format!(
                 "spate::str_cmp({a}, {a}_n, {b}, {b}_n)",
                 a = l.value,
                 b = r.value
             );
         }
-        let len =
-            |o: &Operand, upper: bool| format!("{}{}", o.value, if upper { "_src" } else { "_n" });
         format!(
-            "spate::str_cmp_upper({}, {}, {lu}, {}, {}, {ru})",
-            l.value,
-            len(l, lu),
-            r.value,
-            len(r, ru)
+            "spate::stream_cmp({}, {})",
+            self.stream_of(l),
+            self.stream_of(r)
         )
     }
 
@@ -722,17 +734,19 @@ impl Emitter {
             }
             Op::Upper(arg) => {
                 let a = self.node(arg);
-                let v = self.var();
-                self.line(&format!(
-                    "const u8* {v} = {a};\nconst u64 {v}_src = {a}_n;",
-                    a = a.value
-                ));
-                self.uppers.push(v.clone());
-                Operand {
-                    value: v,
-                    null: a.null,
-                    ty,
-                }
+                let stream = format!("spate::upper_stream({a}, {a}_n)", a = a.value);
+                self.stream(ty, stream, a.null)
+            }
+            Op::Replace { arg, from, to } => {
+                let a = self.node(arg);
+                let (f, t) = (self.string_literal(from), self.string_literal(to));
+                let stream = format!(
+                    "spate::replace_stream({a}, {a}_n, {f}, {f}_n, {t}, {t}_n)",
+                    a = a.value,
+                    f = f.value,
+                    t = t.value
+                );
+                self.stream(ty, stream, a.null)
             }
             Op::Position { arg, sub } => {
                 let (a, p) = (self.node(arg), self.node(sub));

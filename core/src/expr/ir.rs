@@ -366,6 +366,12 @@ pub(crate) enum Op {
     /// bytes are never stored in the row: it is read as a stream, so it may only be compared
     /// (`Compare`, `Distinct`) or be a value kernel's output (see `builder::misplaced_upper`).
     Upper(Box<Node>),
+    /// `replace(arg, from, to)` with literal `from` (not empty) and `to`: streamed as `Upper`.
+    Replace {
+        arg: Box<Node>,
+        from: Vec<u8>,
+        to: Vec<u8>,
+    },
     /// `strpos(arg, sub)`: the 1-based character position of `sub` in `arg`, 0 if absent.
     Position {
         arg: Box<Node>,
@@ -424,6 +430,7 @@ impl Node {
             | Op::Like { arg, .. }
             | Op::Length { arg, .. }
             | Op::Substr { arg, .. }
+            | Op::Replace { arg, .. }
             | Op::DateAddInterval { arg, .. }
             | Op::DatePart { arg, .. } => vec![arg],
             Op::Logic { left, right, .. }
@@ -473,6 +480,7 @@ fn nullable(op: &Op) -> bool {
         | Op::Trim { arg, .. }
         | Op::Length { arg, .. }
         | Op::Substr { arg, .. }
+        | Op::Replace { arg, .. }
         | Op::DateAddInterval { arg, .. }
         | Op::Like { arg, .. } => arg.nullable,
         // NULL past chrono's years too.

@@ -1,8 +1,9 @@
-// upper.cuh: SQL `upper` as DataFusion computes it (Rust's str::to_uppercase: full Unicode
-// case mapping, without locale), for generated expressions. A code point maps to up to three
-// (`ß` to `SS`), so an uppercased string is read as a stream of bytes: its length, its bytes
-// copied out, and bytewise comparisons with another string (uppercased or not), all without a
-// buffer of its own. Tested against Rust for every code point (kernels/tests/upper_case.rs).
+// upper.cuh: strings computed a byte at a time, for generated expressions: SQL `upper` as
+// DataFusion computes it (Rust's str::to_uppercase: full Unicode case mapping, without locale;
+// a code point maps to up to three, `ß` to `SS`) and `replace` of a literal by a literal (Rust's
+// str::replace). Their length, their bytes copied out, and bytewise comparisons with another
+// string need no buffer of their own. `upper` is tested against Rust for every code point, and
+// `replace` case by case (kernels/tests/upper_case.rs).
 #pragma once
 #include "common/prelude.cuh"
 #include "common/strings.cuh"
@@ -61,81 +62,120 @@ __device__ inline u32 utf8_encode(u32 cp, u8* out) {
     return 4u;
 }
 
-// The bytes of a string, uppercased when `upper`, one at a time.
-struct UpperBytes {
+// A string read a byte at a time: as it is (mode 0), uppercased (1), or with every
+// non-overlapping occurrence of `from` (non-empty) replaced by `to`, left to right, as Rust's
+// str::replace (2). Generated expressions compare such strings and store them without a buffer
+// of their own.
+struct StrStream {
     const u8* s;
     u64 n;
     u64 i;
-    bool upper;
-    // The rest of the current character's uppercase.
+    u32 mode;
+    const u8* from;
+    u64 from_n;
+    const u8* to;
+    u64 to_n;
+    // Mode 2: the next byte of `to` being emitted (`to_n` when none).
+    u64 to_i;
+    // Mode 1: the rest of the current character's uppercase.
     u8 buf[12];
     u32 len;
     u32 pos;
 };
 
-__device__ inline UpperBytes upper_bytes(const u8* s, u64 n, bool upper) {
-    UpperBytes it;
+__device__ inline StrStream plain_stream(const u8* s, u64 n) {
+    StrStream it;
     it.s = s;
     it.n = n;
     it.i = 0u;
-    it.upper = upper;
+    it.mode = 0u;
+    it.from = nullptr;
+    it.from_n = 0u;
+    it.to = nullptr;
+    it.to_n = 0u;
+    it.to_i = 0u;
     it.len = 0u;
     it.pos = 0u;
     return it;
 }
 
-// The next byte into `*b`; false at the end.
-__device__ inline bool next_byte(UpperBytes* it, u8* b) {
-    if (it->pos < it->len) {
-        *b = it->buf[it->pos++];
-        return true;
-    }
-    if (it->i >= it->n) return false;
-    const u8 lead = it->s[it->i];
-    if (!it->upper || lead < 0x80u) {
-        *b = (it->upper && lead >= 'a' && lead <= 'z') ? (u8)(lead - 32u) : lead;
-        ++it->i;
-        return true;
-    }
-    const u64 w = utf8_width(lead);
-    if (w == 1u || it->i + w > it->n) {
-        // Not the start of a whole character (Arrow's strings are UTF-8, so never): as is.
-        *b = lead;
-        ++it->i;
-        return true;
-    }
-    u32 cp = w == 2u ? (lead & 0x1Fu) : (w == 3u ? (lead & 0x0Fu) : (lead & 0x07u));
-    for (u64 k = 1u; k < w; ++k) cp = (cp << 6) | (it->s[it->i + k] & 0x3Fu);
-    it->i += w;
-    u32 mapped[3];
-    const u32 count = upper_char(cp, mapped);
-    it->len = 0u;
-    for (u32 k = 0u; k < count; ++k) it->len += utf8_encode(mapped[k], it->buf + it->len);
-    it->pos = 1u;
-    *b = it->buf[0];
-    return true;
+__device__ inline StrStream upper_stream(const u8* s, u64 n) {
+    StrStream it = plain_stream(s, n);
+    it.mode = 1u;
+    return it;
 }
 
-// Bytes in upper(s).
-__device__ inline u64 upper_len(const u8* s, u64 n) {
-    UpperBytes it = upper_bytes(s, n, true);
+__device__ inline StrStream replace_stream(const u8* s, u64 n, const u8* from, u64 from_n, const u8* to, u64 to_n) {
+    StrStream it = plain_stream(s, n);
+    it.mode = 2u;
+    it.from = from;
+    it.from_n = from_n;
+    it.to = to;
+    it.to_n = to_n;
+    it.to_i = to_n;
+    return it;
+}
+
+// The next byte into `*b`; false at the end.
+__device__ inline bool next_byte(StrStream* it, u8* b) {
+    for (;;) {
+        if (it->pos < it->len) {
+            *b = it->buf[it->pos++];
+            return true;
+        }
+        if (it->to_i < it->to_n) {
+            *b = it->to[it->to_i++];
+            return true;
+        }
+        if (it->i >= it->n) return false;
+        if (it->mode == 2u && it->from_n > 0u && it->i + it->from_n <= it->n &&
+            str_eq(it->s + it->i, it->from_n, it->from, it->from_n)) {
+            it->i += it->from_n;
+            it->to_i = 0u;
+            continue;
+        }
+        const u8 lead = it->s[it->i];
+        if (it->mode != 1u || lead < 0x80u) {
+            *b = (it->mode == 1u && lead >= 'a' && lead <= 'z') ? (u8)(lead - 32u) : lead;
+            ++it->i;
+            return true;
+        }
+        const u64 w = utf8_width(lead);
+        if (w == 1u || it->i + w > it->n) {
+            // Not the start of a whole character (Arrow's strings are UTF-8, so never): as is.
+            *b = lead;
+            ++it->i;
+            return true;
+        }
+        u32 cp = w == 2u ? (lead & 0x1Fu) : (w == 3u ? (lead & 0x0Fu) : (lead & 0x07u));
+        for (u64 k = 1u; k < w; ++k) cp = (cp << 6) | (it->s[it->i + k] & 0x3Fu);
+        it->i += w;
+        u32 mapped[3];
+        const u32 count = upper_char(cp, mapped);
+        it->len = 0u;
+        for (u32 k = 0u; k < count; ++k) it->len += utf8_encode(mapped[k], it->buf + it->len);
+        it->pos = 1u;
+        *b = it->buf[0];
+        return true;
+    }
+}
+
+// Bytes in the stream.
+__device__ inline u64 stream_len(StrStream it) {
     u64 count = 0u;
     u8 b;
     while (next_byte(&it, &b)) ++count;
     return count;
 }
 
-// Writes upper(s) to `dst` (upper_len(s, n) bytes).
-__device__ inline void upper_copy(const u8* s, u64 n, u8* dst) {
-    UpperBytes it = upper_bytes(s, n, true);
+// Writes the stream's bytes to `dst` (stream_len of them).
+__device__ inline void stream_copy(StrStream it, u8* dst) {
     u8 b;
     while (next_byte(&it, &b)) *dst++ = b;
 }
 
-// Three-way bytewise comparison of `a` and `b`, each uppercased where its flag says.
-__device__ inline int str_cmp_upper(const u8* a, u64 an, bool au, const u8* b, u64 bn, bool bu) {
-    UpperBytes x = upper_bytes(a, an, au);
-    UpperBytes y = upper_bytes(b, bn, bu);
+// Three-way bytewise comparison of two streams.
+__device__ inline int stream_cmp(StrStream x, StrStream y) {
     for (;;) {
         u8 p, q;
         const bool more_a = next_byte(&x, &p);
@@ -143,6 +183,21 @@ __device__ inline int str_cmp_upper(const u8* a, u64 an, bool au, const u8* b, u
         if (!more_a || !more_b) return more_a ? 1 : (more_b ? -1 : 0);
         if (p != q) return p < q ? -1 : 1;
     }
+}
+
+// Bytes in upper(s).
+__device__ inline u64 upper_len(const u8* s, u64 n) {
+    return stream_len(upper_stream(s, n));
+}
+
+// Writes upper(s) to `dst` (upper_len(s, n) bytes).
+__device__ inline void upper_copy(const u8* s, u64 n, u8* dst) {
+    stream_copy(upper_stream(s, n), dst);
+}
+
+// Three-way bytewise comparison of `a` and `b`, each uppercased where its flag says.
+__device__ inline int str_cmp_upper(const u8* a, u64 an, bool au, const u8* b, u64 bn, bool bu) {
+    return stream_cmp(au ? upper_stream(a, an) : plain_stream(a, an), bu ? upper_stream(b, bn) : plain_stream(b, bn));
 }
 
 }  // namespace spate

@@ -105,6 +105,7 @@ impl<'a> Lowerer<'a> {
                 "floor" | "ceil" => return self.floor_ceil(f),
                 "btrim" | "ltrim" | "rtrim" => return self.trim(f),
                 "upper" => return self.upper(f),
+                "replace" => return self.replace(f),
                 "starts_with" | "ends_with" => return self.affix(f),
                 "strpos" | "instr" | "position" => return self.position(f),
                 "nullif" => return self.nullif(f),
@@ -621,6 +622,42 @@ impl<'a> Lowerer<'a> {
             return Err(unsupported());
         }
         Ok(Node::new(DevType::Str, Op::Upper(boxed(a))))
+    }
+
+    /// `replace(s, from, to)` with literal strings, `from` not empty (an empty one puts `to`
+    /// between every character, which stays on the CPU).
+    fn replace(&mut self, f: &ScalarFunctionExpr) -> Result<Node, Unsupported> {
+        let unsupported = || Unsupported(format!("`{f}` is not supported on the GPU yet"));
+        let [arg, from, to] = f.args() else {
+            return Err(unsupported());
+        };
+        let text = |e: &Arc<dyn PhysicalExpr>| match e.downcast_ref::<Literal>().map(Literal::value)
+        {
+            Some(
+                ScalarValue::Utf8(Some(t))
+                | ScalarValue::LargeUtf8(Some(t))
+                | ScalarValue::Utf8View(Some(t)),
+            ) => Some(t.as_bytes().to_vec()),
+            _ => None,
+        };
+        let (Some(from), Some(to)) = (text(from), text(to)) else {
+            return Err(unsupported());
+        };
+        let a = self.lower(arg.as_ref())?;
+        if from.is_empty()
+            || a.ty != DevType::Str
+            || DevType::of(f.return_type()) != Some(DevType::Str)
+        {
+            return Err(unsupported());
+        }
+        Ok(Node::new(
+            DevType::Str,
+            Op::Replace {
+                arg: boxed(a),
+                from,
+                to,
+            },
+        ))
     }
 
     /// `strpos(s, sub)` (also `instr`, `position`): Int32, or Int64 over LargeUtf8.
