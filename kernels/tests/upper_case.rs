@@ -149,7 +149,7 @@ fn upper_maps_every_code_point_as_rust_does() {
         &device,
         &stream,
         "const u8* s, const u64* o, u64* lens, ",
-        "lens[i] = spate::upper_len(s + o[i], o[i + 1] - o[i]);",
+        "lens[i] = spate::stream_len(spate::upper_stream(s + o[i], o[i + 1] - o[i]));",
         &[(&d_bytes).into(), (&d_offsets).into(), (&lens).into()],
         n,
     );
@@ -169,7 +169,7 @@ fn upper_maps_every_code_point_as_rust_does() {
         &device,
         &stream,
         "const u8* s, const u64* o, const u64* wo, u8* out, ",
-        "spate::upper_copy(s + o[i], o[i + 1] - o[i], out + wo[i]);",
+        "spate::stream_copy(spate::upper_stream(s + o[i], o[i + 1] - o[i]), out + wo[i]);",
         &[
             (&d_bytes).into(),
             (&d_offsets).into(),
@@ -227,8 +227,10 @@ fn comparisons_of_uppercased_strings_order_as_their_bytes() {
         &device,
         &stream,
         "const u8* lb, const u64* lo, const u8* rb, const u64* ro, const u8* f, i32* out, ",
-        "out[i] = spate::str_cmp_upper(lb + lo[i], lo[i + 1] - lo[i], (f[i] & 1) != 0, \
-         rb + ro[i], ro[i + 1] - ro[i], (f[i] & 2) != 0);",
+        "const u8* a = lb + lo[i]; const u64 an = lo[i + 1] - lo[i]; \
+         const u8* b = rb + ro[i]; const u64 bn = ro[i + 1] - ro[i]; \
+         out[i] = spate::stream_cmp((f[i] & 1) != 0 ? spate::upper_stream(a, an) : spate::plain_stream(a, an), \
+         (f[i] & 2) != 0 ? spate::upper_stream(b, bn) : spate::plain_stream(b, bn));",
         &[
             (&dlb).into(),
             (&dlo).into(),

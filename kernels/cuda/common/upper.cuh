@@ -185,19 +185,4 @@ __device__ inline int stream_cmp(StrStream x, StrStream y) {
     }
 }
 
-// Bytes in upper(s).
-__device__ inline u64 upper_len(const u8* s, u64 n) {
-    return stream_len(upper_stream(s, n));
-}
-
-// Writes upper(s) to `dst` (upper_len(s, n) bytes).
-__device__ inline void upper_copy(const u8* s, u64 n, u8* dst) {
-    stream_copy(upper_stream(s, n), dst);
-}
-
-// Three-way bytewise comparison of `a` and `b`, each uppercased where its flag says.
-__device__ inline int str_cmp_upper(const u8* a, u64 an, bool au, const u8* b, u64 bn, bool bu) {
-    return stream_cmp(au ? upper_stream(a, an) : plain_stream(a, an), bu ? upper_stream(b, bn) : plain_stream(b, bn));
-}
-
 }  // namespace spate

@@ -5,19 +5,16 @@
 //! - `starts(np, nq, pe, qe, u64 n, u32* pid, u32* qid, u32* pstart, u32* qstart)`: each row's
 //!   partition and peer run (from the exclusive scans `pe`, `qe` of the flags), and the row each
 //!   starts at;
-//! - `numbers(pid, qid, pstart, qstart, u64 n, u32 kind, u64* out)`: row_number (kind 0), rank
-//!   (1) or dense_rank (2);
-//! - `shift(pid, pstart, u64 partitions, u64 n, i64 offset, u32* out)`: for `lag` and `lead`,
-//!   the row `offset` rows before each row (after it for a negative offset), or `NULL_INDEX`
-//!   when that row is outside the row's partition;
-//! - `ratios(pid, qid, pstart, qstart, u64 partitions, u64 n, u32 cume, f64* out)`:
-//!   `percent_rank` ((rank - 1) / max(rows - 1, 1)) or `cume_dist` (rows up to the last peer /
-//!   rows), as DataFusion computes them;
-//! - `ntile(pid, pstart, u64 partitions, u64 n, u64 buckets, u64* out)`: DataFusion's buckets,
-//!   the first `rows % buckets` one row larger;
-//! - `edges(pid, qid, pstart, qstart, u64 partitions, u64 n, u32 which, u32* out)`: per row, its
-//!   partition's first row (0), its peer run's last row (1), its partition's last row (2) or
-//!   itself (3), for `first_value` and `last_value`;
+//! - the row kernels, one value per row from the starts, all taking `(pid, qid, pstart,
+//!   qstart, u64 partitions, u64 n, i64 param, T* out)`:
+//!   - `numbers`: row_number (`param` 0), rank (1) or dense_rank (2), as u64;
+//!   - `shift`: for `lag` and `lead`, the row `param` rows before each row (after it for a
+//!     negative `param`), or `NULL_INDEX` when that row is outside the row's partition;
+//!   - `ratios`: `percent_rank` ((rank - 1) / max(rows - 1, 1); `param` 0) or `cume_dist`
+//!     (rows up to the last peer / rows; 1), as DataFusion computes them, as f64;
+//!   - `ntile`: DataFusion's `param` buckets, the first `rows % buckets` one row larger;
+//!   - `edges`: per row, its partition's first row (`param` 0), its peer run's last row (1),
+//!     its partition's last row (2) or itself (3), for `first_value` and `last_value`;
 //! - `running(r args…, const u32* pstart, u64 partitions, const u32* nq, u64 n, (T* out,
 //!   u32* valid)…)`, when the window has running aggregates: one thread per partition walks its
 //!   rows in order, as DataFusion's accumulators do, and writes each row's value (ROWS frames) or
@@ -116,19 +113,21 @@ extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_starts(c
 }}
 SPATE_EXPORT(ENTRY_starts)
 
-extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_numbers(const u32* pid, const u32* qid, const u32* pstart, const u32* qstart, u64 n, u32 kind, u64* out) {{
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_numbers(const u32* pid, const u32* qid, const u32* pstart, const u32* qstart, u64 partitions, u64 n, i64 param, u64* out) {{
+    const u64 kind = (u64)param;
     for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{
         const u32 s = pstart[pid[i]];
         u64 v;
-        if (kind == 0u) v = i - (u64)s + 1ull;
-        else if (kind == 1u) v = (u64)qstart[qid[i]] - (u64)s + 1ull;
+        if (kind == 0ull) v = i - (u64)s + 1ull;
+        else if (kind == 1ull) v = (u64)qstart[qid[i]] - (u64)s + 1ull;
         else v = (u64)qid[i] - (u64)qid[s] + 1ull;
         out[i] = v;
     }}
 }}
 SPATE_EXPORT(ENTRY_numbers)
 
-extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_shift(const u32* pid, const u32* pstart, u64 partitions, u64 n, i64 offset, u32* out) {{
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_shift(const u32* pid, const u32* qid, const u32* pstart, const u32* qstart, u64 partitions, u64 n, i64 param, u32* out) {{
+    const i64 offset = param;
     for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{
         const u64 p = pid[i];
         const i64 start = (i64)pstart[p];
@@ -139,7 +138,8 @@ extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_shift(co
 }}
 SPATE_EXPORT(ENTRY_shift)
 
-extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_ratios(const u32* pid, const u32* qid, const u32* pstart, const u32* qstart, u64 partitions, u64 n, u32 cume, f64* out) {{
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_ratios(const u32* pid, const u32* qid, const u32* pstart, const u32* qstart, u64 partitions, u64 n, i64 param, f64* out) {{
+    const bool cume = param != 0ll;
     const u64 last_q = qid[n - 1ull];
     for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{
         const u64 p = pid[i];
@@ -147,7 +147,7 @@ extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_ratios(c
         const u64 ps = pstart[p];
         const u64 pe = p + 1ull < partitions ? (u64)pstart[p + 1ull] : n;
         const u64 rows = pe - ps;
-        if (cume != 0u) {{
+        if (cume) {{
             const u64 qe = q < last_q ? (u64)qstart[q + 1ull] : n;
             out[i] = (f64)(qe - ps) / (f64)rows;
         }} else {{
@@ -158,7 +158,8 @@ extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_ratios(c
 }}
 SPATE_EXPORT(ENTRY_ratios)
 
-extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_ntile(const u32* pid, const u32* pstart, u64 partitions, u64 n, u64 buckets, u64* out) {{
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_ntile(const u32* pid, const u32* qid, const u32* pstart, const u32* qstart, u64 partitions, u64 n, i64 param, u64* out) {{
+    const u64 buckets = (u64)param;
     for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{
         const u64 p = pid[i];
         const u64 ps = pstart[p];
@@ -172,15 +173,16 @@ extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_ntile(co
 }}
 SPATE_EXPORT(ENTRY_ntile)
 
-extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_edges(const u32* pid, const u32* qid, const u32* pstart, const u32* qstart, u64 partitions, u64 n, u32 which, u32* out) {{
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_edges(const u32* pid, const u32* qid, const u32* pstart, const u32* qstart, u64 partitions, u64 n, i64 param, u32* out) {{
+    const u64 which = (u64)param;
     const u64 last_q = qid[n - 1ull];
     for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{
         const u64 p = pid[i];
         const u64 q = qid[i];
         u64 r;
-        if (which == 0u) r = pstart[p];
-        else if (which == 1u) r = (q < last_q ? (u64)qstart[q + 1ull] : n) - 1ull;
-        else if (which == 2u) r = (p + 1ull < partitions ? (u64)pstart[p + 1ull] : n) - 1ull;
+        if (which == 0ull) r = pstart[p];
+        else if (which == 1ull) r = (q < last_q ? (u64)qstart[q + 1ull] : n) - 1ull;
+        else if (which == 2ull) r = (p + 1ull < partitions ? (u64)pstart[p + 1ull] : n) - 1ull;
         else r = i;
         out[i] = (u32)r;
     }}

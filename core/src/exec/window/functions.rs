@@ -176,131 +176,68 @@ pub(super) fn column(
     starts: &Starts<'_>,
 ) -> Result<Option<DeviceColumn>> {
     let n = batch.bound();
+    // One of the row kernels (`codegen.rs`), which all take the starts and one parameter.
+    let rows = |name: &str, param: i64| -> Result<DeviceBuffer<u32>> {
+        row_kernel(stream, kernels, name, starts, n, param)
+    };
+    let values = |name: &str, param: i64, data_type: DataType| -> Result<DeviceColumn> {
+        let out = row_kernel::<u64>(stream, kernels, name, starts, n, param)?;
+        Ok(DeviceColumn::new(
+            data_type,
+            n,
+            0,
+            None,
+            DeviceValues::Fixed {
+                bytes: DeviceBytes::new(out.into_bytes()),
+                width: 8,
+            },
+        ))
+    };
+    let column = |k: usize| &batch.columns()[k];
     Ok(match function {
         Function::Aggregate(_) | Function::Running(_) => None,
-        Function::Shift { column, offset } => {
-            let rows = stream.alloc::<u32>(n)?;
-            launch(
-                stream,
-                kernels.get("shift")?,
-                n,
-                &[
-                    starts.pid.into(),
-                    starts.pstart.into(),
-                    KernelArg::U64(starts.partitions as u64),
-                    KernelArg::U64(n as u64),
-                    KernelArg::I64(offset),
-                    (&rows).into(),
-                ],
-            )?;
-            let gather = Gather::rows_or_null(&batch.columns()[column], rows.as_slice());
-            gather_columns(stream, &[gather])?.pop()
+        Function::Shift { column: k, offset } => {
+            let rows = rows("shift", offset)?;
+            gather_columns(stream, &[Gather::rows_or_null(column(k), rows.as_slice())])?.pop()
         }
-        Function::Edge { column, which } => {
-            let rows = stream.alloc::<u32>(n)?;
-            launch(
-                stream,
-                kernels.get("edges")?,
-                n,
-                &[
-                    starts.pid.into(),
-                    starts.qid.into(),
-                    starts.pstart.into(),
-                    starts.qstart.into(),
-                    KernelArg::U64(starts.partitions as u64),
-                    KernelArg::U64(n as u64),
-                    KernelArg::U32(which),
-                    (&rows).into(),
-                ],
-            )?;
-            let gather = Gather::rows(&batch.columns()[column], rows.as_slice());
-            gather_columns(stream, &[gather])?.pop()
+        Function::Edge { column: k, which } => {
+            let rows = rows("edges", i64::from(which))?;
+            gather_columns(stream, &[Gather::rows(column(k), rows.as_slice())])?.pop()
         }
-        Function::Ratio { cume } => {
-            let out = stream.alloc::<f64>(n)?;
-            launch(
-                stream,
-                kernels.get("ratios")?,
-                n,
-                &[
-                    starts.pid.into(),
-                    starts.qid.into(),
-                    starts.pstart.into(),
-                    starts.qstart.into(),
-                    KernelArg::U64(starts.partitions as u64),
-                    KernelArg::U64(n as u64),
-                    KernelArg::U32(u32::from(cume)),
-                    (&out).into(),
-                ],
-            )?;
-            Some(DeviceColumn::new(
-                DataType::Float64,
-                n,
-                0,
-                None,
-                DeviceValues::Fixed {
-                    bytes: DeviceBytes::new(out.into_bytes()),
-                    width: 8,
-                },
-            ))
-        }
-        Function::Ntile(buckets) => {
-            let out = stream.alloc::<u64>(n)?;
-            launch(
-                stream,
-                kernels.get("ntile")?,
-                n,
-                &[
-                    starts.pid.into(),
-                    starts.pstart.into(),
-                    KernelArg::U64(starts.partitions as u64),
-                    KernelArg::U64(n as u64),
-                    KernelArg::U64(buckets),
-                    (&out).into(),
-                ],
-            )?;
-            Some(DeviceColumn::new(
-                DataType::UInt64,
-                n,
-                0,
-                None,
-                DeviceValues::Fixed {
-                    bytes: DeviceBytes::new(out.into_bytes()),
-                    width: 8,
-                },
-            ))
-        }
-        Function::RowNumber | Function::Rank | Function::DenseRank => {
-            let kind = match function {
-                Function::RowNumber => 0,
-                Function::Rank => 1,
-                _ => 2,
-            };
-            let out = stream.alloc::<u64>(n)?;
-            launch(
-                stream,
-                kernels.get("numbers")?,
-                n,
-                &[
-                    starts.pid.into(),
-                    starts.qid.into(),
-                    starts.pstart.into(),
-                    starts.qstart.into(),
-                    KernelArg::U64(n as u64),
-                    KernelArg::U32(kind),
-                    (&out).into(),
-                ],
-            )?;
-            Some(DeviceColumn::new(
-                DataType::UInt64,
-                n,
-                0,
-                None,
-                DeviceValues::Fixed {
-                    bytes: DeviceBytes::new(out.into_bytes()),
-                    width: 8,
-                },
-            ))
-        }
+        // f64 values, in 8-byte words.
+        Function::Ratio { cume } => Some(values("ratios", i64::from(cume), DataType::Float64)?),
+        // The bucket count's bits: the kernel reads them back as a u64.
+        Function::Ntile(buckets) => Some(values("ntile", buckets as i64, DataType::UInt64)?),
+        Function::RowNumber => Some(values("numbers", 0, DataType::UInt64)?),
+        Function::Rank => Some(values("numbers", 1, DataType::UInt64)?),
+        Function::DenseRank => Some(values("numbers", 2, DataType::UInt64)?),
     })
+}
+
+/// Launches row kernel `name` over `n` rows with `param`, into a fresh buffer of `n` values.
+fn row_kernel<T: spate_kernels::DeviceCopy>(
+    stream: &DeviceStream,
+    kernels: &Kernels,
+    name: &str,
+    starts: &Starts<'_>,
+    n: usize,
+    param: i64,
+) -> Result<DeviceBuffer<T>> {
+    let out = stream.alloc::<T>(n)?;
+    launch(
+        stream,
+        kernels.get(name)?,
+        n,
+        &[
+            starts.pid.into(),
+            starts.qid.into(),
+            starts.pstart.into(),
+            starts.qstart.into(),
+            KernelArg::U64(starts.partitions as u64),
+            KernelArg::U64(n as u64),
+            KernelArg::I64(param),
+            (&out).into(),
+        ],
+    )?;
+    Ok(out)
 }

@@ -349,13 +349,9 @@ impl<'a> Lowerer<'a> {
         if l.case_insensitive() {
             return Err(unsupported("ILIKE"));
         }
-        let pattern = match l.pattern().downcast_ref::<Literal>().map(Literal::value) {
-            Some(
-                ScalarValue::Utf8(Some(p))
-                | ScalarValue::LargeUtf8(Some(p))
-                | ScalarValue::Utf8View(Some(p)),
-            ) => p.clone(),
-            _ => return Err(unsupported("a LIKE pattern that is not a string literal")),
+        let pattern = match string_literal(l.pattern().as_ref()) {
+            Some(p) => p.to_string(),
+            None => return Err(unsupported("a LIKE pattern that is not a string literal")),
         };
         let arg = self.lower(l.expr().as_ref())?;
         if arg.ty != DevType::Str {
@@ -447,10 +443,9 @@ impl<'a> Lowerer<'a> {
         let [part, arg] = f.args() else {
             return Err(unsupported());
         };
-        let part = match part.downcast_ref::<Literal>().map(Literal::value) {
-            Some(ScalarValue::Utf8(Some(p)) | ScalarValue::Utf8View(Some(p))) => p.to_lowercase(),
-            _ => return Err(unsupported()),
-        };
+        let part = string_literal(part.as_ref())
+            .ok_or_else(unsupported)?
+            .to_lowercase();
         let field = match part.as_str() {
             "year" => DateField::Year,
             "quarter" => DateField::Quarter,
@@ -585,12 +580,8 @@ impl<'a> Lowerer<'a> {
         let unsupported = || Unsupported(format!("`{f}` is not supported on the GPU yet"));
         let (arg, chars) = match f.args() {
             [arg] => (arg, b" ".to_vec()),
-            [arg, chars] => match chars.downcast_ref::<Literal>().map(Literal::value) {
-                Some(
-                    ScalarValue::Utf8(Some(c))
-                    | ScalarValue::LargeUtf8(Some(c))
-                    | ScalarValue::Utf8View(Some(c)),
-                ) if c.is_ascii() => (arg, c.as_bytes().to_vec()),
+            [arg, chars] => match string_literal(chars.as_ref()) {
+                Some(c) if c.is_ascii() => (arg, c.as_bytes().to_vec()),
                 _ => return Err(unsupported()),
             },
             _ => return Err(unsupported()),
@@ -631,15 +622,8 @@ impl<'a> Lowerer<'a> {
         let [arg, from, to] = f.args() else {
             return Err(unsupported());
         };
-        let text = |e: &Arc<dyn PhysicalExpr>| match e.downcast_ref::<Literal>().map(Literal::value)
-        {
-            Some(
-                ScalarValue::Utf8(Some(t))
-                | ScalarValue::LargeUtf8(Some(t))
-                | ScalarValue::Utf8View(Some(t)),
-            ) => Some(t.as_bytes().to_vec()),
-            _ => None,
-        };
+        let text =
+            |e: &Arc<dyn PhysicalExpr>| string_literal(e.as_ref()).map(|t| t.as_bytes().to_vec());
         let (Some(from), Some(to)) = (text(from), text(to)) else {
             return Err(unsupported());
         };
@@ -874,6 +858,16 @@ fn sign_facts(when: &dyn PhysicalExpr, facts: &mut Vec<(usize, Sign)>) {
         Operator::Gt => facts.push((c, Sign::Positive)),
         Operator::NotEq | Operator::Lt => facts.push((c, Sign::NonZero)),
         _ => {}
+    }
+}
+
+/// The text of a non-null string literal.
+fn string_literal(e: &dyn PhysicalExpr) -> Option<&str> {
+    match e.downcast_ref::<Literal>().map(Literal::value)? {
+        ScalarValue::Utf8(Some(t))
+        | ScalarValue::LargeUtf8(Some(t))
+        | ScalarValue::Utf8View(Some(t)) => Some(t),
+        _ => None,
     }
 }
 
