@@ -115,6 +115,8 @@ pub struct SuiteOptions {
     pub partitions: Option<usize>,
     /// The backend of `spate-gpu` (`auto` picks `cuda` when there is a GPU).
     pub gpu_backend: Backend,
+    /// Cap on `spate-gpu`'s device memory (default: 80% of the free memory).
+    pub gpu_memory_limit: Option<usize>,
     /// Session options (`spate.gpu.batch_bytes`, `datafusion.execution.batch_size`, …) for
     /// every Spate engine, the CPU reference included; DuckDB has no such options.
     pub settings: Vec<(String, String)>,
@@ -207,6 +209,11 @@ fn spate_engine(backend: Backend, options: &SuiteOptions) -> Result<Engine, Stri
     let mut builder = Engine::builder().backend(backend);
     if let Some(p) = options.partitions {
         builder = builder.target_partitions(p);
+    }
+    if let (Some(bytes), Backend::Cuda | Backend::Emulated | Backend::Auto) =
+        (options.gpu_memory_limit, backend)
+    {
+        builder = builder.gpu_memory_limit(bytes);
     }
     for (key, value) in &options.settings {
         builder = builder.option(key, value);

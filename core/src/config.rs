@@ -158,6 +158,9 @@ config_namespace! {
         /// Run every GPU region as one partition per device, its exchanges removed (true), or
         /// keep the partitions DataFusion planned for the CPU (false).
         pub one_partition: bool, default = true
+        /// Device memory one query may use, e.g. 512M; 0 (the default) means the device
+        /// pool's whole budget (`--gpu-memory-limit`). Operators spill to the host beyond it.
+        pub memory_limit: ByteSize, default = ByteSize(0)
     }
 }
 
@@ -173,7 +176,46 @@ impl ConfigExtension for SpateOptions {
     const PREFIX: &'static str = "spate";
 }
 
+/// A byte size as a session option: `SET spate.gpu.memory_limit = '512M'` (or a plain number
+/// of bytes; see [`parse_byte_size`]). 0 means unset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ByteSize(pub usize);
+
+impl fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl ConfigField for ByteSize {
+    fn visit<V: Visit>(&self, v: &mut V, key: &str, description: &'static str) {
+        v.some(key, self, description)
+    }
+
+    fn set(&mut self, _key: &str, value: &str) -> datafusion::error::Result<()> {
+        let value = value.trim();
+        *self = if value == "0" {
+            ByteSize(0)
+        } else {
+            ByteSize(
+                parse_byte_size(value)
+                    .map_err(|e| DataFusionError::Configuration(e.to_string()))?,
+            )
+        };
+        Ok(())
+    }
+}
+
 impl SpateOptions {
+    /// `spate.gpu.memory_limit` of a session's options, when set.
+    pub fn gpu_memory_limit(options: &datafusion::common::config::ConfigOptions) -> Option<usize> {
+        options
+            .extensions
+            .get::<SpateOptions>()
+            .map(|o| o.gpu.memory_limit.0)
+            .filter(|&b| b > 0)
+    }
+
     /// `spate.gpu.batch_bytes` of a session's options (the default where Spate's options are
     /// not registered), at least 1.
     pub fn gpu_batch_bytes(options: &datafusion::common::config::ConfigOptions) -> usize {
@@ -207,6 +249,9 @@ mod tests {
         options.extensions.insert(SpateOptions::default());
         options.set("spate.gpu.fallback", "WARN").unwrap();
         options.set("spate.gpu.batch_bytes", "1048576").unwrap();
+        options.set("spate.gpu.memory_limit", "16M").unwrap();
+        assert_eq!(SpateOptions::gpu_memory_limit(&options), Some(16 << 20));
+        assert!(options.set("spate.gpu.memory_limit", "lots").is_err());
         let spate = options.extensions.get::<SpateOptions>().unwrap();
         assert_eq!(spate.gpu.fallback, FallbackPolicy::Warn);
         assert_eq!(spate.gpu.batch_bytes, 1 << 20);

@@ -87,6 +87,10 @@ pub struct TpcdsArgs {
     /// [default: target/spate-bench/tpcds-sf<SF>].
     #[arg(long, value_name = "DIR")]
     data: Option<PathBuf>,
+    /// Cap on the GPU engine's device memory (its pool), e.g. 16M; operators spill to the
+    /// host beyond it.
+    #[arg(long, value_name = "SIZE", value_parser = crate::parse_size)]
+    gpu_memory_limit: Option<usize>,
     #[command(flatten)]
     benchmark: BenchmarkArgs,
 }
@@ -131,6 +135,10 @@ pub struct TpchArgs {
     /// [default: target/spate-bench/tpch-sf<SF>].
     #[arg(long, value_name = "DIR")]
     data: Option<PathBuf>,
+    /// Cap on the GPU engine's device memory (its pool), e.g. 16M; operators spill to the
+    /// host beyond it.
+    #[arg(long, value_name = "SIZE", value_parser = crate::parse_size)]
+    gpu_memory_limit: Option<usize>,
     #[command(flatten)]
     benchmark: BenchmarkArgs,
 }
@@ -166,6 +174,7 @@ pub fn run(suite: Suite) -> Result<ExitCode, String> {
             queries: args.queries.iter().map(|q| format!("q{q}")).collect(),
             settings: args.settings,
             partitions: args.partitions,
+            gpu_memory_limit: args.gpu_memory_limit,
             data: args.data,
             args: args.benchmark,
         }),
@@ -182,6 +191,7 @@ pub fn run(suite: Suite) -> Result<ExitCode, String> {
                 .collect(),
             settings: args.settings,
             partitions: args.partitions,
+            gpu_memory_limit: args.gpu_memory_limit,
             data: args.data,
             args: args.benchmark,
         }),
@@ -213,6 +223,7 @@ struct Benchmark {
     queries: Vec<String>,
     settings: Vec<(String, String)>,
     partitions: Option<u32>,
+    gpu_memory_limit: Option<usize>,
     data: Option<PathBuf>,
     args: BenchmarkArgs,
 }
@@ -233,6 +244,7 @@ fn benchmark(bench: Benchmark) -> Result<ExitCode, String> {
         mode: args.mode,
         queries: bench.queries.clone(),
         partitions: bench.partitions.map(|p| p as usize),
+        gpu_memory_limit: bench.gpu_memory_limit,
         gpu_backend: bench.backend,
         settings: bench.settings.clone(),
         data_dir,
@@ -295,10 +307,14 @@ fn engine(
     backend: Backend,
     partitions: Option<u32>,
     settings: &[(String, String)],
+    gpu_memory_limit: Option<usize>,
 ) -> Result<Engine, String> {
     let mut builder = Engine::builder().backend(backend);
     if let Some(p) = partitions {
         builder = builder.target_partitions(p as usize);
+    }
+    if let Some(bytes) = gpu_memory_limit {
+        builder = builder.gpu_memory_limit(bytes);
     }
     for (key, value) in settings {
         builder = builder.option(key, value);
@@ -373,10 +389,15 @@ fn print_placement(run: &QueryRun) {
 
 fn tpch(args: TpchArgs) -> Result<ExitCode, String> {
     let runtime = crate::runtime()?;
-    let under_test = engine(args.backend, args.partitions, &args.settings)?;
+    let under_test = engine(
+        args.backend,
+        args.partitions,
+        &args.settings,
+        args.gpu_memory_limit,
+    )?;
     let reference = args
         .verify
-        .then(|| engine(Backend::Cpu, args.partitions, &args.settings))
+        .then(|| engine(Backend::Cpu, args.partitions, &args.settings, None))
         .transpose()?;
     announce(&under_test, &args.settings);
     let started = Instant::now();
@@ -404,10 +425,15 @@ fn tpch(args: TpchArgs) -> Result<ExitCode, String> {
 
 fn tpcds(args: TpcdsArgs) -> Result<ExitCode, String> {
     let runtime = crate::runtime()?;
-    let under_test = engine(args.backend, args.partitions, &args.settings)?;
+    let under_test = engine(
+        args.backend,
+        args.partitions,
+        &args.settings,
+        args.gpu_memory_limit,
+    )?;
     let reference = args
         .verify
-        .then(|| engine(Backend::Cpu, args.partitions, &args.settings))
+        .then(|| engine(Backend::Cpu, args.partitions, &args.settings, None))
         .transpose()?;
     announce(&under_test, &args.settings);
     let dir = args.data.clone().unwrap_or_else(|| {

@@ -83,6 +83,7 @@ pub mod filter;
 pub(crate) mod hash_table;
 pub mod join;
 pub mod limit;
+pub(crate) mod memory;
 pub mod projection;
 pub mod sort;
 mod top_k;
@@ -439,6 +440,18 @@ pub(crate) fn gpu_context(context: &TaskContext) -> DFResult<Arc<GpuContext>> {
         })
 }
 
+/// The bytes device batches are coalesced or merged to: `spate.gpu.batch_bytes`, but at most
+/// a [`memory::BATCH_SHARE`]th of the query's device budget, so that an operator holding a
+/// few batches beside its state still fits a small budget.
+pub(crate) fn batch_target(context: &TaskContext) -> DFResult<usize> {
+    let gpu = gpu_context(context)?;
+    let options = context.session_config().options();
+    let budget = memory::query_budget(&gpu, options);
+    Ok(SpateOptions::gpu_batch_bytes(options)
+        .min(budget / memory::BATCH_SHARE)
+        .max(memory::MIN_BATCH_BYTES))
+}
+
 /// The time one operator spends on host↔device transfers, and the device bytes it reads, shown
 /// by `EXPLAIN ANALYZE` (the bytes it moves over the bus are counted with its other runtime
 /// calls, see [`counted`]).
@@ -502,7 +515,7 @@ pub(crate) fn device_input(
             execute_device_counted(gpu, partition, Arc::clone(context), Arc::clone(stream))?;
         return Ok(count_read(batches));
     }
-    let target = SpateOptions::gpu_batch_bytes(context.session_config().options());
+    let target = batch_target(context)?;
     let host = decoded_ahead(input, partition, context);
     // The host batches waiting to be uploaded are host memory DataFusion's memory limit
     // governs, as the batches a CPU operator buffers are.
@@ -580,7 +593,7 @@ fn merged_input(
     if as_gpu_exec(input.as_ref()).is_none() {
         return Ok(batches);
     }
-    let target = SpateOptions::gpu_batch_bytes(context.session_config().options());
+    let target = batch_target(context)?;
     Ok(merge(batches, input.schema(), target, Arc::clone(stream)))
 }
 
