@@ -36,6 +36,7 @@ pub(crate) mod health;
 pub mod launch;
 pub(crate) mod launch_bounds;
 pub mod memory;
+pub mod partition;
 pub mod pinned;
 pub mod probe;
 pub mod reduce;

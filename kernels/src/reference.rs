@@ -177,6 +177,20 @@ pub fn compact_indices(n: usize, keep: impl Fn(usize) -> bool) -> Vec<u32> {
     (0..n).filter(|i| keep(*i)).map(|i| i as u32).collect()
 }
 
+/// [`crate::partition::partition_rows`]: the row indices grouped by partition
+/// `(hash >> shift) & (2^bits - 1)`, in row order within each, and the rows per partition.
+pub fn partition_rows(hashes: &[u64], shift: u32, bits: u32) -> (Vec<u32>, Vec<usize>) {
+    let mask = (1u64 << bits) - 1;
+    let pid = |h: u64| ((h >> shift) & mask) as usize;
+    let mut counts = vec![0usize; 1 << bits];
+    for &h in hashes {
+        counts[pid(h)] += 1;
+    }
+    let mut order: Vec<u32> = (0..hashes.len() as u32).collect();
+    order.sort_by_key(|&i| pid(hashes[i as usize]));
+    (order, counts)
+}
+
 /// `out[i] = values[indices[i]]`, zero for the null index.
 pub fn gather<T: Copy + Default>(values: &[T], indices: &[u32]) -> Vec<T> {
     indices

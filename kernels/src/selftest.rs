@@ -12,7 +12,7 @@ use crate::error::{KernelError, Result};
 use crate::memory::DeviceBitmap;
 use crate::reference::{self, bit};
 use crate::stream::Stream;
-use crate::{compact, gather, hash, reduce, scan, sort};
+use crate::{compact, gather, hash, partition, reduce, scan, sort};
 
 /// Sizes every kernel test covers: empty, single, around a warp (32), around a block (1024
 /// with 256 threads x 4), and several tiles (2048 rows each).
@@ -281,6 +281,19 @@ fn reduce_segments(s: &Stream, n: usize) -> Result<Option<String>> {
     Ok(mismatch(&got, &want))
 }
 
+fn partition_by_hash(s: &Stream, n: usize) -> Result<Option<String>> {
+    let hashes = reference::random_u64(n, 17);
+    let d = s.from_host(&hashes)?;
+    let p = partition::partition_rows(s, d.as_slice(), 58, 6)?;
+    let got = (s.to_vec(&p.order)?, p.counts);
+    let want = reference::partition_rows(&hashes, 58, 6);
+    Ok(if got.1 != want.1 {
+        Some(format!("partition counts {:?} != expected {:?}", got.1, want.1))
+    } else {
+        mismatch(&got.0, &want.0)
+    })
+}
+
 /// Every check, by name.
 pub const CHECKS: &[(&str, Check)] = &[
     ("scan exclusive u32", scan_u32),
@@ -293,6 +306,7 @@ pub const CHECKS: &[(&str, Check)] = &[
     ("hash i64+utf8 with nulls", hash_keys),
     ("radix sort u32 pairs", sort_u32),
     ("radix sort u64 pairs", sort_u64),
+    ("partition rows by hash bits", partition_by_hash),
     ("argsort f64 descending", sort_f64_desc),
     ("sum i64 with nulls", reduce_sum_i64),
     ("min/max f64 total order", reduce_min_max_f64),

@@ -86,6 +86,7 @@ pub mod limit;
 pub(crate) mod memory;
 pub mod projection;
 pub mod sort;
+pub(crate) mod spill;
 mod top_k;
 pub mod union;
 pub mod window;

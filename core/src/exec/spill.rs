@@ -1,0 +1,215 @@
+//! Device rows spilled to host memory in hash partitions, for operators whose state outgrows
+//! their share of the device budget (see [`super::memory`]).
+//!
+//! [`HostPartitions::spill`] hashes a device batch's key columns, groups its rows by bits of the
+//! hash (`spate_kernels::partition`), gathers them in that order and downloads them once; each
+//! partition keeps its slice of the download. Equal keys hash alike, so every row of a key (an
+//! aggregation's group, a join key's build and probe rows) lands in the same partition, and the
+//! partitions can be processed one at a time. The host bytes are charged to DataFusion's memory
+//! pool, as the batches a CPU operator buffers are: a query over the host memory limit fails
+//! with DataFusion's resources-exhausted error.
+//!
+//! Partitions take hash bits from the top down ([`TOP_SHIFT`]): the device hash tables index by
+//! low bits, so a partition's rows still spread over a table built from them. A partition that
+//! is still too large is split again with the next bits down.
+
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::execution::TaskContext;
+use spate_kernels::hash::{DEFAULT_SEED, HashColumn, hash_columns};
+use spate_kernels::partition::partition_rows;
+use spate_kernels::{DeviceBuffer, DeviceBitmap, Stream as DeviceStream};
+
+use crate::column::{
+    DeviceBatch, DeviceColumn, DeviceValues, Gather, download_batch, gather_columns,
+    upload_batches,
+};
+use crate::error::{Result, SpateError};
+
+/// Hash bits per split: 16 partitions.
+pub(crate) const SPLIT_BITS: u32 = 4;
+
+/// The shift of the first split's bits: the top [`SPLIT_BITS`] of the 64-bit hash.
+pub(crate) const TOP_SHIFT: u32 = 64 - SPLIT_BITS;
+
+/// Whether rows can be partitioned by these key columns: fixed-width and string keys can;
+/// booleans (bitmaps) cannot.
+pub(crate) fn can_partition_by(columns: &[&DeviceColumn]) -> bool {
+    !columns.is_empty()
+        && columns
+            .iter()
+            .all(|c| !matches!(c.values(), DeviceValues::Bits { .. }))
+}
+
+/// Row hashes over `keys` (NULL keys hash alike), or `None` when a key cannot be hashed
+/// ([`can_partition_by`]).
+pub(crate) fn hash_keys(
+    stream: &DeviceStream,
+    keys: &[&DeviceColumn],
+) -> Result<Option<DeviceBuffer<u64>>> {
+    if !can_partition_by(keys) {
+        return Ok(None);
+    }
+    let mut columns = Vec::with_capacity(keys.len());
+    for key in keys {
+        let validity = key
+            .validity()
+            .map(|v| DeviceBitmap::new(v.bytes.as_slice()).with_offset(v.offset));
+        let rows = key.len();
+        columns.push(match key.values() {
+            DeviceValues::Fixed { bytes, width } => {
+                let slice = bytes.as_slice().slice(..rows * width)?;
+                match width {
+                    1 => HashColumn::fixed::<u8>(slice.cast()?, validity),
+                    2 => HashColumn::fixed::<u16>(slice.cast()?, validity),
+                    4 => HashColumn::fixed::<u32>(slice.cast()?, validity),
+                    8 => HashColumn::fixed::<u64>(slice.cast()?, validity),
+                    16 => HashColumn::fixed::<u128>(slice.cast()?, validity),
+                    w => {
+                        return Err(SpateError::Internal {
+                            message: format!("a {w}-byte key column cannot be hashed"),
+                        });
+                    }
+                }
+            }
+            DeviceValues::Utf8 { offsets, bytes } => HashColumn::Utf8(
+                spate_kernels::gather::DeviceStrings {
+                    offsets: offsets.typed::<i32>()?.slice(..=rows)?,
+                    bytes: bytes.as_slice(),
+                },
+                validity,
+            ),
+            DeviceValues::LargeUtf8 { offsets, bytes } => HashColumn::LargeUtf8(
+                spate_kernels::gather::DeviceStrings {
+                    offsets: offsets.typed::<i64>()?.slice(..=rows)?,
+                    bytes: bytes.as_slice(),
+                },
+                validity,
+            ),
+            DeviceValues::Bits { .. } => return Ok(None),
+        });
+    }
+    Ok(Some(hash_columns(stream, &columns, DEFAULT_SEED)?))
+}
+
+/// Rows of one schema held in host memory in `2^SPLIT_BITS` partitions by key hash.
+pub(crate) struct HostPartitions {
+    schema: SchemaRef,
+    /// Key column indices.
+    keys: Vec<usize>,
+    /// The hash bits this level splits by start here.
+    shift: u32,
+    parts: Vec<Vec<RecordBatch>>,
+    bytes: Vec<usize>,
+    reservation: MemoryReservation,
+}
+
+impl std::fmt::Debug for HostPartitions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostPartitions")
+            .field("shift", &self.shift)
+            .field("bytes", &self.bytes)
+            .finish()
+    }
+}
+
+impl HostPartitions {
+    /// Empty partitions of `schema`'s rows split by the hash of columns `keys`, at the level
+    /// whose bits start at `shift`; `name` names the consumer in DataFusion's memory pool.
+    pub(crate) fn new(
+        schema: SchemaRef,
+        keys: Vec<usize>,
+        shift: u32,
+        context: &Arc<TaskContext>,
+        name: String,
+    ) -> Self {
+        let n = 1usize << SPLIT_BITS;
+        HostPartitions {
+            schema,
+            keys,
+            shift,
+            parts: vec![Vec::new(); n],
+            bytes: vec![0; n],
+            reservation: MemoryConsumer::new(name)
+                .with_can_spill(true)
+                .register(context.memory_pool()),
+        }
+    }
+
+    /// How many partitions there are.
+    pub(crate) fn len(&self) -> usize {
+        self.parts.len()
+    }
+
+    /// The shift of the level below this one, or `None` at the hash's last bits.
+    pub(crate) fn next_shift(&self) -> Option<u32> {
+        self.shift.checked_sub(SPLIT_BITS)
+    }
+
+    /// Host bytes of partition `p`.
+    pub(crate) fn bytes(&self, p: usize) -> usize {
+        self.bytes[p]
+    }
+
+    /// Moves `batch`'s rows to the host, each into its partition: one hash, one stable split,
+    /// one gather, one download.
+    pub(crate) fn spill(&mut self, stream: &DeviceStream, batch: &DeviceBatch) -> Result<()> {
+        let batch = batch.resolve(stream)?;
+        let rows = batch.bound();
+        if rows == 0 {
+            return Ok(());
+        }
+        let keys: Vec<&DeviceColumn> = self.keys.iter().map(|&k| &batch.columns()[k]).collect();
+        let hashes = hash_keys(stream, &keys)?.ok_or_else(|| SpateError::Internal {
+            message: "rows spilled by keys that cannot be hashed".into(),
+        })?;
+        let split = partition_rows(stream, hashes.as_slice(), self.shift, SPLIT_BITS)?;
+        drop(hashes);
+        let gathers: Vec<Gather<'_>> = batch
+            .columns()
+            .iter()
+            .map(|c| Gather::rows(c, split.order.as_slice()).each_row_once())
+            .collect();
+        let columns = gather_columns(stream, &gathers)?;
+        let grouped = DeviceBatch::try_new(Arc::clone(batch.schema()), columns, rows)?;
+        drop(batch);
+        let host = download_batch(stream, &grouped)?;
+        drop(grouped);
+        let size = host.get_array_memory_size();
+        self.reservation.try_grow(size).map_err(SpateError::from)?;
+        for (p, &count) in split.counts.iter().enumerate() {
+            if count == 0 {
+                continue;
+            }
+            let part = host.slice(split.range(p).start, count);
+            // Charged by their share of the download; the slices share its buffers.
+            self.bytes[p] += size * count / rows;
+            self.parts[p].push(part);
+        }
+        Ok(())
+    }
+
+    /// Partition `p`'s rows uploaded as one device batch (`None` when it has none); the host
+    /// copy is released.
+    pub(crate) fn take(&mut self, stream: &DeviceStream, p: usize) -> Result<Option<DeviceBatch>> {
+        let batches = std::mem::take(&mut self.parts[p]);
+        let bytes = std::mem::take(&mut self.bytes[p]);
+        if batches.iter().all(|b| b.num_rows() == 0) {
+            return Ok(None);
+        }
+        let uploaded = upload_batches(stream, &self.schema, &batches)?;
+        drop(batches);
+        self.reservation.shrink(bytes.min(self.reservation.size()));
+        Ok(Some(uploaded))
+    }
+
+    /// Partition `p`'s host batches, taken out (the caller splits them further).
+    pub(crate) fn take_host(&mut self, p: usize) -> Vec<RecordBatch> {
+        let bytes = std::mem::take(&mut self.bytes[p]);
+        self.reservation.shrink(bytes.min(self.reservation.size()));
+        std::mem::take(&mut self.parts[p])
+    }
+}
