@@ -41,11 +41,13 @@ pub(crate) mod codegen;
 mod plan;
 mod segments;
 mod sets;
+mod staged;
 
 pub(crate) use segments::SegmentAggregate;
 
 use self::plan::{AggPlan, analyze};
 use self::sets::{empty_sets_batch, expand_sets};
+use self::staged::{Staged, Stages};
 
 use std::fmt;
 use std::sync::Arc;
@@ -86,6 +88,8 @@ use crate::expr::{DevType, Unsupported, column_args};
 pub struct GpuAggregateExec {
     cpu: Arc<AggregateExec>,
     plan: Arc<AggPlan>,
+    /// How it runs when its input outgrows its share of the device budget (`staged.rs`).
+    stages: Option<Arc<Stages>>,
     metrics: ExecutionPlanMetricsSet,
 }
 
@@ -94,6 +98,7 @@ impl GpuAggregateExec {
     pub fn try_new(aggregate: Arc<AggregateExec>) -> std::result::Result<Self, Unsupported> {
         let plan = analyze(&aggregate)?;
         Ok(GpuAggregateExec {
+            stages: Stages::of(&aggregate, &plan).map(Arc::new),
             cpu: aggregate,
             plan: Arc::new(plan),
             metrics: ExecutionPlanMetricsSet::new(),
@@ -530,8 +535,62 @@ impl GpuExec for GpuAggregateExec {
             ));
         }
         let input_schema = self.cpu.input().schema();
+        let options = context.session_config().options();
+        let limit = crate::exec::memory::state_limit(&gpu, options);
+        let stages = self.stages.clone();
+        let name = format!("GpuAggregateExec[{partition}] spill");
         let once = futures::stream::once(async move {
-            let batches: Vec<DeviceBatch> = input.try_collect().await?;
+            let mut input = input;
+            let (mut batches, mut bytes) = (Vec::new(), 0usize);
+            let mut staged: Option<Staged> = None;
+            while let Some(batch) = input.next().await {
+                let batch = batch?;
+                let _timer = baseline.elapsed_compute().timer();
+                if let Some(staged) = &mut staged {
+                    staged.push(&batch).map_err(to_df)?;
+                    continue;
+                }
+                bytes += batch.device_bytes();
+                batches.push(batch);
+                if let (true, Some(stages)) = (bytes > limit, &stages) {
+                    // Past the operator's share of the budget: aggregate in stages.
+                    let mut s = Staged::new(
+                        Arc::clone(stages),
+                        &gpu,
+                        Arc::clone(&stream),
+                        limit,
+                        Arc::clone(&context),
+                        name.clone(),
+                    )
+                    .map_err(to_df)?;
+                    for b in batches.drain(..) {
+                        s.push(&b).map_err(to_df)?;
+                    }
+                    staged = Some(s);
+                }
+            }
+            if let Some(staged) = staged {
+                let finishing = {
+                    let _timer = baseline.elapsed_compute().timer();
+                    staged.finish().map_err(to_df)?
+                };
+                let out = futures::stream::unfold(Some(finishing), move |state| {
+                    let baseline = baseline.clone();
+                    async move {
+                        let mut finishing = state?;
+                        let _timer = baseline.elapsed_compute().timer();
+                        match finishing.next_batch() {
+                            Ok(Some(out)) => {
+                                baseline.record_output(out.bound());
+                                Some((Ok(out), Some(finishing)))
+                            }
+                            Ok(None) => None,
+                            Err(e) => Some((Err(to_df(e)), None)),
+                        }
+                    }
+                });
+                return Ok::<DeviceBatchStream, datafusion::error::DataFusionError>(Box::pin(out));
+            }
             let _timer = baseline.elapsed_compute().timer();
             let all = concat_device_batches(&stream, &input_schema, batches).map_err(to_df)?;
             let out = aggregate_batch(&stream, &kernels, &plan, &schema, &all).map_err(to_df)?;
@@ -543,8 +602,10 @@ impl GpuExec for GpuAggregateExec {
             };
             let out = ordered(&stream, out).map_err(to_df)?;
             baseline.record_output(out.bound());
-            Ok(out)
-        });
+            let one: DeviceBatchStream = Box::pin(futures::stream::once(futures::future::ready(Ok(out))));
+            Ok(one)
+        })
+        .try_flatten();
         // Without group keys the one output row is always produced (COUNT of nothing is 0).
         Ok(Box::pin(once.try_filter(move |b| {
             futures::future::ready(!grouped || b.bound() > 0)
