@@ -426,14 +426,14 @@ impl GpuContext {
         if let Some(b) = cached.as_ref() {
             return Ok(b.clone());
         }
-        let bytes = match self.device.kind() {
-            BackendKind::Cuda => {
-                // A quarter of what is free at most, so a nearly full device still measures.
-                let free = self.device.memory_stats().free_bytes();
-                BANDWIDTH_BYTES_CUDA.min(free / 4).max(1 << 20)
-            }
+        let most = match self.device.kind() {
+            BackendKind::Cuda => BANDWIDTH_BYTES_CUDA,
             BackendKind::Emulated => BANDWIDTH_BYTES_EMULATED,
         };
+        // A quarter of what is free at most (the copy needs twice its bytes), so a nearly full
+        // device or a small budget still measures.
+        let free = self.device.memory_stats().free_bytes();
+        let bytes = most.min(free / 4).max(64 << 10);
         let m = spate_kernels::throughput::copy_bandwidth(&self.device, bytes, BANDWIDTH_RUNS)?;
         let measured = Bandwidth {
             backend: self.device.kind().to_string(),

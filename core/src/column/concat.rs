@@ -38,6 +38,19 @@ pub fn concat_device_batches(
     DeviceBatch::try_new(Arc::clone(schema), columns, rows)
 }
 
+/// A copy of `batch` (whose count is on the host) in allocations of its own, sized to its rows:
+/// a small view no longer holds the large allocation it was cut from.
+pub fn copy_device_batch(stream: &Stream, batch: &DeviceBatch) -> Result<DeviceBatch> {
+    let batch = batch.resolve(stream)?;
+    let rows = batch.bound();
+    let columns = batch
+        .columns()
+        .iter()
+        .map(|c| concat_column(stream, &[c], rows))
+        .collect::<Result<Vec<_>>>()?;
+    DeviceBatch::try_new(Arc::clone(batch.schema()), columns, rows)
+}
+
 /// One device batch holding every row of `batches`, in order, without reading any count
 /// back: each column's parts are appended with one launch (`append_parts` in `gather.cu`),
 /// part k after the live rows of the parts before it, and the merged batch's count stays on

@@ -30,7 +30,7 @@ use crate::error::{Result, SpateError};
 
 #[cfg(test)]
 pub use concat::append_launches;
-pub use concat::{append_device_batches, concat_device_batches};
+pub use concat::{append_device_batches, concat_device_batches, copy_device_batch};
 pub use download::download_batch;
 #[cfg(test)]
 pub use download::download_column;
@@ -885,6 +885,33 @@ impl DeviceBatch {
     /// Device bytes the batch references.
     pub fn device_bytes(&self) -> usize {
         self.columns.iter().map(DeviceColumn::device_bytes).sum()
+    }
+
+    /// Device bytes the batch keeps allocated: the whole of every allocation its columns are
+    /// views of (a filter's output cut to its count, an uploaded batch's arena), each once.
+    pub fn held_bytes(&self) -> usize {
+        let mut seen: Vec<*const DeviceBuffer<u8>> = Vec::new();
+        let mut held = 0;
+        for c in &self.columns {
+            let mut add = |b: &DeviceBytes| {
+                let at = Arc::as_ptr(&b.buffer);
+                if !seen.contains(&at) {
+                    seen.push(at);
+                    held += b.buffer.len();
+                }
+            };
+            match &c.values {
+                DeviceValues::Fixed { bytes, .. } | DeviceValues::Bits { bytes, .. } => add(bytes),
+                DeviceValues::Utf8 { offsets, bytes } | DeviceValues::LargeUtf8 { offsets, bytes } => {
+                    add(offsets);
+                    add(bytes);
+                }
+            }
+            if let Some(v) = &c.validity {
+                add(&v.bytes);
+            }
+        }
+        held
     }
 
     /// The device bytes of the batch's rows as a function of their count: what its first `r`

@@ -36,7 +36,9 @@ use spate_kernels::Stream as DeviceStream;
 use super::{DeviceBatchStream, to_df};
 use spate_kernels::gather::APPEND_PARTS;
 
-use crate::column::{DeviceBatch, DeviceValues, append_device_batches, concat_device_batches};
+use crate::column::{
+    DeviceBatch, DeviceValues, append_device_batches, concat_device_batches, copy_device_batch,
+};
 
 /// The most rows a merged batch holds: operators index rows with `u32`.
 const MAX_ROWS: usize = 1 << 31;
@@ -306,6 +308,19 @@ impl Merging {
             self.big = Some(batch);
             return self.flush();
         }
+        // A small view of a large allocation (a selective filter's output, cut to its count)
+        // would hold the allocation while it waits: it waits as a copy of its own instead.
+        let batch = if batch.held_bytes() > 2 * bytes.max(self.target_bytes / 64) {
+            match copy_device_batch(&self.stream, &batch) {
+                Ok(copy) => copy,
+                Err(e) => {
+                    self.fail();
+                    return Some(Err(to_df(e)));
+                }
+            }
+        } else {
+            batch
+        };
         // Operators may store a string column with 32-bit offsets in one batch and 64-bit
         // in the next (a left join's unmatched rows, say); such batches are not merged.
         let same_layout = self

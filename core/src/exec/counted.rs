@@ -19,7 +19,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use datafusion::error::Result as DFResult;
+use datafusion::error::{DataFusionError, Result as DFResult};
 use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder};
 use futures::{Stream, StreamExt};
 use spate_kernels::Counters;
@@ -76,11 +76,13 @@ impl RuntimeScope {
         out
     }
 
-    /// `batches`, each poll run in the scope.
-    pub(crate) fn wrap(self, batches: DeviceBatchStream) -> DeviceBatchStream {
+    /// `batches` of the operator `name`, each poll run in the scope. A GPU out-of-memory
+    /// error that comes out of the operator names it.
+    pub(crate) fn wrap(self, batches: DeviceBatchStream, name: &str) -> DeviceBatchStream {
         Box::pin(Scoped {
             inner: batches,
             scope: self,
+            name: name.to_string(),
         })
     }
 }
@@ -88,6 +90,24 @@ impl RuntimeScope {
 struct Scoped {
     inner: DeviceBatchStream,
     scope: RuntimeScope,
+    name: String,
+}
+
+/// How the kernel runtime's out-of-memory message begins (`KernelError::OutOfMemory`).
+const GPU_OOM: &str = "GPU out of memory:";
+
+/// `error`, saying which operator ran out when it is a GPU out-of-memory error that does not
+/// say yet.
+fn name_operator(error: DataFusionError, name: &str) -> DataFusionError {
+    match error {
+        DataFusionError::ResourcesExhausted(message) if message.starts_with(GPU_OOM) => {
+            DataFusionError::ResourcesExhausted(format!(
+                "GPU out of memory in {name}:{}",
+                &message[GPU_OOM.len()..]
+            ))
+        }
+        other => other,
+    }
 }
 
 impl Stream for Scoped {
@@ -96,7 +116,10 @@ impl Stream for Scoped {
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
         let inner = &mut this.inner;
-        this.scope.run(|| inner.poll_next_unpin(cx))
+        match this.scope.run(|| inner.poll_next_unpin(cx)) {
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(name_operator(e, &this.name)))),
+            other => other,
+        }
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {

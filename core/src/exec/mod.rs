@@ -218,7 +218,7 @@ fn execute_device_counted(
     let bandwidth = gpu_ctx.bandwidth();
     let scope = counted::RuntimeScope::new(gpu.plan_metrics(), partition);
     let batches = scope.run(|| gpu.execute_device(partition, context, Arc::clone(&stream)))?;
-    let batches = scope.clone().wrap(batches);
+    let batches = scope.clone().wrap(batches, gpu.name());
     let Some(metrics) = gpu.device_metrics() else {
         return Ok((batches, scope));
     };
