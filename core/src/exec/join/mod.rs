@@ -24,6 +24,7 @@
 
 mod build;
 mod codegen;
+mod grace;
 mod mark;
 mod probe;
 
@@ -44,11 +45,12 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, InputDistributionRequirements, PlanProperties,
     ReplaceChildrenOptions,
 };
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use spate_kernels::{DeviceSlice, Stream as DeviceStream};
 
 use self::build::{BuildSide, build_side};
 use self::codegen::JoinProgram;
+use self::grace::{Grace, Step};
 use self::probe::ProbeState;
 use super::batching::KeepsCounts;
 use super::hash_table::Kernels;
@@ -61,6 +63,7 @@ use crate::column::{
 };
 use crate::config::SpateOptions;
 use crate::error::{Result, SpateError};
+use crate::exec::spill::{HostPartitions, TOP_SHIFT};
 use crate::expr::{DevType, PredicateKernel, Unsupported, predicate_kernel};
 
 /// A residual join filter: evaluated on the candidate pairs, from columns of both sides.
@@ -80,6 +83,8 @@ struct JoinPlan {
     probe_keys: Vec<usize>,
     program: JoinProgram,
     filter: Option<FilterPlan>,
+    /// Whether a build side over its share of the budget may spill (`grace.rs`).
+    spillable: bool,
 }
 
 /// A hash join running on the GPU.
@@ -272,6 +277,7 @@ impl GpuHashJoinExec {
                 probe_keys,
                 program,
                 filter,
+                spillable: grace::can_spill(&build_types, join.null_aware),
             },
         ))
     }
@@ -522,10 +528,21 @@ impl GpuExec for GpuHashJoinExec {
         let known_unique = self.probes_unique_keys();
         // Known from the plan, or checked on the device while building.
         let check_unique = may_probe_unique(join_type, &self.plan) && !known_unique;
+        let probe_partitions = self
+            .right()
+            .properties()
+            .output_partitioning()
+            .partition_count();
+        // A shared build side probed by several partitions stays in memory.
+        let may_spill = self.plan.spillable && (!collect_left || probe_partitions == 1);
+        let limit = crate::exec::memory::state_limit(&gpu, context.session_config().options());
+        let spill_name = format!("GpuHashJoinExec[{partition}] spill");
+        let build_spill_name = spill_name.clone();
+        let grace_flags = (track, check_unique, known_unique);
         let build = async move {
             let make = |stream: Arc<DeviceStream>, left_partition: usize| async move {
                 // The build takes a row count on the device: its input's counts stay there.
-                let input = collected_input(
+                let mut input = collected_input(
                     &left,
                     left_partition,
                     &build_context,
@@ -533,7 +550,34 @@ impl GpuExec for GpuHashJoinExec {
                     &build_transfer,
                     KeepsCounts::always(),
                 )?;
-                let batches: Vec<DeviceBatch> = input.try_collect().await?;
+                let (mut batches, mut bytes) = (Vec::new(), 0usize);
+                let mut spilled: Option<HostPartitions> = None;
+                while let Some(batch) = input.next().await {
+                    let batch = batch?;
+                    if let Some(parts) = &mut spilled {
+                        parts.spill(&stream, &batch).map_err(to_df)?;
+                        continue;
+                    }
+                    bytes += batch.device_bytes();
+                    batches.push(batch);
+                    if may_spill && bytes > limit {
+                        // Over the join's share of the budget: a grace join.
+                        let mut parts = HostPartitions::new(
+                            Arc::clone(&left_schema),
+                            build_plan.build_keys.clone(),
+                            TOP_SHIFT,
+                            &build_context,
+                            build_spill_name.clone(),
+                        );
+                        for b in batches.drain(..) {
+                            parts.spill(&stream, &b).map_err(to_df)?;
+                        }
+                        spilled = Some(parts);
+                    }
+                }
+                if let Some(parts) = spilled {
+                    return DFResult::Ok(Built::Spilled(parts));
+                }
                 let all = build_input(&stream, &left_schema, batches).map_err(to_df)?;
                 let side = build_side(
                     &stream,
@@ -547,16 +591,23 @@ impl GpuExec for GpuHashJoinExec {
                 if known_unique {
                     let _ = side.unique.set(true);
                 }
-                DFResult::Ok(Arc::new(side))
+                DFResult::Ok(Built::Side(Arc::new(side)))
             };
-            if collect_left {
+            if collect_left && !may_spill {
                 let own = Arc::new(gpu.device().new_stream().map_err(|e| to_df(e.into()))?);
                 shared
-                    .get_or_try_init(|| make(own, 0))
+                    .get_or_try_init(|| async move {
+                        match make(own, 0).await? {
+                            Built::Side(side) => Ok(side),
+                            Built::Spilled(_) => Err(to_df(SpateError::Internal {
+                                message: "a shared join build side spilled".into(),
+                            })),
+                        }
+                    })
                     .await
-                    .map(Arc::clone)
+                    .map(|side| Built::Side(Arc::clone(side)))
             } else {
-                make(build_stream, partition).await
+                make(build_stream, if collect_left { 0 } else { partition }).await
             }
         };
         // Whether the probe keeps its input's counts on the device is known once the build
@@ -602,24 +653,47 @@ impl GpuExec for GpuHashJoinExec {
                 totals_read: 0,
             },
             Some(Box::pin(build)
-                as std::pin::Pin<
-                    Box<dyn Future<Output = DFResult<Arc<BuildSide>>> + Send>,
-                >),
+                as std::pin::Pin<Box<dyn Future<Output = DFResult<Built>> + Send>>),
             probe,
             false,
+            None::<Box<Grace>>,
+            Spill {
+                context: Arc::clone(&context),
+                build_schema: self.left().schema(),
+                probe_schema: self.right().schema(),
+                name: spill_name,
+                flags: grace_flags,
+            },
         );
         Ok(Box::pin(futures::stream::unfold(
             state,
-            |(mut s, mut build, mut probe, mut finished)| async move {
+            |(mut s, mut build, mut probe, mut finished, mut grace, spill)| async move {
                 if let Some(b) = build.take() {
-                    // Other partitions' streams read a shared build side: they wait for it
-                    // on the device.
-                    match b.await.and_then(|side| {
-                        side.order_before(&s.stream).map_err(to_df)?;
-                        Ok(side)
-                    }) {
-                        Ok(side) => s.set_build(side),
-                        Err(e) => return Some((Err(e), (s, None, probe, true))),
+                    match b.await {
+                        // Other partitions' streams read a shared build side: they wait for
+                        // it on the device.
+                        Ok(Built::Side(side)) => match side.order_before(&s.stream) {
+                            Ok(()) => s.set_build(side),
+                            Err(e) => {
+                                return Some((Err(to_df(e)), (s, None, probe, true, None, spill)));
+                            }
+                        },
+                        Ok(Built::Spilled(parts)) => {
+                            match spill_probe(&s, &mut probe, &spill).await {
+                                Ok(probe_parts) => {
+                                    // Each partition emits its own build rows.
+                                    s.pending = None;
+                                    grace = Some(Box::new(Grace::new(
+                                        parts,
+                                        probe_parts,
+                                        Arc::clone(&spill.build_schema),
+                                        spill.flags,
+                                    )));
+                                }
+                                Err(e) => return Some((Err(e), (s, None, probe, true, None, spill))),
+                            }
+                        }
+                        Err(e) => return Some((Err(e), (s, None, probe, true, None, spill))),
                     }
                 }
                 loop {
@@ -629,11 +703,19 @@ impl GpuExec for GpuHashJoinExec {
                     // A probe batch's output may come in several chunks: those first.
                     let out = if s.has_chunks() {
                         s.next_chunk()
+                    } else if let Some(g) = grace.as_mut() {
+                        match g.step(&mut s) {
+                            Ok(Step::Out(out)) => Ok(out),
+                            Ok(Step::Done) => return None,
+                            Err(e) => Err(e),
+                        }
                     } else if finished {
                         return None;
                     } else {
                         match probe.next().await {
-                            Some(Err(e)) => return Some((Err(e), (s, None, probe, true))),
+                            Some(Err(e)) => {
+                                return Some((Err(e), (s, None, probe, true, None, spill)));
+                            }
                             Some(Ok(batch)) => s.probe(&batch),
                             None => {
                                 finished = true;
@@ -648,16 +730,51 @@ impl GpuExec for GpuHashJoinExec {
                     match out {
                         Ok(Some(batch)) => {
                             s.record(&batch);
-                            return Some((Ok(batch), (s, None, probe, finished)));
+                            return Some((Ok(batch), (s, None, probe, finished, grace, spill)));
                         }
                         Ok(None) => continue,
                         Err(e) => {
                             s.chunks = None;
-                            return Some((Err(to_df(e)), (s, None, probe, true)));
+                            return Some((Err(to_df(e)), (s, None, probe, true, None, spill)));
                         }
                     }
                 }
             },
         )))
     }
+}
+
+/// A join's build side: built on the device, or spilled to the host in partitions.
+enum Built {
+    Side(Arc<BuildSide>),
+    Spilled(HostPartitions),
+}
+
+/// What a grace join needs to spill its probe side and build its partitions.
+struct Spill {
+    context: Arc<TaskContext>,
+    build_schema: SchemaRef,
+    probe_schema: SchemaRef,
+    name: String,
+    /// Whether build sides track matches, check their keys unique, or know them unique.
+    flags: (bool, bool, bool),
+}
+
+/// A grace join's probe side: every probe batch spilled to the host by the hash of its keys.
+async fn spill_probe(
+    s: &ProbeState,
+    probe: &mut DeviceBatchStream,
+    spill: &Spill,
+) -> DFResult<HostPartitions> {
+    let mut parts = HostPartitions::new(
+        Arc::clone(&spill.probe_schema),
+        s.plan.probe_keys.clone(),
+        TOP_SHIFT,
+        &spill.context,
+        spill.name.clone(),
+    );
+    while let Some(batch) = probe.next().await {
+        parts.spill(&s.stream, &batch?).map_err(to_df)?;
+    }
+    Ok(parts)
 }

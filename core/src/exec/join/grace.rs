@@ -1,0 +1,118 @@
+//! A grace hash join: a build side larger than the join's share of the device budget is
+//! spilled to host memory in partitions by the hash of its keys, the probe side after it by
+//! the hash of its own keys, and each partition's build side is built and probed on its own.
+//!
+//! Equal keys hash alike on both sides (the key types are the same, and the hash is the row
+//! hash of `spate_kernels::hash`), so a build row meets every probe row it can match in its
+//! partition, and every row is in exactly one partition: inner, outer, semi, anti and mark
+//! joins are the union of their partitions' results. Each partition's build rows that did
+//! (not) match are emitted once its probe rows are done.
+//!
+//! Not spilled (they build in memory as before): null-aware anti joins (`NOT IN`: a NULL
+//! anywhere on the probe side empties the result, which no partition sees alone), joins on
+//! float keys (the join folds -0.0 into +0.0, the row hash does not), joins on boolean keys,
+//! and a shared build side probed by several partitions.
+
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+
+use super::build::build_side;
+use super::probe::ProbeState;
+use crate::column::{DeviceBatch, upload_batch};
+use crate::error::Result;
+use crate::exec::spill::HostPartitions;
+use crate::expr::DevType;
+
+/// Whether a join with these key types can spill its sides (see the module docs).
+pub(super) fn can_spill(keys: &[DevType], null_aware: bool) -> bool {
+    !null_aware
+        && !keys.is_empty()
+        && keys
+            .iter()
+            .all(|k| !matches!(k, DevType::F32 | DevType::F64 | DevType::Bool))
+}
+
+/// What one step of a grace join gives.
+pub(super) enum Step {
+    /// An output batch, or nothing this time.
+    Out(Option<DeviceBatch>),
+    /// Every partition is done.
+    Done,
+}
+
+/// A grace join's partitions, probed one at a time.
+pub(super) struct Grace {
+    build: HostPartitions,
+    probe: HostPartitions,
+    build_schema: SchemaRef,
+    /// The partition being probed.
+    p: usize,
+    /// Its build side is set and these probe batches are left, last first.
+    started: bool,
+    probe_left: Vec<RecordBatch>,
+    track: bool,
+    check_unique: bool,
+    known_unique: bool,
+}
+
+impl Grace {
+    pub(super) fn new(
+        build: HostPartitions,
+        probe: HostPartitions,
+        build_schema: SchemaRef,
+        (track, check_unique, known_unique): (bool, bool, bool),
+    ) -> Self {
+        Grace {
+            build,
+            probe,
+            build_schema,
+            p: 0,
+            started: false,
+            probe_left: Vec::new(),
+            track,
+            check_unique,
+            known_unique,
+        }
+    }
+
+    /// The next step: builds the next partition's side, probes one of its probe batches, or
+    /// emits its build rows once its probe rows are done. `state` must have no shared build
+    /// side (`pending` is `None`): each partition emits its own build rows.
+    pub(super) fn step(&mut self, state: &mut ProbeState) -> Result<Step> {
+        if self.p == self.build.len() {
+            return Ok(Step::Done);
+        }
+        let stream = Arc::clone(&state.stream);
+        if !self.started {
+            let batch = match self.build.take(&stream, self.p)? {
+                Some(b) => b,
+                None => upload_batch(&stream, &RecordBatch::new_empty(Arc::clone(&self.build_schema)))?,
+            };
+            let side = build_side(
+                &stream,
+                &state.kernels,
+                &state.plan,
+                batch,
+                self.track,
+                self.check_unique,
+            )?;
+            if self.known_unique {
+                let _ = side.unique.set(true);
+            }
+            state.set_build(Arc::new(side));
+            self.probe_left = self.probe.take_host(self.p);
+            self.probe_left.reverse();
+            self.started = true;
+        }
+        if let Some(host) = self.probe_left.pop() {
+            let batch = upload_batch(&stream, &host)?;
+            return Ok(Step::Out(state.probe(&batch)?));
+        }
+        let out = state.finish_partition()?;
+        self.p += 1;
+        self.started = false;
+        Ok(Step::Out(out))
+    }
+}
