@@ -23,6 +23,17 @@ pub(crate) const MIN_BATCH_BYTES: usize = 64 << 10;
 /// spills to the host.
 pub(crate) const STATE_SHARE: usize = 4;
 
+/// Device bytes a hash table over `n` rows takes beside the rows themselves, per row: the row
+/// hashes, the open-addressing table and its scan (two to four slots per row), and the group
+/// numbering (`exec::hash_table::build_table`). Operators that build one over what they hold
+/// (a join's build side, an aggregation's collected input) count it against their share.
+pub(crate) const TABLE_BYTES_PER_ROW: usize = 64;
+
+/// The device bytes an operator holding `batch` will need once it builds a hash table over it.
+pub(crate) fn with_table(batch: &crate::column::DeviceBatch) -> usize {
+    batch.device_bytes() + batch.bound() * TABLE_BYTES_PER_ROW
+}
+
 /// The device bytes one query may use: the device's budget, or `spate.gpu.memory_limit` when
 /// that is set and smaller.
 pub(crate) fn query_budget(gpu: &GpuContext, options: &ConfigOptions) -> usize {

@@ -104,7 +104,12 @@ pub(crate) struct HostPartitions {
     shift: u32,
     parts: Vec<Vec<RecordBatch>>,
     bytes: Vec<usize>,
+    rows: Vec<usize>,
     reservation: MemoryReservation,
+    context: Arc<TaskContext>,
+    name: String,
+    /// Host batches go back up in groups of about this many bytes.
+    batch_bytes: usize,
 }
 
 impl std::fmt::Debug for HostPartitions {
@@ -119,12 +124,14 @@ impl std::fmt::Debug for HostPartitions {
 impl HostPartitions {
     /// Empty partitions of `schema`'s rows split by the hash of columns `keys`, at the level
     /// whose bits start at `shift`; `name` names the consumer in DataFusion's memory pool.
+    /// Rows go back to the device in batches of about `batch_bytes`.
     pub(crate) fn new(
         schema: SchemaRef,
         keys: Vec<usize>,
         shift: u32,
         context: &Arc<TaskContext>,
         name: String,
+        batch_bytes: usize,
     ) -> Self {
         let n = 1usize << SPLIT_BITS;
         HostPartitions {
@@ -133,10 +140,36 @@ impl HostPartitions {
             shift,
             parts: vec![Vec::new(); n],
             bytes: vec![0; n],
-            reservation: MemoryConsumer::new(name)
+            rows: vec![0; n],
+            reservation: MemoryConsumer::new(name.clone())
                 .with_can_spill(true)
                 .register(context.memory_pool()),
+            context: Arc::clone(context),
+            name,
+            batch_bytes,
         }
+    }
+
+    /// Partition `p`'s rows split again by the next hash bits: one upload and one spill per
+    /// host batch. `None` at the hash's last bits.
+    pub(crate) fn split(&mut self, stream: &DeviceStream, p: usize) -> Result<Option<Self>> {
+        let Some(shift) = self.next_shift() else {
+            return Ok(None);
+        };
+        let mut child = HostPartitions::new(
+            Arc::clone(&self.schema),
+            self.keys.clone(),
+            shift,
+            &self.context,
+            self.name.clone(),
+            self.batch_bytes,
+        );
+        for group in self.take_host_grouped(p) {
+            let batch = upload_batches(stream, &self.schema, &group)?;
+            drop(group);
+            child.spill(stream, &batch)?;
+        }
+        Ok(Some(child))
     }
 
     /// How many partitions there are.
@@ -152,6 +185,11 @@ impl HostPartitions {
     /// Host bytes of partition `p`.
     pub(crate) fn bytes(&self, p: usize) -> usize {
         self.bytes[p]
+    }
+
+    /// The device bytes partition `p` takes once uploaded with a hash table over it.
+    pub(crate) fn with_table(&self, p: usize) -> usize {
+        self.bytes[p] + self.rows[p] * super::memory::TABLE_BYTES_PER_ROW
     }
 
     /// Moves `batch`'s rows to the host, each into its partition: one hash, one stable split,
@@ -187,6 +225,7 @@ impl HostPartitions {
             let part = host.slice(split.range(p).start, count);
             // Charged by their share of the download; the slices share its buffers.
             self.bytes[p] += size * count / rows;
+            self.rows[p] += count;
             self.parts[p].push(part);
         }
         Ok(())
@@ -197,6 +236,7 @@ impl HostPartitions {
     pub(crate) fn take(&mut self, stream: &DeviceStream, p: usize) -> Result<Option<DeviceBatch>> {
         let batches = std::mem::take(&mut self.parts[p]);
         let bytes = std::mem::take(&mut self.bytes[p]);
+        self.rows[p] = 0;
         if batches.iter().all(|b| b.num_rows() == 0) {
             return Ok(None);
         }
@@ -206,10 +246,37 @@ impl HostPartitions {
         Ok(Some(uploaded))
     }
 
-    /// Partition `p`'s host batches, taken out (the caller splits them further).
-    pub(crate) fn take_host(&mut self, p: usize) -> Vec<RecordBatch> {
+    /// Partition `p`'s host batches, taken out in groups of about the batch size, each group
+    /// to be uploaded as one device batch.
+    pub(crate) fn take_host_grouped(&mut self, p: usize) -> Vec<Vec<RecordBatch>> {
         let bytes = std::mem::take(&mut self.bytes[p]);
+        self.rows[p] = 0;
         self.reservation.shrink(bytes.min(self.reservation.size()));
-        std::mem::take(&mut self.parts[p])
+        let mut groups: Vec<Vec<RecordBatch>> = Vec::new();
+        let mut group_bytes = 0;
+        for batch in std::mem::take(&mut self.parts[p]) {
+            // Slices share their download's buffers: count the rows' share of them.
+            let size = batch
+                .columns()
+                .iter()
+                .map(|c| c.to_data().get_slice_memory_size().unwrap_or(0))
+                .sum::<usize>();
+            match groups.last_mut() {
+                Some(group) if group_bytes + size <= self.batch_bytes => {
+                    group_bytes += size;
+                    group.push(batch);
+                }
+                _ => {
+                    group_bytes = size;
+                    groups.push(vec![batch]);
+                }
+            }
+        }
+        groups
+    }
+
+    /// The schema of the rows.
+    pub(crate) fn schema(&self) -> &SchemaRef {
+        &self.schema
     }
 }

@@ -537,6 +537,7 @@ impl GpuExec for GpuAggregateExec {
         let input_schema = self.cpu.input().schema();
         let options = context.session_config().options();
         let limit = crate::exec::memory::state_limit(&gpu, options);
+        let batch_bytes = crate::exec::batch_target(&context)?;
         let stages = self.stages.clone();
         let name = format!("GpuAggregateExec[{partition}] spill");
         let once = futures::stream::once(async move {
@@ -550,7 +551,7 @@ impl GpuExec for GpuAggregateExec {
                     staged.push(&batch).map_err(to_df)?;
                     continue;
                 }
-                bytes += batch.device_bytes();
+                bytes += crate::exec::memory::with_table(&batch);
                 batches.push(batch);
                 if let (true, Some(stages)) = (bytes > limit, &stages) {
                     // Past the operator's share of the budget: aggregate in stages.
@@ -558,7 +559,7 @@ impl GpuExec for GpuAggregateExec {
                         Arc::clone(stages),
                         &gpu,
                         Arc::clone(&stream),
-                        limit,
+                        (limit, batch_bytes),
                         Arc::clone(&context),
                         name.clone(),
                     )

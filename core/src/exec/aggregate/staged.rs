@@ -143,6 +143,8 @@ pub(super) struct Staged {
     /// States spilled to the host, once merging stopped keeping them under the limit.
     spilled: Option<HostPartitions>,
     limit: usize,
+    /// Spilled states go back up in batches of about this many bytes.
+    batch_bytes: usize,
     context: Arc<TaskContext>,
     name: String,
 }
@@ -152,7 +154,7 @@ impl Staged {
         stages: Arc<Stages>,
         gpu: &GpuContext,
         stream: Arc<DeviceStream>,
-        limit: usize,
+        (limit, batch_bytes): (usize, usize),
         context: Arc<TaskContext>,
         name: String,
     ) -> Result<Self> {
@@ -169,6 +171,7 @@ impl Staged {
             pending_bytes: 0,
             spilled: None,
             limit,
+            batch_bytes,
             context,
             name,
         })
@@ -217,9 +220,11 @@ impl Staged {
             Arc::clone(&self.stages.partial.schema),
             (0..self.stages.keys).collect(),
         );
-        let (context, name) = (&self.context, &self.name);
+        let (context, name, batch_bytes) = (&self.context, &self.name, self.batch_bytes);
         self.spilled
-            .get_or_insert_with(|| HostPartitions::new(schema, keys, TOP_SHIFT, context, name.clone()))
+            .get_or_insert_with(|| {
+                HostPartitions::new(schema, keys, TOP_SHIFT, context, name.clone(), batch_bytes)
+            })
     }
 
     /// Finishes the states: the output batches, one per partition when they were spilled.
@@ -285,21 +290,10 @@ impl Finishing {
                 continue;
             }
             let stream = Arc::clone(&self.staged.stream);
-            if parts.bytes(p) > self.staged.limit
-                && let Some(shift) = parts.next_shift()
+            if parts.with_table(p) > self.staged.limit
+                && let Some(child) = parts.split(&stream, p)?
             {
-                // Split again by the next bits, one host batch at a time.
-                let mut child = HostPartitions::new(
-                    Arc::clone(&self.staged.stages.partial.schema),
-                    (0..self.staged.stages.keys).collect(),
-                    shift,
-                    &self.staged.context,
-                    self.staged.name.clone(),
-                );
-                for host in parts.take_host(p) {
-                    let batch = crate::column::upload_batch(&stream, &host)?;
-                    child.spill(&stream, &batch)?;
-                }
+                // Split again by the next bits.
                 self.stack.push((child, 0));
                 continue;
             }

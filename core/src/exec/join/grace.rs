@@ -20,7 +20,7 @@ use arrow::datatypes::SchemaRef;
 
 use super::build::build_side;
 use super::probe::ProbeState;
-use crate::column::{DeviceBatch, upload_batch};
+use crate::column::{DeviceBatch, upload_batch, upload_batches};
 use crate::error::Result;
 use crate::exec::spill::HostPartitions;
 use crate::expr::DevType;
@@ -42,16 +42,25 @@ pub(super) enum Step {
     Done,
 }
 
-/// A grace join's partitions, probed one at a time.
-pub(super) struct Grace {
+/// One level of partitions: the build and probe rows split by the same hash bits, and the
+/// partition being probed.
+struct Level {
     build: HostPartitions,
     probe: HostPartitions,
-    build_schema: SchemaRef,
-    /// The partition being probed.
     p: usize,
-    /// Its build side is set and these probe batches are left, last first.
+}
+
+/// A grace join's partitions, probed one at a time. A partition whose build side (with its
+/// hash table) is still over the limit is split again, both sides by the next hash bits.
+pub(super) struct Grace {
+    /// The levels of partitions, the one being probed last.
+    levels: Vec<Level>,
+    build_schema: SchemaRef,
+    probe_schema: SchemaRef,
+    /// The current partition's build side is set and these probe batches are left, last first.
     started: bool,
-    probe_left: Vec<RecordBatch>,
+    probe_left: Vec<Vec<RecordBatch>>,
+    limit: usize,
     track: bool,
     check_unique: bool,
     known_unique: bool,
@@ -62,15 +71,16 @@ impl Grace {
         build: HostPartitions,
         probe: HostPartitions,
         build_schema: SchemaRef,
+        limit: usize,
         (track, check_unique, known_unique): (bool, bool, bool),
     ) -> Self {
         Grace {
-            build,
-            probe,
+            probe_schema: Arc::clone(probe.schema()),
+            levels: vec![Level { build, probe, p: 0 }],
             build_schema,
-            p: 0,
             started: false,
             probe_left: Vec::new(),
+            limit,
             track,
             check_unique,
             known_unique,
@@ -81,15 +91,40 @@ impl Grace {
     /// emits its build rows once its probe rows are done. `state` must have no shared build
     /// side (`pending` is `None`): each partition emits its own build rows.
     pub(super) fn step(&mut self, state: &mut ProbeState) -> Result<Step> {
-        if self.p == self.build.len() {
-            return Ok(Step::Done);
-        }
         let stream = Arc::clone(&state.stream);
-        if !self.started {
-            let batch = match self.build.take(&stream, self.p)? {
-                Some(b) => b,
-                None => upload_batch(&stream, &RecordBatch::new_empty(Arc::clone(&self.build_schema)))?,
+        while !self.started {
+            let Some(level) = self.levels.last_mut() else {
+                return Ok(Step::Done);
             };
+            let p = level.p;
+            if p == level.build.len() {
+                self.levels.pop();
+                continue;
+            }
+            if level.build.with_table(p) > self.limit
+                && let Some(build) = level.build.split(&stream, p)?
+            {
+                let probe = match level.probe.split(&stream, p)? {
+                    Some(probe) => probe,
+                    None => {
+                        return Err(crate::error::SpateError::Internal {
+                            message: "a join's sides split to different depths".into(),
+                        });
+                    }
+                };
+                level.p += 1;
+                self.levels.push(Level { build, probe, p: 0 });
+                continue;
+            }
+            let batch = match level.build.take(&stream, p)? {
+                Some(b) => b,
+                None => upload_batch(
+                    &stream,
+                    &RecordBatch::new_empty(Arc::clone(&self.build_schema)),
+                )?,
+            };
+            self.probe_left = level.probe.take_host_grouped(p);
+            self.probe_left.reverse();
             let side = build_side(
                 &stream,
                 &state.kernels,
@@ -102,17 +137,18 @@ impl Grace {
                 let _ = side.unique.set(true);
             }
             state.set_build(Arc::new(side));
-            self.probe_left = self.probe.take_host(self.p);
-            self.probe_left.reverse();
             self.started = true;
         }
-        if let Some(host) = self.probe_left.pop() {
-            let batch = upload_batch(&stream, &host)?;
+        if let Some(group) = self.probe_left.pop() {
+            let batch = upload_batches(&stream, &self.probe_schema, &group)?;
             return Ok(Step::Out(state.probe(&batch)?));
         }
         let out = state.finish_partition()?;
-        self.p += 1;
+        if let Some(level) = self.levels.last_mut() {
+            level.p += 1;
+        }
         self.started = false;
         Ok(Step::Out(out))
     }
+
 }

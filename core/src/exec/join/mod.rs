@@ -537,6 +537,7 @@ impl GpuExec for GpuHashJoinExec {
         let may_spill = self.plan.spillable && (!collect_left || probe_partitions == 1);
         let limit = crate::exec::memory::state_limit(&gpu, context.session_config().options());
         let spill_name = format!("GpuHashJoinExec[{partition}] spill");
+        let batch_bytes = crate::exec::batch_target(&context)?;
         let build_spill_name = spill_name.clone();
         let grace_flags = (track, check_unique, known_unique);
         let build = async move {
@@ -558,7 +559,7 @@ impl GpuExec for GpuHashJoinExec {
                         parts.spill(&stream, &batch).map_err(to_df)?;
                         continue;
                     }
-                    bytes += batch.device_bytes();
+                    bytes += crate::exec::memory::with_table(&batch);
                     batches.push(batch);
                     if may_spill && bytes > limit {
                         // Over the join's share of the budget: a grace join.
@@ -568,6 +569,7 @@ impl GpuExec for GpuHashJoinExec {
                             TOP_SHIFT,
                             &build_context,
                             build_spill_name.clone(),
+                            batch_bytes,
                         );
                         for b in batches.drain(..) {
                             parts.spill(&stream, &b).map_err(to_df)?;
@@ -662,6 +664,8 @@ impl GpuExec for GpuHashJoinExec {
                 build_schema: self.left().schema(),
                 probe_schema: self.right().schema(),
                 name: spill_name,
+                limit,
+                batch_bytes,
                 flags: grace_flags,
             },
         );
@@ -687,6 +691,7 @@ impl GpuExec for GpuHashJoinExec {
                                         parts,
                                         probe_parts,
                                         Arc::clone(&spill.build_schema),
+                                        spill.limit,
                                         spill.flags,
                                     )));
                                 }
@@ -756,6 +761,10 @@ struct Spill {
     build_schema: SchemaRef,
     probe_schema: SchemaRef,
     name: String,
+    /// The device bytes a partition's build side may take.
+    limit: usize,
+    /// Spilled rows go back up in batches of about this many bytes.
+    batch_bytes: usize,
     /// Whether build sides track matches, check their keys unique, or know them unique.
     flags: (bool, bool, bool),
 }
@@ -772,6 +781,7 @@ async fn spill_probe(
         TOP_SHIFT,
         &spill.context,
         spill.name.clone(),
+        spill.batch_bytes,
     );
     while let Some(batch) = probe.next().await {
         parts.spill(&s.stream, &batch?).map_err(to_df)?;
