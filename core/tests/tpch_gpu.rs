@@ -95,3 +95,32 @@ async fn every_tpch_query_runs_fully_on_the_gpu() {
         );
     }
 }
+
+/// Q18 joins lineitem (600,000 rows at SF 0.1) three ways and groups it by order: under a 2 MiB
+/// device budget its aggregations and joins spill to the host, and it still equals the CPU.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn q18_under_a_2_mib_budget_matches_the_cpu() {
+    let gpu = Engine::builder()
+        .backend(Backend::Emulated)
+        .target_partitions(2)
+        .gpu_memory_limit(2 << 20)
+        .build()
+        .unwrap();
+    let cpu = Engine::builder()
+        .backend(Backend::Cpu)
+        .target_partitions(2)
+        .build()
+        .unwrap();
+    spate::tpch::register_tpch(&gpu, 0.1).unwrap();
+    spate::tpch::register_tpch(&cpu, 0.1).unwrap();
+    gpu.collect("SET spate.gpu.fallback = 'error'")
+        .await
+        .unwrap();
+    let sql = query("q18");
+    let want = lines(&cpu.collect(&sql).await.unwrap());
+    let got = lines(&gpu.collect(&sql).await.unwrap());
+    assert!(!want.is_empty());
+    assert_eq!(got, want);
+    let peak = gpu.gpu().unwrap().device().memory_stats().peak_bytes;
+    assert!(peak <= 2 << 20, "peak {peak} bytes");
+}

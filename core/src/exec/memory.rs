@@ -17,7 +17,7 @@ use crate::device::GpuContext;
 pub(crate) const BATCH_SHARE: usize = 32;
 
 /// The smallest batch target, whatever the budget: smaller batches cost launches, not memory.
-pub(crate) const MIN_BATCH_BYTES: usize = 64 << 10;
+pub(crate) const MIN_BATCH_BYTES: usize = 16 << 10;
 
 /// An operator's accumulated state is at most this fraction of the query's budget before it
 /// spills to the host.

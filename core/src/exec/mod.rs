@@ -652,6 +652,8 @@ struct Upload {
     reservation: MemoryReservation,
     /// A batch that did not fit the memory limit beside the pending ones: the next group's.
     carry: Option<RecordBatch>,
+    /// The slices of a host batch larger than a device batch, not yet taken.
+    split: std::collections::VecDeque<RecordBatch>,
     done: bool,
 }
 
@@ -711,6 +713,20 @@ fn conform(schema: &SchemaRef, batch: RecordBatch) -> DFResult<RecordBatch> {
     )?)
 }
 
+/// The bytes of `batch`'s rows: of its slice of its buffers when it is a slice (which
+/// `get_array_memory_size` would count whole).
+fn sliced_bytes(batch: &RecordBatch) -> usize {
+    batch
+        .columns()
+        .iter()
+        .map(|c| {
+            c.to_data()
+                .get_slice_memory_size()
+                .unwrap_or_else(|_| c.get_array_memory_size())
+        })
+        .sum()
+}
+
 /// Coalesces host batches to about `target_bytes` and uploads each group as one device batch.
 ///
 /// `schema` is the input plan's declared schema, which batches are made to match first (see
@@ -733,11 +749,12 @@ fn upload_stream(
         metrics,
         reservation,
         carry: None,
+        split: std::collections::VecDeque::new(),
         done: false,
     };
     Box::pin(futures::stream::unfold(state, |mut s| async move {
         loop {
-            if s.done && s.carry.is_none() {
+            if s.done && s.carry.is_none() && s.split.is_empty() {
                 if s.pending.is_empty() {
                     return None;
                 }
@@ -746,7 +763,10 @@ fn upload_stream(
             }
             let next = match s.carry.take() {
                 Some(batch) => Some(Ok(batch)),
-                None => s.host.next().await,
+                None => match s.split.pop_front() {
+                    Some(slice) => Some(Ok(slice)),
+                    None => s.host.next().await,
+                },
             };
             match next {
                 Some(Ok(batch)) => {
@@ -757,7 +777,27 @@ fn upload_stream(
                         Ok(b) => b,
                         Err(e) => return Some((Err(e), s)),
                     };
-                    let size = batch.get_array_memory_size();
+                    let size = sliced_bytes(&batch);
+                    if size > s.target_bytes && batch.num_rows() > 1 {
+                        // Larger than a device batch may be: it goes up in slices (views, no
+                        // copy), so that no device batch is larger than its target.
+                        let pieces = size.div_ceil(s.target_bytes).min(batch.num_rows());
+                        let rows = batch.num_rows().div_ceil(pieces);
+                        let mut slices: Vec<RecordBatch> = (0..batch.num_rows())
+                            .step_by(rows)
+                            .map(|at| batch.slice(at, rows.min(batch.num_rows() - at)))
+                            .collect();
+                        let first = slices.remove(0);
+                        s.split.extend(slices);
+                        s.carry = Some(first);
+                        continue;
+                    }
+                    if !s.pending.is_empty() && s.pending_bytes + size > s.target_bytes {
+                        // It would take the group past its target: the group goes up first.
+                        s.carry = Some(batch);
+                        let out = s.flush();
+                        return Some((out, s));
+                    }
                     if s.reservation.try_grow(size).is_err() {
                         // The memory limit stops the coalescing early: what is pending goes
                         // up now, and this batch starts the next group. A batch alone goes

@@ -17,8 +17,10 @@ use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
-use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::error::Result as DFResult;
 use datafusion::execution::TaskContext;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder};
 use spate_kernels::hash::{DEFAULT_SEED, HashColumn, hash_columns};
 use spate_kernels::partition::partition_rows;
 use spate_kernels::{DeviceBuffer, DeviceBitmap, Stream as DeviceStream};
@@ -95,6 +97,40 @@ pub(crate) fn hash_keys(
     Ok(Some(hash_columns(stream, &columns, DEFAULT_SEED)?))
 }
 
+/// Where an operator's partition spills: its query's memory pool, the name it is charged under,
+/// the batch size rows go back up in, and the metrics `EXPLAIN ANALYZE` shows (`spill_count`:
+/// device batches spilled, `spilled_bytes`, `spilled_rows`).
+#[derive(Debug, Clone)]
+pub(crate) struct SpillOptions {
+    pub(crate) context: Arc<TaskContext>,
+    /// The consumer's name in DataFusion's memory pool.
+    pub(crate) name: String,
+    /// Rows go back to the device in batches of about this many bytes.
+    pub(crate) batch_bytes: usize,
+    spill_count: Count,
+    spilled_bytes: Count,
+    spilled_rows: Count,
+}
+
+impl SpillOptions {
+    /// For `operator`'s `partition`, with its metrics in `metrics`.
+    pub(crate) fn new(
+        context: &Arc<TaskContext>,
+        operator: &str,
+        metrics: &ExecutionPlanMetricsSet,
+        partition: usize,
+    ) -> DFResult<Self> {
+        Ok(SpillOptions {
+            context: Arc::clone(context),
+            name: format!("{operator}[{partition}] spill"),
+            batch_bytes: super::batch_target(context)?,
+            spill_count: MetricBuilder::new(metrics).spill_count(partition),
+            spilled_bytes: MetricBuilder::new(metrics).spilled_bytes(partition),
+            spilled_rows: MetricBuilder::new(metrics).spilled_rows(partition),
+        })
+    }
+}
+
 /// Rows of one schema held in host memory in `2^SPLIT_BITS` partitions by key hash.
 pub(crate) struct HostPartitions {
     schema: SchemaRef,
@@ -106,10 +142,7 @@ pub(crate) struct HostPartitions {
     bytes: Vec<usize>,
     rows: Vec<usize>,
     reservation: MemoryReservation,
-    context: Arc<TaskContext>,
-    name: String,
-    /// Host batches go back up in groups of about this many bytes.
-    batch_bytes: usize,
+    options: SpillOptions,
 }
 
 impl std::fmt::Debug for HostPartitions {
@@ -123,15 +156,12 @@ impl std::fmt::Debug for HostPartitions {
 
 impl HostPartitions {
     /// Empty partitions of `schema`'s rows split by the hash of columns `keys`, at the level
-    /// whose bits start at `shift`; `name` names the consumer in DataFusion's memory pool.
-    /// Rows go back to the device in batches of about `batch_bytes`.
+    /// whose bits start at `shift`.
     pub(crate) fn new(
         schema: SchemaRef,
         keys: Vec<usize>,
         shift: u32,
-        context: &Arc<TaskContext>,
-        name: String,
-        batch_bytes: usize,
+        options: &SpillOptions,
     ) -> Self {
         let n = 1usize << SPLIT_BITS;
         HostPartitions {
@@ -141,12 +171,10 @@ impl HostPartitions {
             parts: vec![Vec::new(); n],
             bytes: vec![0; n],
             rows: vec![0; n],
-            reservation: MemoryConsumer::new(name.clone())
+            reservation: MemoryConsumer::new(options.name.clone())
                 .with_can_spill(true)
-                .register(context.memory_pool()),
-            context: Arc::clone(context),
-            name,
-            batch_bytes,
+                .register(options.context.memory_pool()),
+            options: options.clone(),
         }
     }
 
@@ -156,14 +184,8 @@ impl HostPartitions {
         let Some(shift) = self.next_shift() else {
             return Ok(None);
         };
-        let mut child = HostPartitions::new(
-            Arc::clone(&self.schema),
-            self.keys.clone(),
-            shift,
-            &self.context,
-            self.name.clone(),
-            self.batch_bytes,
-        );
+        let mut child =
+            HostPartitions::new(Arc::clone(&self.schema), self.keys.clone(), shift, &self.options);
         for group in self.take_host_grouped(p) {
             let batch = upload_batches(stream, &self.schema, &group)?;
             drop(group);
@@ -180,11 +202,6 @@ impl HostPartitions {
     /// The shift of the level below this one, or `None` at the hash's last bits.
     pub(crate) fn next_shift(&self) -> Option<u32> {
         self.shift.checked_sub(SPLIT_BITS)
-    }
-
-    /// Host bytes of partition `p`.
-    pub(crate) fn bytes(&self, p: usize) -> usize {
-        self.bytes[p]
     }
 
     /// The device bytes partition `p` takes once uploaded with a hash table over it.
@@ -218,6 +235,9 @@ impl HostPartitions {
         drop(grouped);
         let size = host.get_array_memory_size();
         self.reservation.try_grow(size).map_err(SpateError::from)?;
+        self.options.spill_count.add(1);
+        self.options.spilled_bytes.add(size);
+        self.options.spilled_rows.add(rows);
         for (p, &count) in split.counts.iter().enumerate() {
             if count == 0 {
                 continue;
@@ -262,7 +282,7 @@ impl HostPartitions {
                 .map(|c| c.to_data().get_slice_memory_size().unwrap_or(0))
                 .sum::<usize>();
             match groups.last_mut() {
-                Some(group) if group_bytes + size <= self.batch_bytes => {
+                Some(group) if group_bytes + size <= self.options.batch_bytes => {
                     group_bytes += size;
                     group.push(batch);
                 }

@@ -537,9 +537,13 @@ impl GpuExec for GpuAggregateExec {
         let input_schema = self.cpu.input().schema();
         let options = context.session_config().options();
         let limit = crate::exec::memory::state_limit(&gpu, options);
-        let batch_bytes = crate::exec::batch_target(&context)?;
+        let spill = crate::exec::spill::SpillOptions::new(
+            &context,
+            self.name(),
+            &self.metrics,
+            partition,
+        )?;
         let stages = self.stages.clone();
-        let name = format!("GpuAggregateExec[{partition}] spill");
         let once = futures::stream::once(async move {
             let mut input = input;
             let (mut batches, mut bytes) = (Vec::new(), 0usize);
@@ -559,9 +563,8 @@ impl GpuExec for GpuAggregateExec {
                         Arc::clone(stages),
                         &gpu,
                         Arc::clone(&stream),
-                        (limit, batch_bytes),
-                        Arc::clone(&context),
-                        name.clone(),
+                        limit,
+                        spill.clone(),
                     )
                     .map_err(to_df)?;
                     for b in batches.drain(..) {

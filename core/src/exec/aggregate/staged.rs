@@ -11,6 +11,14 @@
 //! a group's states all land in one partition, which the `Final` stage finishes on its own; a
 //! partition still over the limit is split again by the next hash bits.
 //!
+//! When the groups are nearly as many as the rows, partial states are larger than the rows
+//! they come from and merging them does not shrink them. Once a batch's states have more than
+//! half its rows, the aggregation spills the input rows themselves instead (with their group
+//! key values appended, which they are partitioned by, as the states are by theirs), and each
+//! partition's rows become states only when the partition is finished. (Not with grouping sets,
+//! whose states carry a grouping id the rows do not, nor float keys, which the states hold with
+//! -0.0 folded into +0.0: rows and states must hash alike.)
+//!
 //! Not staged (they keep the one pass over the collected input): aggregations without group
 //! keys (they fold batch by batch already), those whose output keeps an order (their groups
 //! would come out partition by partition), and those DataFusion cannot split in two phases
@@ -19,7 +27,6 @@
 use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
-use datafusion::execution::TaskContext;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use spate_kernels::Stream as DeviceStream;
@@ -30,7 +37,12 @@ use crate::column::{DeviceBatch, concat_device_batches};
 use crate::device::GpuContext;
 use crate::error::Result;
 use crate::exec::hash_table::Kernels;
-use crate::exec::spill::{HostPartitions, TOP_SHIFT};
+use crate::exec::spill::{HostPartitions, SpillOptions, TOP_SHIFT};
+use crate::expr::DevType;
+
+/// Pending states are merged (or spilled) once they pass this fraction of the operator's
+/// limit: a merge takes about three times its input (the table, the accumulators, the output).
+const MERGE_SHARE: usize = 4;
 
 /// One stage: its plan and the schema of its output.
 struct Stage {
@@ -58,6 +70,10 @@ pub(super) struct Stages {
     finish: Stage,
     /// The group key columns lead each state batch: this many.
     keys: usize,
+    /// Whether input rows may spill as they are (see the module docs).
+    raw_spills: bool,
+    /// The schema of the aggregation's input rows.
+    input_schema: SchemaRef,
 }
 
 impl std::fmt::Debug for Stages {
@@ -120,7 +136,15 @@ impl Stages {
         if !same_types || merge.schema().fields() != states.schema().fields() {
             return None;
         }
+        let raw_spills = plan.spec.sets.is_empty()
+            && plan
+                .spec
+                .keys
+                .iter()
+                .all(|k| !matches!(k, DevType::F32 | DevType::F64 | DevType::Bool));
         Some(Stages {
+            raw_spills,
+            input_schema: agg.input().schema(),
             keys: final_group.expr().len(),
             partial: Stage::of(&states)?,
             merge: Stage::of(&merge)?,
@@ -142,11 +166,13 @@ pub(super) struct Staged {
     pending_bytes: usize,
     /// States spilled to the host, once merging stopped keeping them under the limit.
     spilled: Option<HostPartitions>,
+    /// Input rows spilled to the host, their key values appended, once states stopped being
+    /// smaller than the rows.
+    raw: Option<HostPartitions>,
+    /// Whether merging the pending states still shrinks them (to at most half).
+    merging_shrinks: bool,
     limit: usize,
-    /// Spilled states go back up in batches of about this many bytes.
-    batch_bytes: usize,
-    context: Arc<TaskContext>,
-    name: String,
+    spill: SpillOptions,
 }
 
 impl Staged {
@@ -154,9 +180,8 @@ impl Staged {
         stages: Arc<Stages>,
         gpu: &GpuContext,
         stream: Arc<DeviceStream>,
-        (limit, batch_bytes): (usize, usize),
-        context: Arc<TaskContext>,
-        name: String,
+        limit: usize,
+        spill: SpillOptions,
     ) -> Result<Self> {
         let kernels = [
             stages.partial.plan.kernels(gpu)?,
@@ -170,37 +195,111 @@ impl Staged {
             pending: Vec::new(),
             pending_bytes: 0,
             spilled: None,
+            raw: None,
+            merging_shrinks: true,
             limit,
-            batch_bytes,
-            context,
-            name,
+            spill,
         })
     }
 
-    /// Aggregates one input batch into states, merging (and spilling) as the states grow.
+    /// Aggregates one input batch into states, merging (and spilling) as the states grow; or,
+    /// once states stopped being smaller than rows, spills the batch's rows.
     pub(super) fn push(&mut self, batch: &DeviceBatch) -> Result<()> {
+        let stream = Arc::clone(&self.stream);
+        let batch = batch.resolve(&stream)?;
+        if self.raw.is_some() {
+            return self.spill_rows(&batch);
+        }
         let partial = &self.stages.partial;
         let states = aggregate_batch(
-            &self.stream,
+            &stream,
             &self.kernels[0],
             &partial.plan,
             &partial.schema,
-            batch,
+            &batch,
         )?;
+        if self.stages.raw_spills && states.bound() * 2 > batch.bound() {
+            // Nearly a group per row: rows are smaller than their states from here on.
+            let raw = self.raw_partitions(&batch)?;
+            self.raw = Some(raw);
+        }
         self.pending_bytes += states.device_bytes();
         self.pending.push(states);
-        if self.pending_bytes > self.limit / 2 && self.pending.len() > 1 {
-            let merged = self.merge()?;
-            if merged.device_bytes() > self.limit / 2 {
-                // Merging no longer keeps the groups small: they go to the host.
-                let stream = Arc::clone(&self.stream);
-                self.spilled_partitions().spill(&stream, &merged)?;
-            } else {
-                self.pending_bytes = merged.device_bytes();
-                self.pending.push(merged);
-            }
+        if self.pending_bytes <= self.limit / MERGE_SHARE || self.pending.len() < 2 {
+            return Ok(());
+        }
+        if !self.merging_shrinks || self.raw.is_some() {
+            // Merging stopped paying: the states go to the host as they are, batch by batch,
+            // and are merged partition by partition at the end.
+            return self.spill_pending();
+        }
+        let before = self.pending_bytes;
+        let merged = self.merge()?;
+        let after = merged.device_bytes();
+        if after > self.limit / MERGE_SHARE || after * 2 > before {
+            // The groups are many: merging keeps them no smaller than half, or over the share.
+            self.merging_shrinks = false;
+            self.spilled_partitions().spill(&stream, &merged)?;
+        } else {
+            self.pending_bytes = after;
+            self.pending.push(merged);
         }
         Ok(())
+    }
+
+    /// The pending states moved to the host, batch by batch.
+    fn spill_pending(&mut self) -> Result<()> {
+        let stream = Arc::clone(&self.stream);
+        let pending = std::mem::take(&mut self.pending);
+        self.pending_bytes = 0;
+        for states in pending {
+            self.spilled_partitions().spill(&stream, &states)?;
+        }
+        Ok(())
+    }
+
+    /// The input rows of `batch` with their group key values appended, as partitions spill
+    /// them.
+    fn keyed_rows(&self, batch: &DeviceBatch) -> Result<DeviceBatch> {
+        let plan = &self.stages.partial.plan;
+        let (keys, _) = plan.operands(&self.stream, &self.kernels[0], batch)?;
+        let mut fields: Vec<arrow::datatypes::FieldRef> =
+            batch.schema().fields().iter().cloned().collect();
+        let mut columns = batch.columns().to_vec();
+        for (i, key) in keys.into_iter().enumerate() {
+            fields.push(Arc::new(arrow::datatypes::Field::new(
+                format!("__spate_group_key_{i}"),
+                key.data_type().clone(),
+                true,
+            )));
+            columns.push(key);
+        }
+        let schema = Arc::new(arrow::datatypes::Schema::new(fields));
+        DeviceBatch::try_new(schema, columns, batch.bound())
+    }
+
+    /// Empty partitions for input rows keyed as `batch`'s are (see [`Staged::keyed_rows`]).
+    fn raw_partitions(&self, batch: &DeviceBatch) -> Result<HostPartitions> {
+        let keyed = self.keyed_rows(batch)?;
+        let width = batch.columns().len();
+        Ok(HostPartitions::new(
+            Arc::clone(keyed.schema()),
+            (width..keyed.columns().len()).collect(),
+            TOP_SHIFT,
+            &self.spill,
+        ))
+    }
+
+    /// Moves `batch`'s rows to the host, keyed.
+    fn spill_rows(&mut self, batch: &DeviceBatch) -> Result<()> {
+        let keyed = self.keyed_rows(batch)?;
+        let stream = Arc::clone(&self.stream);
+        match &mut self.raw {
+            Some(raw) => raw.spill(&stream, &keyed),
+            None => Err(crate::error::SpateError::Internal {
+                message: "an aggregation spilled rows without row partitions".into(),
+            }),
+        }
     }
 
     /// The pending states merged into one batch (the pending list left empty).
@@ -220,16 +319,14 @@ impl Staged {
             Arc::clone(&self.stages.partial.schema),
             (0..self.stages.keys).collect(),
         );
-        let (context, name, batch_bytes) = (&self.context, &self.name, self.batch_bytes);
+        let spill = &self.spill;
         self.spilled
-            .get_or_insert_with(|| {
-                HostPartitions::new(schema, keys, TOP_SHIFT, context, name.clone(), batch_bytes)
-            })
+            .get_or_insert_with(|| HostPartitions::new(schema, keys, TOP_SHIFT, spill))
     }
 
     /// Finishes the states: the output batches, one per partition when they were spilled.
     pub(super) fn finish(mut self) -> Result<Finishing> {
-        if self.spilled.is_none() {
+        if self.spilled.is_none() && self.raw.is_none() {
             // The final stage merges the states' duplicate groups itself.
             let states = concat_device_batches(
                 &self.stream,
@@ -243,16 +340,16 @@ impl Staged {
                 stack: Vec::new(),
             });
         }
-        let pending = std::mem::take(&mut self.pending);
-        self.pending_bytes = 0;
-        let mut parts = self.spilled.take().expect("checked above");
-        for states in pending {
-            parts.spill(&self.stream, &states)?;
-        }
+        self.spill_pending()?;
+        self.spilled_partitions();
+        let states = self.spilled.take().ok_or_else(|| crate::error::SpateError::Internal {
+            message: "a spilled aggregation without state partitions".into(),
+        })?;
+        let raw = self.raw.take();
         Ok(Finishing {
             staged: self,
             ready: None,
-            stack: vec![(parts, 0)],
+            stack: vec![Level { states, raw, p: 0 }],
         })
     }
 
@@ -262,12 +359,27 @@ impl Staged {
     }
 }
 
+/// One level of spilled partitions: states, and input rows when they spilled too, split by
+/// the same hash bits.
+struct Level {
+    states: HostPartitions,
+    raw: Option<HostPartitions>,
+    p: usize,
+}
+
+impl Level {
+    /// Device bytes partition `p` takes once uploaded, with its tables.
+    fn with_table(&self, p: usize) -> usize {
+        self.states.with_table(p) + self.raw.as_ref().map_or(0, |r| r.with_table(p))
+    }
+}
+
 /// The output of a staged aggregation, produced partition by partition.
 pub(super) struct Finishing {
     staged: Staged,
     ready: Option<DeviceBatch>,
-    /// Spilled partitions still to finish, and the next partition of each.
-    stack: Vec<(HostPartitions, usize)>,
+    /// Spilled partitions still to finish, the innermost level last.
+    stack: Vec<Level>,
 }
 
 impl Finishing {
@@ -276,30 +388,55 @@ impl Finishing {
         if let Some(out) = self.ready.take() {
             return Ok(Some(out));
         }
+        let stream = Arc::clone(&self.staged.stream);
         loop {
-            let Some((parts, next)) = self.stack.last_mut() else {
+            let Some(level) = self.stack.last_mut() else {
                 return Ok(None);
             };
-            if *next == parts.len() {
+            if level.p == level.states.len() {
                 self.stack.pop();
                 continue;
             }
-            let p = *next;
-            *next += 1;
-            if parts.bytes(p) == 0 {
-                continue;
-            }
-            let stream = Arc::clone(&self.staged.stream);
-            if parts.with_table(p) > self.staged.limit
-                && let Some(child) = parts.split(&stream, p)?
+            let p = level.p;
+            level.p += 1;
+            if level.with_table(p) > self.staged.limit
+                && let Some(states) = level.states.split(&stream, p)?
             {
-                // Split again by the next bits.
-                self.stack.push((child, 0));
+                // Split again by the next bits, both sides alike.
+                let raw = match &mut level.raw {
+                    Some(raw) => raw.split(&stream, p)?,
+                    None => None,
+                };
+                self.stack.push(Level { states, raw, p: 0 });
                 continue;
             }
-            let Some(states) = parts.take(&stream, p)? else {
+            // The partition's rows become states, beside its spilled states.
+            let mut parts: Vec<DeviceBatch> = level.states.take(&stream, p)?.into_iter().collect();
+            if let Some(raw) = &mut level.raw {
+                let width = raw.schema().fields().len() - self.staged.stages.keys;
+                for group in raw.take_host_grouped(p) {
+                    let rows = crate::column::upload_batches(&stream, raw.schema(), &group)?;
+                    drop(group);
+                    let input = DeviceBatch::try_new(
+                        Arc::clone(&self.staged.stages.input_schema),
+                        rows.columns()[..width].to_vec(),
+                        rows.bound(),
+                    )?;
+                    let partial = &self.staged.stages.partial;
+                    parts.push(aggregate_batch(
+                        &stream,
+                        &self.staged.kernels[0],
+                        &partial.plan,
+                        &partial.schema,
+                        &input,
+                    )?);
+                }
+            }
+            if parts.is_empty() {
                 continue;
-            };
+            }
+            let states =
+                concat_device_batches(&stream, &self.staged.stages.partial.schema, parts)?;
             let out = self.staged.finish_states(&states)?;
             if out.bound() > 0 {
                 return Ok(Some(out));

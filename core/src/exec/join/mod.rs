@@ -63,7 +63,7 @@ use crate::column::{
 };
 use crate::config::SpateOptions;
 use crate::error::{Result, SpateError};
-use crate::exec::spill::{HostPartitions, TOP_SHIFT};
+use crate::exec::spill::{HostPartitions, SpillOptions, TOP_SHIFT};
 use crate::expr::{DevType, PredicateKernel, Unsupported, predicate_kernel};
 
 /// A residual join filter: evaluated on the candidate pairs, from columns of both sides.
@@ -536,9 +536,8 @@ impl GpuExec for GpuHashJoinExec {
         // A shared build side probed by several partitions stays in memory.
         let may_spill = self.plan.spillable && (!collect_left || probe_partitions == 1);
         let limit = crate::exec::memory::state_limit(&gpu, context.session_config().options());
-        let spill_name = format!("GpuHashJoinExec[{partition}] spill");
-        let batch_bytes = crate::exec::batch_target(&context)?;
-        let build_spill_name = spill_name.clone();
+        let spill_options = SpillOptions::new(&context, self.name(), &self.metrics, partition)?;
+        let build_spill = spill_options.clone();
         let grace_flags = (track, check_unique, known_unique);
         let build = async move {
             let make = |stream: Arc<DeviceStream>, left_partition: usize| async move {
@@ -567,9 +566,7 @@ impl GpuExec for GpuHashJoinExec {
                             Arc::clone(&left_schema),
                             build_plan.build_keys.clone(),
                             TOP_SHIFT,
-                            &build_context,
-                            build_spill_name.clone(),
-                            batch_bytes,
+                            &build_spill,
                         );
                         for b in batches.drain(..) {
                             parts.spill(&stream, &b).map_err(to_df)?;
@@ -660,12 +657,10 @@ impl GpuExec for GpuHashJoinExec {
             false,
             None::<Box<Grace>>,
             Spill {
-                context: Arc::clone(&context),
+                options: spill_options,
                 build_schema: self.left().schema(),
                 probe_schema: self.right().schema(),
-                name: spill_name,
                 limit,
-                batch_bytes,
                 flags: grace_flags,
             },
         );
@@ -757,14 +752,11 @@ enum Built {
 
 /// What a grace join needs to spill its probe side and build its partitions.
 struct Spill {
-    context: Arc<TaskContext>,
+    options: SpillOptions,
     build_schema: SchemaRef,
     probe_schema: SchemaRef,
-    name: String,
     /// The device bytes a partition's build side may take.
     limit: usize,
-    /// Spilled rows go back up in batches of about this many bytes.
-    batch_bytes: usize,
     /// Whether build sides track matches, check their keys unique, or know them unique.
     flags: (bool, bool, bool),
 }
@@ -779,9 +771,7 @@ async fn spill_probe(
         Arc::clone(&spill.probe_schema),
         s.plan.probe_keys.clone(),
         TOP_SHIFT,
-        &spill.context,
-        spill.name.clone(),
-        spill.batch_bytes,
+        &spill.options,
     );
     while let Some(batch) = probe.next().await {
         parts.spill(&s.stream, &batch?).map_err(to_df)?;

@@ -1,0 +1,170 @@
+//! GPU operators over more data than their device budget: aggregations spill their groups and
+//! joins their sides to the host in hash partitions (`exec/spill.rs`), and their results still
+//! equal the CPU's. Each query also shows in `EXPLAIN ANALYZE` that it spilled.
+
+#![allow(
+    clippy::unwrap_used,
+    reason = "test helpers: a failed unwrap is a failed test"
+)]
+
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, Decimal128Array, Int64Array, StringArray};
+use arrow::datatypes::{DataType, Field, Schema};
+use arrow::record_batch::RecordBatch;
+use spate::kernels::reference::Rng;
+use spate::{Backend, Engine};
+
+mod common;
+use common::ordered;
+
+/// `rows` rows over `keys` distinct keys (about one in twelve NULL), in batches of 4096:
+/// `k` Int64, `s` Utf8 derived from `k`, `v` Int64, `d` Decimal128(15, 2).
+fn table(rows: usize, keys: u64, seed: u64) -> Vec<RecordBatch> {
+    let mut r = Rng::new(seed);
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, true),
+        Field::new("s", DataType::Utf8, true),
+        Field::new("v", DataType::Int64, true),
+        Field::new("d", DataType::Decimal128(15, 2), true),
+    ]));
+    let mut batches = Vec::new();
+    let mut left = rows;
+    while left > 0 {
+        let n = left.min(4096);
+        left -= n;
+        let k: Vec<Option<i64>> = (0..n)
+            .map(|_| (r.next_u64() % 12 != 0).then(|| (r.next_u64() % keys) as i64))
+            .collect();
+        let s: Vec<Option<String>> = k
+            .iter()
+            .map(|k| k.and_then(|k| (k % 5 != 0).then(|| format!("key-{:x}", k * 7919))))
+            .collect();
+        let v: Vec<Option<i64>> = (0..n)
+            .map(|_| (r.next_u64() % 9 != 0).then(|| r.next_u64() as i64 % 1_000_000))
+            .collect();
+        let d: Decimal128Array = (0..n)
+            .map(|_| (r.next_u64() % 7 != 0).then(|| (r.next_u64() % 10_000_000) as i128))
+            .collect::<Decimal128Array>()
+            .with_precision_and_scale(15, 2)
+            .unwrap();
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from(k)),
+            Arc::new(StringArray::from(s)),
+            Arc::new(Int64Array::from(v)),
+            Arc::new(d),
+        ];
+        batches.push(RecordBatch::try_new(Arc::clone(&schema), columns).unwrap());
+    }
+    batches
+}
+
+/// A GPU engine with a 1 MiB device budget (operators keep 256 KiB of state) that fails on
+/// any CPU operator, and a CPU engine, with `l` and `r` registered in both.
+async fn engines() -> (Engine, Engine) {
+    let gpu = Engine::builder()
+        .backend(Backend::Emulated)
+        .target_partitions(2)
+        .gpu_memory_limit(1 << 20)
+        .build()
+        .unwrap();
+    let cpu = Engine::builder()
+        .backend(Backend::Cpu)
+        .target_partitions(2)
+        .build()
+        .unwrap();
+    for e in [&gpu, &cpu] {
+        e.register_batches("l", table(30_000, 6_000, 1)).unwrap();
+        e.register_batches("r", table(20_000, 8_000, 2)).unwrap();
+    }
+    gpu.collect("SET spate.gpu.fallback = 'error'")
+        .await
+        .unwrap();
+    (gpu, cpu)
+}
+
+fn sorted(batches: &[RecordBatch]) -> Vec<String> {
+    let mut rows = ordered(batches);
+    rows.sort();
+    rows
+}
+
+/// Runs `sql` on both engines and compares the rows; returns the GPU's `EXPLAIN ANALYZE`.
+async fn check(gpu: &Engine, cpu: &Engine, sql: &str) -> String {
+    let want = sorted(&cpu.collect(sql).await.unwrap());
+    let got = sorted(
+        &gpu.collect(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql} on the GPU: {e}")),
+    );
+    assert!(!want.is_empty(), "{sql}: no rows to compare");
+    assert_eq!(got.len(), want.len(), "{sql}");
+    assert!(got == want, "{sql}: the GPU's rows differ from the CPU's");
+    ordered(
+        &gpu.collect(&format!("EXPLAIN ANALYZE {sql}"))
+            .await
+            .unwrap(),
+    )
+    .join("\n")
+}
+
+/// The `spilled_rows` the first line naming `operator` in an `EXPLAIN ANALYZE` shows.
+fn spilled_rows(explain: &str, operator: &str) -> usize {
+    explain
+        .lines()
+        .filter(|l| l.contains(operator))
+        .filter_map(|l| {
+            let at = l.find("spilled_rows=")? + "spilled_rows=".len();
+            let digits: String = l[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == 'K')
+                .collect();
+            let value: f64 = digits.trim_end_matches('K').parse().ok()?;
+            Some(if digits.ends_with('K') { value * 1e3 } else { value } as usize)
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aggregations_past_their_budget_spill_and_match_the_cpu() {
+    let (gpu, cpu) = engines().await;
+    for sql in [
+        "SELECT k, count(*), count(v), sum(v), min(v), max(v), sum(d), avg(d) FROM l GROUP BY k",
+        "SELECT s, k, count(*), sum(d), max(d) FROM l GROUP BY s, k",
+        "SELECT k % 7 AS m, s, sum(v), count(*) FROM l GROUP BY ROLLUP(k % 7, s)",
+    ] {
+        let explain = check(&gpu, &cpu, sql).await;
+        assert!(
+            spilled_rows(&explain, "GpuAggregateExec") > 0,
+            "{sql}: did not spill\n{explain}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn joins_past_their_budget_spill_and_match_the_cpu() {
+    let (gpu, cpu) = engines().await;
+    let mut queries: Vec<String> = Vec::new();
+    for on in ["l.k = r.k", "l.s = r.s", "l.k = r.k AND l.s = r.s"] {
+        for join in ["JOIN", "LEFT JOIN", "RIGHT JOIN", "FULL JOIN"] {
+            queries.push(format!(
+                "SELECT l.k, l.v, r.v, r.d FROM l {join} r ON {on} AND l.v < r.v + 500000"
+            ));
+        }
+    }
+    queries.extend([
+        "SELECT l.k, l.s, r.d FROM l JOIN r ON l.k = r.k".to_string(),
+        "SELECT l.k, r.k FROM l JOIN r ON (l.s IS NOT DISTINCT FROM r.s) AND l.k = r.k".into(),
+        "SELECT k, v FROM l WHERE EXISTS (SELECT 1 FROM r WHERE r.k = l.k AND r.v > l.v)".into(),
+        "SELECT k, v FROM l WHERE NOT EXISTS (SELECT 1 FROM r WHERE r.k = l.k)".into(),
+        "SELECT k, d FROM r WHERE k IN (SELECT k FROM l) OR v < 1000".into(),
+    ]);
+    for sql in &queries {
+        let explain = check(&gpu, &cpu, sql).await;
+        assert!(
+            spilled_rows(&explain, "GpuHashJoinExec") > 0,
+            "{sql}: did not spill\n{explain}"
+        );
+    }
+}
