@@ -22,7 +22,9 @@ pub struct DataPath {
     pub d2h_bytes: u64,
     /// Bytes the GPU operators read and wrote in device memory (the roofline's).
     pub device_bytes: u64,
-    /// The most device memory in use during the run (the engine's resident tables included).
+    /// The most device memory in use during the run (the engine's resident tables included);
+    /// `gpu_peak_bytes` in the JSON.
+    #[serde(rename = "gpu_peak_bytes", alias = "peak_device_bytes")]
     pub peak_device_bytes: u64,
     /// Exchanges that moved a GPU operator's output through the host.
     pub host_exchanges: u64,

@@ -148,6 +148,53 @@ impl ConfigField for FallbackPolicy {
     }
 }
 
+/// What a GPU session does once its device has failed with a sticky fault
+/// (`SET spate.gpu.on_device_error = 'cpu' | 'error'`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceErrorPolicy {
+    /// Plan later queries on the CPU.
+    #[default]
+    Cpu,
+    /// Refuse later queries, saying why.
+    Error,
+}
+
+impl fmt::Display for DeviceErrorPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DeviceErrorPolicy::Cpu => "cpu",
+            DeviceErrorPolicy::Error => "error",
+        })
+    }
+}
+
+impl FromStr for DeviceErrorPolicy {
+    type Err = SpateError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "cpu" => Ok(DeviceErrorPolicy::Cpu),
+            "error" => Ok(DeviceErrorPolicy::Error),
+            _ => Err(SpateError::Config {
+                message: format!("unknown device error policy '{s}': expected cpu or error"),
+            }),
+        }
+    }
+}
+
+impl ConfigField for DeviceErrorPolicy {
+    fn visit<V: Visit>(&self, v: &mut V, key: &str, description: &'static str) {
+        v.some(key, self, description)
+    }
+
+    fn set(&mut self, _key: &str, value: &str) -> datafusion::error::Result<()> {
+        *self = value
+            .parse()
+            .map_err(|e: SpateError| DataFusionError::Configuration(e.to_string()))?;
+        Ok(())
+    }
+}
+
 config_namespace! {
     /// GPU settings (`spate.gpu.*`).
     pub struct GpuOptions {
@@ -161,6 +208,9 @@ config_namespace! {
         /// Device memory one query may use, e.g. 512M; 0 (the default) means the device
         /// pool's whole budget (`--gpu-memory-limit`). Operators spill to the host beyond it.
         pub memory_limit: ByteSize, default = ByteSize(0)
+        /// Once the device has failed with a sticky fault: plan later queries on the CPU
+        /// (cpu), or refuse them (error).
+        pub on_device_error: DeviceErrorPolicy, default = DeviceErrorPolicy::Cpu
     }
 }
 

@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use crate::backend::{DeviceBackend, DeviceLimits, cuda as cuda_backend, emulated};
 use crate::counters::{Call, CounterSnapshot, Counters, count};
 use crate::error::{KernelError, Result};
+use crate::faults::Faults;
 use crate::health::Health;
 use crate::launch::Kernel;
 use crate::memory::{MemoryPool, MemoryStats, Reservation};
@@ -130,6 +131,8 @@ pub(crate) struct DeviceInner {
     pub(crate) kernels: Mutex<HashMap<String, Kernel>>,
     /// Blocks for grid-stride kernels: enough to fill the device a few times over.
     pub(crate) grid_blocks: u32,
+    /// Injected faults (tests, and the emulator's environment).
+    pub(crate) faults: Faults,
 }
 
 /// A device: a CUDA GPU or the emulator. Cheap to clone (shared handle).
@@ -212,6 +215,10 @@ impl Device {
                 counters: Counters::new(),
                 kernels: Mutex::new(HashMap::new()),
                 grid_blocks,
+                faults: match kind {
+                    BackendKind::Emulated => Faults::from_env(),
+                    BackendKind::Cuda => Faults::default(),
+                },
             }),
         })
     }
@@ -229,6 +236,20 @@ impl Device {
     /// The launch limits every launch is checked against.
     pub fn limits(&self) -> DeviceLimits {
         self.inner.limits
+    }
+
+    /// Makes the `nth` device allocation from now fail with `OutOfMemory`; 0 disarms (a test
+    /// hook; see [`crate::faults`]).
+    #[doc(hidden)]
+    pub fn inject_alloc_failure(&self, nth: u64) {
+        self.inner.faults.arm_alloc(nth);
+    }
+
+    /// Makes the `nth` kernel launch from now fault, leaving the device unhealthy; 0 disarms (a
+    /// test hook; see [`crate::faults`]).
+    #[doc(hidden)]
+    pub fn inject_launch_fault(&self, nth: u64) {
+        self.inner.faults.arm_launch(nth);
     }
 
     /// Memory accounting of the device's pool.

@@ -30,6 +30,7 @@ pub mod cross;
 pub mod device;
 pub mod error;
 pub mod event;
+pub mod faults;
 pub mod gather;
 pub mod hash;
 pub(crate) mod health;

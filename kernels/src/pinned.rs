@@ -22,6 +22,8 @@ pub struct PinnedPool {
     /// Blocks dropped while a copy still used them, with that copy's event.
     retired: Mutex<Vec<(PinnedBlock, Event)>>,
     cached_bytes: AtomicUsize,
+    /// Bytes of the buffers handed out and not dropped yet.
+    in_use_bytes: AtomicUsize,
 }
 
 impl std::fmt::Debug for PinnedPool {
@@ -56,6 +58,7 @@ impl PinnedPool {
             free: Mutex::new(Vec::new()),
             retired: Mutex::new(Vec::new()),
             cached_bytes: AtomicUsize::new(0),
+            in_use_bytes: AtomicUsize::new(0),
         }
     }
 
@@ -63,6 +66,12 @@ impl PinnedPool {
     /// flight included).
     pub fn cached_bytes(&self) -> usize {
         self.cached_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of the pinned buffers in use: handed out and not dropped. Zero between queries,
+    /// or a buffer leaked.
+    pub fn in_use_bytes(&self) -> usize {
+        self.in_use_bytes.load(Ordering::Relaxed)
     }
 
     pub(crate) fn take(self: &Arc<Self>, bytes: usize) -> Result<PinnedBuffer> {
@@ -85,6 +94,8 @@ impl PinnedPool {
                 backend: Arc::clone(&self.backend),
             },
         };
+        self.in_use_bytes
+            .fetch_add(block.capacity, Ordering::Relaxed);
         Ok(PinnedBuffer {
             block: Some(block),
             len: bytes,
@@ -227,6 +238,9 @@ impl Drop for PinnedBuffer {
         let Some(block) = self.block.take() else {
             return;
         };
+        self.pool
+            .in_use_bytes
+            .fetch_sub(block.capacity, Ordering::Relaxed);
         match self.pending.take() {
             Some(e) if !e.is_complete() => {
                 self.pool

@@ -67,6 +67,12 @@ impl Stream {
         let bytes = checked_bytes::<T>(len)?;
         self.check()?;
         let pool = &self.device.inner.memory;
+        if bytes > 0 && self.device.inner.faults.alloc_fails() {
+            return Err(KernelError::OutOfMemory {
+                requested_bytes: bytes,
+                free_bytes: 0,
+            });
+        }
         pool.charge_allocation(bytes)?;
         let mem = if bytes == 0 {
             None
@@ -352,6 +358,11 @@ impl Stream {
         kernel.check_launch(&cfg, &self.device.inner.limits)?;
         if cfg.num_blocks() == 0 {
             return Ok(());
+        }
+        if self.device.inner.faults.launch_faults() {
+            let reason = format!("an injected fault in kernel `{}`", kernel.name());
+            self.device.inner.health.mark(reason.clone());
+            return Err(KernelError::DeviceUnhealthy { reason });
         }
         self.count(Call::Launch);
         // SAFETY: the caller guarantees the arguments.

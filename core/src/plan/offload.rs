@@ -32,7 +32,7 @@ use datafusion::physical_plan::{
     ExecutionPlan, ExecutionPlanProperties, replace_children_if_necessary,
 };
 
-use crate::config::{FallbackPolicy, SpateOptions};
+use crate::config::{DeviceErrorPolicy, FallbackPolicy, SpateOptions};
 use crate::device::GpuContext;
 use crate::exec::{
     GpuAggregateExec, GpuCoalescePartitionsExec, GpuCrossJoinExec, GpuFilterExec, GpuHashJoinExec,
@@ -358,6 +358,20 @@ impl PhysicalOptimizerRule for GpuOffloadRule {
         config: &ConfigOptions,
     ) -> DFResult<Arc<dyn ExecutionPlan>> {
         let options = config.extensions.get::<SpateOptions>();
+        if let Err(fault) = self.gpu.device().check_health() {
+            // The device failed earlier in the session: the query runs on the CPU, or not at
+            // all, as `spate.gpu.on_device_error` says.
+            return match options.map(|o| o.gpu.on_device_error).unwrap_or_default() {
+                DeviceErrorPolicy::Cpu => {
+                    log::warn!("running on the CPU: {fault}");
+                    Ok(plan)
+                }
+                DeviceErrorPolicy::Error => Err(DataFusionError::Execution(format!(
+                    "{fault}; the query was refused (spate.gpu.on_device_error = 'error'): \
+                     SET spate.gpu.on_device_error = 'cpu' to run it on the CPU"
+                ))),
+            };
+        }
         let policy = options.map(|o| o.gpu.fallback).unwrap_or_default();
         let one_partition = options.is_none_or(|o| o.gpu.one_partition);
         plan.transform_up(|node| {
