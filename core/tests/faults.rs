@@ -36,7 +36,9 @@ fn table(rows: i64, keys: i64) -> Vec<RecordBatch> {
     let columns: Vec<ArrayRef> = vec![
         Arc::new(Int64Array::from(k)),
         Arc::new(StringArray::from(s)),
-        Arc::new(Int64Array::from_iter_values((0..rows).map(|i| i * 31 % 1009))),
+        Arc::new(Int64Array::from_iter_values(
+            (0..rows).map(|i| i * 31 % 1009),
+        )),
     ];
     vec![RecordBatch::try_new(schema, columns).unwrap()]
 }
@@ -112,7 +114,12 @@ async fn every_allocation_failure_is_a_typed_error_and_leaks_nothing() {
 async fn allocation_failures_while_spilling_are_typed_errors_and_leak_nothing() {
     let cpu = engine(Backend::Cpu, None);
     // 192 KiB: the join and the aggregation spill to the host (sorts do not spill yet).
-    walk(&engine(Backend::Emulated, Some(192 << 10)), &cpu, &QUERIES[..2]).await;
+    walk(
+        &engine(Backend::Emulated, Some(192 << 10)),
+        &cpu,
+        &QUERIES[..2],
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -142,7 +149,10 @@ async fn a_device_fault_fails_the_query_then_the_policy_decides() {
             }
             _ => {
                 let err = later.unwrap_err().to_string();
-                assert!(err.contains("refused") && err.contains("unhealthy"), "{err}");
+                assert!(
+                    err.contains("refused") && err.contains("unhealthy"),
+                    "{err}"
+                );
             }
         }
     }

@@ -34,17 +34,17 @@ fn table(rows: usize, keys: u64, seed: u64) -> Vec<RecordBatch> {
         let n = left.min(4096);
         left -= n;
         let k: Vec<Option<i64>> = (0..n)
-            .map(|_| (r.next_u64() % 12 != 0).then(|| (r.next_u64() % keys) as i64))
+            .map(|_| (!r.next_u64().is_multiple_of(12)).then(|| (r.next_u64() % keys) as i64))
             .collect();
         let s: Vec<Option<String>> = k
             .iter()
             .map(|k| k.and_then(|k| (k % 5 != 0).then(|| format!("key-{:x}", k * 7919))))
             .collect();
         let v: Vec<Option<i64>> = (0..n)
-            .map(|_| (r.next_u64() % 9 != 0).then(|| r.next_u64() as i64 % 1_000_000))
+            .map(|_| (!r.next_u64().is_multiple_of(9)).then(|| r.next_u64() as i64 % 1_000_000))
             .collect();
         let d: Decimal128Array = (0..n)
-            .map(|_| (r.next_u64() % 7 != 0).then(|| (r.next_u64() % 10_000_000) as i128))
+            .map(|_| (!r.next_u64().is_multiple_of(7)).then(|| (r.next_u64() % 10_000_000) as i128))
             .collect::<Decimal128Array>()
             .with_precision_and_scale(15, 2)
             .unwrap();
@@ -120,7 +120,11 @@ fn spilled_rows(explain: &str, operator: &str) -> usize {
                 .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == 'K')
                 .collect();
             let value: f64 = digits.trim_end_matches('K').parse().ok()?;
-            Some(if digits.ends_with('K') { value * 1e3 } else { value } as usize)
+            Some(if digits.ends_with('K') {
+                value * 1e3
+            } else {
+                value
+            } as usize)
         })
         .max()
         .unwrap_or(0)

@@ -105,7 +105,10 @@ mod tests {
         let t = Trigger::default();
         assert!(!t.fires());
         t.arm(3);
-        assert_eq!((t.fires(), t.fires(), t.fires(), t.fires()), (false, false, true, false));
+        assert_eq!(
+            (t.fires(), t.fires(), t.fires(), t.fires()),
+            (false, false, true, false)
+        );
         t.arm(1);
         assert!(t.fires());
         assert!(!t.fires());

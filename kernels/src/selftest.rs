@@ -288,7 +288,10 @@ fn partition_by_hash(s: &Stream, n: usize) -> Result<Option<String>> {
     let got = (s.to_vec(&p.order)?, p.counts);
     let want = reference::partition_rows(&hashes, 58, 6);
     Ok(if got.1 != want.1 {
-        Some(format!("partition counts {:?} != expected {:?}", got.1, want.1))
+        Some(format!(
+            "partition counts {:?} != expected {:?}",
+            got.1, want.1
+        ))
     } else {
         mismatch(&got.0, &want.0)
     })

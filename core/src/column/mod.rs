@@ -902,7 +902,8 @@ impl DeviceBatch {
             };
             match &c.values {
                 DeviceValues::Fixed { bytes, .. } | DeviceValues::Bits { bytes, .. } => add(bytes),
-                DeviceValues::Utf8 { offsets, bytes } | DeviceValues::LargeUtf8 { offsets, bytes } => {
+                DeviceValues::Utf8 { offsets, bytes }
+                | DeviceValues::LargeUtf8 { offsets, bytes } => {
                     add(offsets);
                     add(bytes);
                 }

@@ -23,11 +23,10 @@ use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder};
 use spate_kernels::hash::{DEFAULT_SEED, HashColumn, hash_columns};
 use spate_kernels::partition::partition_rows;
-use spate_kernels::{DeviceBuffer, DeviceBitmap, Stream as DeviceStream};
+use spate_kernels::{DeviceBitmap, DeviceBuffer, Stream as DeviceStream};
 
 use crate::column::{
-    DeviceBatch, DeviceColumn, DeviceValues, Gather, download_batch, gather_columns,
-    upload_batches,
+    DeviceBatch, DeviceColumn, DeviceValues, Gather, download_batch, gather_columns, upload_batches,
 };
 use crate::error::{Result, SpateError};
 
@@ -184,8 +183,12 @@ impl HostPartitions {
         let Some(shift) = self.next_shift() else {
             return Ok(None);
         };
-        let mut child =
-            HostPartitions::new(Arc::clone(&self.schema), self.keys.clone(), shift, &self.options);
+        let mut child = HostPartitions::new(
+            Arc::clone(&self.schema),
+            self.keys.clone(),
+            shift,
+            &self.options,
+        );
         for group in self.take_host_grouped(p) {
             let batch = upload_batches(stream, &self.schema, &group)?;
             drop(group);

@@ -537,12 +537,8 @@ impl GpuExec for GpuAggregateExec {
         let input_schema = self.cpu.input().schema();
         let options = context.session_config().options();
         let limit = crate::exec::memory::state_limit(&gpu, options);
-        let spill = crate::exec::spill::SpillOptions::new(
-            &context,
-            self.name(),
-            &self.metrics,
-            partition,
-        )?;
+        let spill =
+            crate::exec::spill::SpillOptions::new(&context, self.name(), &self.metrics, partition)?;
         let stages = self.stages.clone();
         let once = futures::stream::once(async move {
             let mut input = input;
@@ -606,7 +602,8 @@ impl GpuExec for GpuAggregateExec {
             };
             let out = ordered(&stream, out).map_err(to_df)?;
             baseline.record_output(out.bound());
-            let one: DeviceBatchStream = Box::pin(futures::stream::once(futures::future::ready(Ok(out))));
+            let one: DeviceBatchStream =
+                Box::pin(futures::stream::once(futures::future::ready(Ok(out))));
             Ok(one)
         })
         .try_flatten();

@@ -31,8 +31,8 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use spate_kernels::Stream as DeviceStream;
 
-use super::plan::{AggPlan, analyze};
 use super::aggregate_batch;
+use super::plan::{AggPlan, analyze};
 use crate::column::{DeviceBatch, concat_device_batches};
 use crate::device::GpuContext;
 use crate::error::Result;
@@ -124,7 +124,10 @@ impl Stages {
             )
             .ok()
         };
-        let (merge, finish) = (stage(AggregateMode::PartialReduce)?, stage(AggregateMode::Final)?);
+        let (merge, finish) = (
+            stage(AggregateMode::PartialReduce)?,
+            stage(AggregateMode::Final)?,
+        );
         // The staged result must be the aggregation's own, column for column.
         let same_types = finish.schema().fields().len() == agg.schema().fields().len()
             && finish
@@ -311,7 +314,13 @@ impl Staged {
             std::mem::take(&mut self.pending),
         )?;
         self.pending_bytes = 0;
-        aggregate_batch(&self.stream, &self.kernels[1], &merge.plan, &merge.schema, &all)
+        aggregate_batch(
+            &self.stream,
+            &self.kernels[1],
+            &merge.plan,
+            &merge.schema,
+            &all,
+        )
     }
 
     fn spilled_partitions(&mut self) -> &mut HostPartitions {
@@ -342,9 +351,12 @@ impl Staged {
         }
         self.spill_pending()?;
         self.spilled_partitions();
-        let states = self.spilled.take().ok_or_else(|| crate::error::SpateError::Internal {
-            message: "a spilled aggregation without state partitions".into(),
-        })?;
+        let states = self
+            .spilled
+            .take()
+            .ok_or_else(|| crate::error::SpateError::Internal {
+                message: "a spilled aggregation without state partitions".into(),
+            })?;
         let raw = self.raw.take();
         Ok(Finishing {
             staged: self,
@@ -355,7 +367,13 @@ impl Staged {
 
     fn finish_states(&self, states: &DeviceBatch) -> Result<DeviceBatch> {
         let finish = &self.stages.finish;
-        aggregate_batch(&self.stream, &self.kernels[2], &finish.plan, &finish.schema, states)
+        aggregate_batch(
+            &self.stream,
+            &self.kernels[2],
+            &finish.plan,
+            &finish.schema,
+            states,
+        )
     }
 }
 
@@ -435,8 +453,7 @@ impl Finishing {
             if parts.is_empty() {
                 continue;
             }
-            let states =
-                concat_device_batches(&stream, &self.staged.stages.partial.schema, parts)?;
+            let states = concat_device_batches(&stream, &self.staged.stages.partial.schema, parts)?;
             let out = self.staged.finish_states(&states)?;
             if out.bound() > 0 {
                 return Ok(Some(out));

@@ -150,5 +150,4 @@ impl Grace {
         self.started = false;
         Ok(Step::Out(out))
     }
-
 }

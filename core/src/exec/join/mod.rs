@@ -652,7 +652,9 @@ impl GpuExec for GpuHashJoinExec {
                 totals_read: 0,
             },
             Some(Box::pin(build)
-                as std::pin::Pin<Box<dyn Future<Output = DFResult<Built>> + Send>>),
+                as std::pin::Pin<
+                    Box<dyn Future<Output = DFResult<Built>> + Send>,
+                >),
             probe,
             false,
             None::<Box<Grace>>,
@@ -690,7 +692,9 @@ impl GpuExec for GpuHashJoinExec {
                                         spill.flags,
                                     )));
                                 }
-                                Err(e) => return Some((Err(e), (s, None, probe, true, None, spill))),
+                                Err(e) => {
+                                    return Some((Err(e), (s, None, probe, true, None, spill)));
+                                }
                             }
                         }
                         Err(e) => return Some((Err(e), (s, None, probe, true, None, spill))),
