@@ -1,6 +1,7 @@
 //! GPU operators over more data than their device budget: aggregations spill their groups and
-//! joins their sides to the host in hash partitions (`exec/spill.rs`), and their results still
-//! equal the CPU's. Each query also shows in `EXPLAIN ANALYZE` that it spilled.
+//! joins their sides to the host in hash partitions (`exec/spill.rs`), sorts their sorted runs
+//! (`exec/external_sort.rs`), and their results still equal the CPU's. Each query also shows
+//! in `EXPLAIN ANALYZE` that it spilled.
 
 #![allow(
     clippy::unwrap_used,
@@ -168,6 +169,35 @@ async fn joins_past_their_budget_spill_and_match_the_cpu() {
         let explain = check(&gpu, &cpu, sql).await;
         assert!(
             spilled_rows(&explain, "GpuHashJoinExec") > 0,
+            "{sql}: did not spill\n{explain}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sorts_past_their_budget_merge_runs_and_match_the_cpu() {
+    let (gpu, cpu) = engines().await;
+    for sql in [
+        "SELECT k, s, v, d FROM l ORDER BY s DESC NULLS LAST, k, v, d",
+        "SELECT k, s, v, d FROM l ORDER BY d NULLS FIRST, v DESC, k, s",
+        "SELECT k, v, d FROM l ORDER BY v + k, k, v, d",
+    ] {
+        let want = ordered(&cpu.collect(sql).await.unwrap());
+        let got = ordered(
+            &gpu.collect(sql)
+                .await
+                .unwrap_or_else(|e| panic!("{sql} on the GPU: {e}")),
+        );
+        assert_eq!(got.len(), want.len(), "{sql}");
+        assert!(got == want, "{sql}: the GPU's order differs from the CPU's");
+        let explain = ordered(
+            &gpu.collect(&format!("EXPLAIN ANALYZE {sql}"))
+                .await
+                .unwrap(),
+        )
+        .join("\n");
+        assert!(
+            spilled_rows(&explain, "GpuSortExec") > 0,
             "{sql}: did not spill\n{explain}"
         );
     }

@@ -28,6 +28,8 @@ pub struct Counters {
     h2d_bytes: AtomicU64,
     d2h_bytes: AtomicU64,
     d2d_bytes: AtomicU64,
+    /// The most device memory in use just after an allocation counted here.
+    peak_device_bytes: AtomicU64,
 }
 
 /// A reading of [`Counters`]; the difference of two readings is what happened between them.
@@ -46,6 +48,10 @@ pub struct CounterSnapshot {
     /// Bytes copied from device memory to device memory by copy calls (kernels' own traffic
     /// is not seen here).
     pub d2d_bytes: u64,
+    /// The most device memory in use (the device pool's, every query's) just after an
+    /// allocation counted here: a peak, so readings combine by their maximum, and the
+    /// difference of two keeps the later one's.
+    pub peak_device_bytes: u64,
 }
 
 impl CounterSnapshot {
@@ -62,6 +68,7 @@ impl CounterSnapshot {
             h2d_bytes: f(self.h2d_bytes, other.h2d_bytes),
             d2h_bytes: f(self.d2h_bytes, other.d2h_bytes),
             d2d_bytes: f(self.d2d_bytes, other.d2d_bytes),
+            peak_device_bytes: self.peak_device_bytes,
         }
     }
 }
@@ -69,7 +76,10 @@ impl CounterSnapshot {
 impl Add for CounterSnapshot {
     type Output = Self;
     fn add(self, other: Self) -> Self {
-        self.zip(other, u64::saturating_add)
+        CounterSnapshot {
+            peak_device_bytes: self.peak_device_bytes.max(other.peak_device_bytes),
+            ..self.zip(other, u64::saturating_add)
+        }
     }
 }
 
@@ -86,7 +96,8 @@ impl Sub for CounterSnapshot {
 pub(crate) enum Call {
     Launch,
     HostSync,
-    Allocation,
+    /// A device allocation, and the device memory in use once it is made.
+    Allocation(usize),
     HostToDevice(usize),
     DeviceToHost(usize),
     DeviceToDevice(usize),
@@ -116,6 +127,7 @@ impl Counters {
             h2d_bytes: read(&self.h2d_bytes),
             d2h_bytes: read(&self.d2h_bytes),
             d2d_bytes: read(&self.d2d_bytes),
+            peak_device_bytes: read(&self.peak_device_bytes),
         }
     }
 
@@ -123,7 +135,11 @@ impl Counters {
         let (counter, n) = match call {
             Call::Launch => (&self.launches, 1),
             Call::HostSync => (&self.host_syncs, 1),
-            Call::Allocation => (&self.allocations, 1),
+            Call::Allocation(in_use) => {
+                self.peak_device_bytes
+                    .fetch_max(in_use as u64, Ordering::Relaxed);
+                (&self.allocations, 1)
+            }
             Call::HostToDevice(b) => (&self.h2d_bytes, b as u64),
             Call::DeviceToHost(b) => (&self.d2h_bytes, b as u64),
             Call::DeviceToDevice(b) => (&self.d2d_bytes, b as u64),
@@ -177,7 +193,7 @@ mod tests {
                 count(&totals, Call::Launch);
                 count(&totals, Call::HostSync);
             });
-            count(&totals, Call::Allocation);
+            count(&totals, Call::Allocation(64));
         });
         count(&totals, Call::DeviceToHost(8));
         let t = totals.snapshot();
@@ -185,6 +201,7 @@ mod tests {
         assert_eq!((t.h2d_bytes, t.d2h_bytes, t.bus_bytes()), (100, 8, 108));
         let o = outer.snapshot();
         assert_eq!((o.launches, o.allocations, o.h2d_bytes), (0, 1, 100));
+        assert_eq!((o.peak_device_bytes, t.peak_device_bytes), (64, 64));
         let i = inner.take();
         assert_eq!((i.launches, i.host_syncs), (1, 1));
         assert_eq!(inner.snapshot(), CounterSnapshot::default());
@@ -193,6 +210,8 @@ mod tests {
             CounterSnapshot {
                 launches: 1,
                 d2h_bytes: 8,
+                // A peak: the difference keeps the first reading's.
+                peak_device_bytes: 64,
                 ..i - i
             }
         );

@@ -91,6 +91,11 @@ impl MemoryPool {
         }
     }
 
+    /// Bytes allocated and reserved now.
+    pub fn in_use(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
     /// Charges `bytes` to the budget and then to `counter`, if the budget allows it.
     fn charge(&self, counter: &AtomicUsize, bytes: usize) -> Result<()> {
         let mut used = self.used.load(Ordering::Relaxed);

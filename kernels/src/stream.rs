@@ -83,7 +83,7 @@ impl Stream {
             };
             match self.imp.alloc(bytes, zeroed, elem) {
                 Ok(m) => {
-                    self.count(Call::Allocation);
+                    self.count(Call::Allocation(pool.in_use()));
                     Some(m)
                 }
                 Err(e) => {

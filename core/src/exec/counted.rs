@@ -14,13 +14,14 @@
 //! | `host_syncs` | host waits for the device: readbacks, synchronizes, event waits |
 //! | `dev_allocs` | device buffers allocated |
 //! | `h2d_bytes`, `d2h_bytes` | bytes over the bus, the small readbacks of sizes and totals included |
+//! | `gpu_peak_bytes` | the most device memory in use just after one of its allocations (the device's, so a concurrent query's too) |
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use datafusion::error::{DataFusionError, Result as DFResult};
-use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder};
+use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, Gauge, MetricBuilder};
 use futures::{Stream, StreamExt};
 use spate_kernels::Counters;
 use spate_kernels::counters::in_scope;
@@ -38,6 +39,8 @@ pub const DEV_ALLOCS: &str = "dev_allocs";
 pub const H2D_BYTES: &str = "h2d_bytes";
 /// See [`LAUNCHES`].
 pub const D2H_BYTES: &str = "d2h_bytes";
+/// See [`LAUNCHES`].
+pub const GPU_PEAK_BYTES: &str = "gpu_peak_bytes";
 
 /// One operator partition's scope, and the metrics its counts move into.
 #[derive(Debug, Clone)]
@@ -48,6 +51,7 @@ pub(crate) struct RuntimeScope {
     dev_allocs: Count,
     h2d_bytes: Count,
     d2h_bytes: Count,
+    gpu_peak_bytes: Gauge,
 }
 
 impl RuntimeScope {
@@ -60,6 +64,7 @@ impl RuntimeScope {
             dev_allocs: counter(DEV_ALLOCS),
             h2d_bytes: counter(H2D_BYTES),
             d2h_bytes: counter(D2H_BYTES),
+            gpu_peak_bytes: MetricBuilder::new(metrics).gauge(GPU_PEAK_BYTES, partition),
         }
     }
 
@@ -73,6 +78,8 @@ impl RuntimeScope {
         add(&self.dev_allocs, counts.allocations);
         add(&self.h2d_bytes, counts.h2d_bytes);
         add(&self.d2h_bytes, counts.d2h_bytes);
+        self.gpu_peak_bytes
+            .set_max(usize::try_from(counts.peak_device_bytes).unwrap_or(usize::MAX));
         out
     }
 

@@ -79,6 +79,7 @@ pub mod column_facts;
 pub mod counted;
 pub mod cross_join;
 pub(crate) mod device_counts;
+mod external_sort;
 pub mod filter;
 pub(crate) mod hash_table;
 pub mod join;

@@ -35,6 +35,7 @@ use spate_kernels::{DeviceBuffer, DeviceSlice, Stream as DeviceStream, gather};
 
 use super::appended::Appended;
 use super::batching::KeepsCounts;
+use super::external_sort::Runs;
 use super::top_k;
 use super::{
     DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, collected_input, gpu_context,
@@ -43,6 +44,10 @@ use super::{
 use crate::column::{DeviceBatch, DeviceValues, Gather, concat_device_batches, gather_columns};
 use crate::error::{Result, SpateError};
 use crate::expr::Unsupported;
+
+/// Device bytes a sort takes per row beside two copies of its rows (its input and the sorted
+/// output): radix keys and the permutation, double-buffered.
+const SORT_BYTES_PER_ROW: usize = 24;
 
 /// The radix key family of a sort column.
 #[derive(Debug, Clone, Copy)]
@@ -538,9 +543,16 @@ impl GpuExec for GpuSortExec {
         let schema = computed
             .as_ref()
             .map_or_else(|| Arc::clone(&output), |(_, c)| Arc::clone(c.wide()));
+        let limit = super::memory::state_limit(&gpu, context.session_config().options());
+        let spill =
+            super::spill::SpillOptions::new(&context, self.name(), &self.metrics, partition)?;
         let sorted = futures::stream::once(async move {
             let mut input = input;
             let mut held: Vec<DeviceBatch> = Vec::new();
+            // Past the sort's share of the budget, what it holds is sorted into a run on the
+            // host (`external_sort.rs`).
+            let mut runs = Runs::new(spill);
+            let (mut held_bytes, mut held_rows) = (0usize, 0usize);
             // A top-k narrows what it holds to its candidates as its input arrives
             // (`top_k.rs`); once it has a bound, each batch keeps only its rows within it.
             let mut top = fetch.and_then(|k| top_k::TopK::new(&keys, k));
@@ -553,7 +565,20 @@ impl GpuExec for GpuSortExec {
                     None => batch,
                 };
                 let Some(top) = top.as_mut() else {
+                    held_bytes += batch.device_bytes();
+                    held_rows += batch.bound();
                     held.push(batch);
+                    if 2 * held_bytes + SORT_BYTES_PER_ROW * held_rows > limit {
+                        let _timer = baseline.elapsed_compute().timer();
+                        let all =
+                            concat_device_batches(&stream, &schema, std::mem::take(&mut held))
+                                .map_err(to_df)?;
+                        let run = sort_batch(&stream, &all, &keys, None, &null_kernels, &schema)
+                            .map_err(to_df)?;
+                        drop(all);
+                        runs.push(&stream, &run).map_err(to_df)?;
+                        (held_bytes, held_rows) = (0, 0);
+                    }
                     continue;
                 };
                 let _timer = baseline.elapsed_compute().timer();
@@ -570,11 +595,53 @@ impl GpuExec for GpuSortExec {
             }
             let _timer = baseline.elapsed_compute().timer();
             let all = concat_device_batches(&stream, &schema, held).map_err(to_df)?;
-            let out =
-                sort_batch(&stream, &all, &keys, fetch, &null_kernels, &output).map_err(to_df)?;
-            baseline.record_output(out.bound());
-            Ok(out)
-        });
+            if runs.is_empty() {
+                let out = sort_batch(&stream, &all, &keys, fetch, &null_kernels, &output)
+                    .map_err(to_df)?;
+                baseline.record_output(out.bound());
+                let one: DeviceBatchStream =
+                    Box::pin(futures::stream::once(futures::future::ready(Ok(out))));
+                return Ok::<DeviceBatchStream, datafusion::error::DataFusionError>(one);
+            }
+            let last =
+                sort_batch(&stream, &all, &keys, None, &null_kernels, &schema).map_err(to_df)?;
+            drop(all);
+            runs.push(&stream, &last).map_err(to_df)?;
+            drop(last);
+            let merge = runs.merge(&keys).map_err(to_df)?;
+            // Each round's rows sorted on the device, until the fetch is met.
+            drop(_timer);
+            let state = (merge, fetch, stream, baseline);
+            let rounds = futures::stream::unfold(Some(state), move |state| {
+                let (keys, null_kernels, output) =
+                    (keys.clone(), null_kernels.clone(), Arc::clone(&output));
+                async move {
+                    let (mut merge, mut remaining, stream, baseline) = state?;
+                    if remaining == Some(0) {
+                        return None;
+                    }
+                    let _timer = baseline.elapsed_compute().timer();
+                    let round = match merge.next_round(&stream) {
+                        Ok(Some(round)) => round,
+                        Ok(None) => return None,
+                        Err(e) => return Some((Err(to_df(e)), None)),
+                    };
+                    match sort_batch(&stream, &round, &keys, remaining, &null_kernels, &output) {
+                        Ok(out) => {
+                            if let Some(r) = remaining.as_mut() {
+                                *r = r.saturating_sub(out.bound());
+                            }
+                            baseline.record_output(out.bound());
+                            drop(_timer);
+                            Some((Ok(out), Some((merge, remaining, stream, baseline))))
+                        }
+                        Err(e) => Some((Err(to_df(e)), None)),
+                    }
+                }
+            });
+            Ok::<DeviceBatchStream, datafusion::error::DataFusionError>(Box::pin(rounds))
+        })
+        .try_flatten();
         Ok(Box::pin(
             sorted.try_filter(|b| futures::future::ready(b.bound() > 0)),
         ))

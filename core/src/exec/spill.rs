@@ -112,6 +112,13 @@ pub(crate) struct SpillOptions {
 }
 
 impl SpillOptions {
+    /// Counts one batch of `rows` rows and `bytes` host bytes moved to the host.
+    pub(crate) fn record(&self, bytes: usize, rows: usize) {
+        self.spill_count.add(1);
+        self.spilled_bytes.add(bytes);
+        self.spilled_rows.add(rows);
+    }
+
     /// For `operator`'s `partition`, with its metrics in `metrics`.
     pub(crate) fn new(
         context: &Arc<TaskContext>,
@@ -238,9 +245,7 @@ impl HostPartitions {
         drop(grouped);
         let size = host.get_array_memory_size();
         self.reservation.try_grow(size).map_err(SpateError::from)?;
-        self.options.spill_count.add(1);
-        self.options.spilled_bytes.add(size);
-        self.options.spilled_rows.add(rows);
+        self.options.record(size, rows);
         for (p, &count) in split.counts.iter().enumerate() {
             if count == 0 {
                 continue;
