@@ -390,6 +390,40 @@ pub fn add_offsets<O: OffsetElem + Into<KernelArg>>(
     }
 }
 
+/// Copies 32-bit string offsets into 64-bit `dst` at `dst_offset`, adding `delta` to each.
+pub fn widen_offsets(
+    stream: &Stream,
+    src: DeviceSlice<'_, i32>,
+    delta: i64,
+    dst: &mut DeviceBuffer<i64>,
+    dst_offset: usize,
+) -> Result<()> {
+    let n = src.len();
+    ensure_arg!(
+        dst_offset + n <= dst.len(),
+        "copy of {n} offsets at {dst_offset} overflows {} offsets",
+        dst.len()
+    );
+    if n == 0 {
+        return Ok(());
+    }
+    let kernel = stream.device().kernel("widen_offsets_i32")?;
+    let out = dst.slice(dst_offset..dst_offset + n)?;
+    // SAFETY: `src` holds `n` i32 offsets and the destination range `n` i64 ones.
+    unsafe {
+        stream.launch(
+            &kernel,
+            grid(stream, n),
+            &[
+                src.into(),
+                KernelArg::U64(n as u64),
+                KernelArg::I64(delta),
+                out.into(),
+            ],
+        )
+    }
+}
+
 /// Offset types of string columns.
 pub trait OffsetElem: DeviceCopy + Default + TryFrom<u64> {
     #[doc(hidden)]

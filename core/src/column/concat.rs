@@ -247,13 +247,20 @@ fn concat_column(stream: &Stream, parts: &[&DeviceColumn], rows: usize) -> Resul
                 offset: 0,
             }
         }
-        DeviceValues::Utf8 { .. } => {
-            let (offsets, bytes) = concat_strings::<i32>(stream, parts, rows)?;
-            DeviceValues::Utf8 { offsets, bytes }
-        }
-        DeviceValues::LargeUtf8 { .. } => {
+        // Parts may store their offsets at either width (an operator that outgrew 32-bit
+        // offsets, a batch that came back from the host): any 64-bit part makes the whole
+        // column 64-bit, its 32-bit parts widened.
+        DeviceValues::Utf8 { .. } | DeviceValues::LargeUtf8 { .. }
+            if parts
+                .iter()
+                .any(|p| matches!(p.values(), DeviceValues::LargeUtf8 { .. })) =>
+        {
             let (offsets, bytes) = concat_strings::<i64>(stream, parts, rows)?;
             DeviceValues::LargeUtf8 { offsets, bytes }
+        }
+        DeviceValues::Utf8 { .. } | DeviceValues::LargeUtf8 { .. } => {
+            let (offsets, bytes) = concat_strings::<i32>(stream, parts, rows)?;
+            DeviceValues::Utf8 { offsets, bytes }
         }
     };
     let data_type = first.data_type().clone();
@@ -277,10 +284,32 @@ fn mixed() -> SpateError {
 }
 
 trait Offset: kg::OffsetElem + Into<spate_kernels::KernelArg> {
+    /// 64-bit offsets.
+    const WIDE: bool;
     fn from_len(len: usize) -> Result<Self>;
+    /// Copies 32-bit offsets into these (64-bit) ones at `at`, adding `delta`.
+    fn widen(
+        stream: &Stream,
+        src: spate_kernels::DeviceSlice<'_, i32>,
+        delta: usize,
+        dst: &mut spate_kernels::DeviceBuffer<Self>,
+        at: usize,
+    ) -> Result<()>;
 }
 
 impl Offset for i32 {
+    const WIDE: bool = false;
+
+    fn widen(
+        _: &Stream,
+        _: spate_kernels::DeviceSlice<'_, i32>,
+        _: usize,
+        _: &mut spate_kernels::DeviceBuffer<Self>,
+        _: usize,
+    ) -> Result<()> {
+        Err(mixed())
+    }
+
     fn from_len(len: usize) -> Result<Self> {
         i32::try_from(len).map_err(|_| SpateError::ResourcesExhausted {
             message: format!(
@@ -291,6 +320,18 @@ impl Offset for i32 {
 }
 
 impl Offset for i64 {
+    const WIDE: bool = true;
+
+    fn widen(
+        stream: &Stream,
+        src: spate_kernels::DeviceSlice<'_, i32>,
+        delta: usize,
+        dst: &mut spate_kernels::DeviceBuffer<Self>,
+        at: usize,
+    ) -> Result<()> {
+        Ok(kg::widen_offsets(stream, src, delta as i64, dst, at)?)
+    }
+
     fn from_len(len: usize) -> Result<Self> {
         Ok(len as i64)
     }
@@ -326,13 +367,20 @@ fn concat_strings<O: Offset>(
         };
         // Each part's offsets start at 0; shifting them by the bytes before it makes its first
         // offset equal the previous part's last, which it overwrites with the same value.
-        kg::add_offsets(
-            stream,
-            src.typed::<O>()?,
-            O::from_len(byte)?,
-            &mut offsets,
-            row,
-        )?;
+        let narrow = matches!(p.values(), DeviceValues::Utf8 { .. });
+        if narrow && O::WIDE {
+            O::widen(stream, src.typed::<i32>()?, byte, &mut offsets, row)?;
+        } else if !narrow && !O::WIDE {
+            return Err(mixed());
+        } else {
+            kg::add_offsets(
+                stream,
+                src.typed::<O>()?,
+                O::from_len(byte)?,
+                &mut offsets,
+                row,
+            )?;
+        }
         stream.copy_device(bytes.as_slice(), &mut data, byte)?;
         row += p.len();
         byte += bytes.len();

@@ -255,6 +255,55 @@ fn device_batches_concatenate_like_arrow() {
     assert_eq!(empty.host_rows(), Some(0));
 }
 
+/// Batches of one schema may store a string column with 32-bit offsets in one batch and
+/// 64-bit in the next (an operator's output, and the same rows back from the host): they
+/// concatenate into 64-bit offsets, in order. (Found by TPC-DS q23 under a small budget, where
+/// the 32-bit part's offsets were read as 64-bit ones.)
+#[test]
+fn strings_stored_with_either_offset_width_concatenate() {
+    let stream = stream();
+    let narrow: ArrayRef = Arc::new(StringArray::from(vec![Some("a"), None, Some("ccc")]));
+    let wide: ArrayRef = Arc::new(LargeStringArray::from(vec![Some("dddd"), Some(""), None]));
+    let narrow = upload_batch(&stream, &batch_of(vec![narrow])).unwrap();
+    let schema = Arc::clone(narrow.schema());
+    // The same Utf8 column, stored with 64-bit offsets.
+    let wide = upload_batch(&stream, &batch_of(vec![wide])).unwrap();
+    let c = &wide.columns()[0];
+    let column = DeviceColumn::with_uncounted_nulls(
+        DataType::Utf8,
+        3,
+        c.validity().cloned(),
+        c.values().clone(),
+    );
+    let wide = DeviceBatch::try_new(Arc::clone(&schema), vec![column], 3).unwrap();
+    for (parts, want) in [
+        (
+            vec![narrow.clone(), wide.clone()],
+            vec![Some("a"), None, Some("ccc"), Some("dddd"), Some(""), None],
+        ),
+        (
+            vec![wide, narrow],
+            vec![Some("dddd"), Some(""), None, Some("a"), None, Some("ccc")],
+        ),
+    ] {
+        let joined = concat_device_batches(&stream, &schema, parts).unwrap();
+        assert!(matches!(
+            joined.columns()[0].values(),
+            DeviceValues::LargeUtf8 { .. }
+        ));
+        let back = download_batch(&stream, &joined).unwrap();
+        let got: Vec<Option<String>> = (0..back.num_rows())
+            .map(|i| {
+                let c = back.column(0);
+                c.is_valid(i)
+                    .then(|| arrow::util::display::array_value_to_string(c, i).unwrap())
+            })
+            .collect();
+        let want: Vec<Option<String>> = want.into_iter().map(|s| s.map(String::from)).collect();
+        assert_eq!(got, want);
+    }
+}
+
 #[test]
 fn fixed_width_values_view_exactly_their_rows() {
     // Operators allocate at least 16 bytes per output; a column must still view only its rows,

@@ -45,7 +45,6 @@ impl Runs {
         Runs {
             runs: Vec::new(),
             reservation: MemoryConsumer::new(spill.name.clone())
-                .with_can_spill(true)
                 .register(spill.context.memory_pool()),
             spill,
         }

@@ -48,3 +48,10 @@ pub(crate) fn query_budget(gpu: &GpuContext, options: &ConfigOptions) -> usize {
 pub(crate) fn state_limit(gpu: &GpuContext, options: &ConfigOptions) -> usize {
     (query_budget(gpu, options) / STATE_SHARE).max(MIN_BATCH_BYTES)
 }
+
+/// Whether an operator holding state that will take `needed` device bytes (with the tables it
+/// builds over it) should spill: past its share of the budget (`limit`), or past what the
+/// device has free now, which other operators' state may have taken.
+pub(crate) fn should_spill(needed: usize, limit: usize, device: &spate_kernels::Device) -> bool {
+    needed > limit || needed > device.memory_stats().free_bytes()
+}

@@ -715,15 +715,22 @@ fn conform(schema: &SchemaRef, batch: RecordBatch) -> DFResult<RecordBatch> {
 }
 
 /// The bytes of `batch`'s rows: of its slice of its buffers when it is a slice (which
-/// `get_array_memory_size` would count whole).
-fn sliced_bytes(batch: &RecordBatch) -> usize {
+/// `get_array_memory_size` would count whole), a Utf8View column's strings included.
+pub(crate) fn sliced_bytes(batch: &RecordBatch) -> usize {
     batch
         .columns()
         .iter()
         .map(|c| {
-            c.to_data()
+            let own = c
+                .to_data()
                 .get_slice_memory_size()
-                .unwrap_or_else(|_| c.get_array_memory_size())
+                .unwrap_or_else(|_| c.get_array_memory_size());
+            // A view column's slice size counts its views, not the strings they point to.
+            let strings = c
+                .as_any()
+                .downcast_ref::<arrow::array::StringViewArray>()
+                .map_or(0, arrow::array::StringViewArray::total_buffer_bytes_used);
+            own + strings
         })
         .sum()
 }
@@ -788,8 +795,12 @@ fn upload_stream(
                             .step_by(rows)
                             .map(|at| batch.slice(at, rows.min(batch.num_rows() - at)))
                             .collect();
+                        // Ahead of the slices of an earlier batch still waiting: rows stay in
+                        // order when a slice is cut again.
                         let first = slices.remove(0);
-                        s.split.extend(slices);
+                        for slice in slices.into_iter().rev() {
+                            s.split.push_front(slice);
+                        }
                         s.carry = Some(first);
                         continue;
                     }

@@ -568,7 +568,8 @@ impl GpuExec for GpuSortExec {
                     held_bytes += batch.device_bytes();
                     held_rows += batch.bound();
                     held.push(batch);
-                    if 2 * held_bytes + SORT_BYTES_PER_ROW * held_rows > limit {
+                    let needed = 2 * held_bytes + SORT_BYTES_PER_ROW * held_rows;
+                    if super::memory::should_spill(needed, limit, stream.device()) {
                         let _timer = baseline.elapsed_compute().timer();
                         let all =
                             concat_device_batches(&stream, &schema, std::mem::take(&mut held))

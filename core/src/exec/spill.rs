@@ -177,8 +177,9 @@ impl HostPartitions {
             parts: vec![Vec::new(); n],
             bytes: vec![0; n],
             rows: vec![0; n],
+            // Not spillable to disk (yet): a spillable consumer under DataFusion's fair pool
+            // would be asked to give memory back that it cannot.
             reservation: MemoryConsumer::new(options.name.clone())
-                .with_can_spill(true)
                 .register(options.context.memory_pool()),
             options: options.clone(),
         }
@@ -202,6 +203,12 @@ impl HostPartitions {
             child.spill(stream, &batch)?;
         }
         Ok(Some(child))
+    }
+
+    /// Whether the rows are all in one partition (or none): splitting it again would not
+    /// spread them (one hot key, or NULL keys, hold them all).
+    pub(crate) fn is_degenerate(&self) -> bool {
+        self.rows.iter().filter(|&&r| r > 0).count() <= 1
     }
 
     /// How many partitions there are.
@@ -284,11 +291,7 @@ impl HostPartitions {
         let mut group_bytes = 0;
         for batch in std::mem::take(&mut self.parts[p]) {
             // Slices share their download's buffers: count the rows' share of them.
-            let size = batch
-                .columns()
-                .iter()
-                .map(|c| c.to_data().get_slice_memory_size().unwrap_or(0))
-                .sum::<usize>();
+            let size = super::sliced_bytes(&batch);
             match groups.last_mut() {
                 Some(group) if group_bytes + size <= self.options.batch_bytes => {
                     group_bytes += size;

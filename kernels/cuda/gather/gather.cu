@@ -272,6 +272,26 @@ SPATE_EXPORT(copy_bitmap)
 SPATE_ADD_OFFSETS(i32)
 SPATE_ADD_OFFSETS(i64)
 
+/**
+ * @brief Widens 32-bit string offsets to 64 bits while adding `delta`: a Utf8 part of a
+ *        concatenation whose other parts (or total) need 64-bit offsets.
+ *
+ * @param src    `n` offsets
+ * @param n      number of offsets
+ * @param delta  added to each
+ * @param dst    `n` outputs
+ *
+ * Launch: SPATE_BLOCK_THREADS threads, grid-stride over `n`, no shared memory.
+ * Memory: caller allocates `dst`.
+ * Nulls:  none; offsets of NULL rows are copied like any other.
+ * Stream: asynchronous on the launch stream.
+ */
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS)
+    widen_offsets_i32(const i32* src, u64 n, i64 delta, i64* dst) {
+    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) dst[i] = (i64)src[i] + delta;
+}
+SPATE_EXPORT(widen_offsets_i32)
+
 // The most parts one append_parts launch takes (each part is four parameters).
 #define SPATE_APPEND_PARTS 16
 

@@ -553,7 +553,8 @@ impl GpuExec for GpuAggregateExec {
                 }
                 bytes += crate::exec::memory::with_table(&batch);
                 batches.push(batch);
-                if let (true, Some(stages)) = (bytes > limit, &stages) {
+                let over = crate::exec::memory::should_spill(bytes, limit, stream.device());
+                if let (true, Some(stages)) = (over, &stages) {
                     // Past the operator's share of the budget: aggregate in stages.
                     let mut s = Staged::new(
                         Arc::clone(stages),

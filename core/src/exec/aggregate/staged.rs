@@ -21,8 +21,9 @@
 //!
 //! Not staged (they keep the one pass over the collected input): aggregations without group
 //! keys (they fold batch by batch already), those whose output keeps an order (their groups
-//! would come out partition by partition), and those DataFusion cannot split in two phases
-//! (COUNT(DISTINCT), whose partial state is a list).
+//! would come out partition by partition), those with a boolean key (a bitmap, which rows are
+//! not partitioned by), and those DataFusion cannot split in two phases (COUNT(DISTINCT),
+//! whose partial state is a list).
 
 use std::sync::Arc;
 
@@ -85,7 +86,12 @@ impl std::fmt::Debug for Stages {
 impl Stages {
     /// The stages of `agg`, when it can be staged (see the module docs).
     pub(super) fn of(agg: &AggregateExec, plan: &AggPlan) -> Option<Stages> {
-        if plan.keys.is_empty() || plan.per_batch || plan.order.is_some() {
+        // Boolean keys are bitmaps, which rows are not partitioned by.
+        if plan.keys.is_empty()
+            || plan.per_batch
+            || plan.order.is_some()
+            || plan.spec.keys.iter().any(|k| matches!(k, DevType::Bool))
+        {
             return None;
         }
         let input = Arc::clone(agg.input());
@@ -144,7 +150,7 @@ impl Stages {
                 .spec
                 .keys
                 .iter()
-                .all(|k| !matches!(k, DevType::F32 | DevType::F64 | DevType::Bool));
+                .all(|k| !matches!(k, DevType::F32 | DevType::F64));
         Some(Stages {
             raw_spills,
             input_schema: agg.input().schema(),
@@ -228,7 +234,10 @@ impl Staged {
         }
         self.pending_bytes += states.device_bytes();
         self.pending.push(states);
-        if self.pending_bytes <= self.limit / MERGE_SHARE || self.pending.len() < 2 {
+        let needed = self.pending_bytes * MERGE_SHARE;
+        if !crate::exec::memory::should_spill(needed, self.limit, stream.device())
+            || self.pending.len() < 2
+        {
             return Ok(());
         }
         if !self.merging_shrinks || self.raw.is_some() {
@@ -239,7 +248,9 @@ impl Staged {
         let before = self.pending_bytes;
         let merged = self.merge()?;
         let after = merged.device_bytes();
-        if after > self.limit / MERGE_SHARE || after * 2 > before {
+        if crate::exec::memory::should_spill(after * MERGE_SHARE, self.limit, stream.device())
+            || after * 2 > before
+        {
             // The groups are many: merging keeps them no smaller than half, or over the share.
             self.merging_shrinks = false;
             self.spilled_partitions().spill(&stream, &merged)?;
@@ -361,7 +372,12 @@ impl Staged {
         Ok(Finishing {
             staged: self,
             ready: None,
-            stack: vec![Level { states, raw, p: 0 }],
+            stack: vec![Level {
+                states,
+                raw,
+                p: 0,
+                splits: true,
+            }],
         })
     }
 
@@ -383,6 +399,8 @@ struct Level {
     states: HostPartitions,
     raw: Option<HostPartitions>,
     p: usize,
+    /// Whether an oversized partition of this level is split again.
+    splits: bool,
 }
 
 impl Level {
@@ -417,15 +435,24 @@ impl Finishing {
             }
             let p = level.p;
             level.p += 1;
-            if level.with_table(p) > self.staged.limit
+            if level.splits
+                && level.with_table(p) > self.staged.limit
                 && let Some(states) = level.states.split(&stream, p)?
             {
-                // Split again by the next bits, both sides alike.
+                // Split again by the next bits, both sides alike; a split that left every row
+                // in one partition is not tried again below it.
                 let raw = match &mut level.raw {
                     Some(raw) => raw.split(&stream, p)?,
                     None => None,
                 };
-                self.stack.push(Level { states, raw, p: 0 });
+                let splits =
+                    !states.is_degenerate() || raw.as_ref().is_some_and(|r| !r.is_degenerate());
+                self.stack.push(Level {
+                    states,
+                    raw,
+                    p: 0,
+                    splits,
+                });
                 continue;
             }
             // The partition's rows become states, beside its spilled states.

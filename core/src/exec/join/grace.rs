@@ -48,6 +48,9 @@ struct Level {
     build: HostPartitions,
     probe: HostPartitions,
     p: usize,
+    /// Whether an oversized partition of this level is split again: not below a split that
+    /// left every build row in one partition (one hot key, or NULL keys).
+    splits: bool,
 }
 
 /// A grace join's partitions, probed one at a time. A partition whose build side (with its
@@ -76,7 +79,12 @@ impl Grace {
     ) -> Self {
         Grace {
             probe_schema: Arc::clone(probe.schema()),
-            levels: vec![Level { build, probe, p: 0 }],
+            levels: vec![Level {
+                build,
+                probe,
+                p: 0,
+                splits: true,
+            }],
             build_schema,
             started: false,
             probe_left: Vec::new(),
@@ -101,7 +109,8 @@ impl Grace {
                 self.levels.pop();
                 continue;
             }
-            if level.build.with_table(p) > self.limit
+            if level.splits
+                && level.build.with_table(p) > self.limit
                 && let Some(build) = level.build.split(&stream, p)?
             {
                 let probe = match level.probe.split(&stream, p)? {
@@ -113,7 +122,13 @@ impl Grace {
                     }
                 };
                 level.p += 1;
-                self.levels.push(Level { build, probe, p: 0 });
+                let splits = !build.is_degenerate();
+                self.levels.push(Level {
+                    build,
+                    probe,
+                    p: 0,
+                    splits,
+                });
                 continue;
             }
             let batch = match level.build.take(&stream, p)? {

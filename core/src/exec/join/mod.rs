@@ -61,7 +61,6 @@ use super::{
 use crate::column::{
     DeviceBatch, Gather, RowCount, append_device_batches, concat_device_batches, gather_batch,
 };
-use crate::config::SpateOptions;
 use crate::error::{Result, SpateError};
 use crate::exec::spill::{HostPartitions, SpillOptions, TOP_SHIFT};
 use crate::expr::{DevType, PredicateKernel, Unsupported, predicate_kernel};
@@ -533,8 +532,11 @@ impl GpuExec for GpuHashJoinExec {
             .properties()
             .output_partitioning()
             .partition_count();
-        // A shared build side probed by several partitions stays in memory.
-        let may_spill = self.plan.spillable && (!collect_left || probe_partitions == 1);
+        // A shared build side probed by several partitions stays in memory, and so does one
+        // whose output keeps an order (a grace join emits partition by partition).
+        let may_spill = self.plan.spillable
+            && (!collect_left || probe_partitions == 1)
+            && self.properties().output_ordering().is_none();
         let limit = crate::exec::memory::state_limit(&gpu, context.session_config().options());
         let spill_options = SpillOptions::new(&context, self.name(), &self.metrics, partition)?;
         let build_spill = spill_options.clone();
@@ -560,7 +562,8 @@ impl GpuExec for GpuHashJoinExec {
                     }
                     bytes += crate::exec::memory::with_table(&batch);
                     batches.push(batch);
-                    if may_spill && bytes > limit {
+                    if may_spill && crate::exec::memory::should_spill(bytes, limit, stream.device())
+                    {
                         // Over the join's share of the budget: a grace join.
                         let mut parts = HostPartitions::new(
                             Arc::clone(&left_schema),
@@ -643,7 +646,7 @@ impl GpuExec for GpuHashJoinExec {
                 baseline: BaselineMetrics::new(&self.metrics, partition),
                 largest_output_bytes: MetricBuilder::new(&self.metrics)
                     .gauge("largest_output_bytes", partition),
-                batch_bytes: SpateOptions::gpu_batch_bytes(context.session_config().options()),
+                batch_bytes: crate::exec::batch_target(&context)?,
                 chunks: None,
                 wide_probe_strings: Vec::new(),
                 settlement: crate::exec::device_counts::Settlement::of(&self.metrics, partition),
