@@ -929,6 +929,25 @@ mod tests {
     }
 
     #[test]
+    fn offsets_widen_to_64_bits_with_their_shift() {
+        let device = test_device();
+        let stream = device.new_stream().unwrap();
+        for &n in SIZES {
+            let (offsets, _) = reference::random_strings(n, 5 + n as u64, 40);
+            let src = stream.from_host(&offsets).unwrap();
+            let delta = i64::from(i32::MAX) + 7;
+            let mut out = stream.alloc_zeroed::<i64>(offsets.len() + 3).unwrap();
+            widen_offsets(&stream, src.as_slice(), delta, &mut out, 3).unwrap();
+            let want: Vec<i64> = [0, 0, 0]
+                .into_iter()
+                .chain(offsets.iter().map(|&o| i64::from(o) + delta))
+                .collect();
+            assert_eq!(stream.to_vec(&out).unwrap(), want, "n={n}");
+            assert!(widen_offsets(&stream, src.as_slice(), 0, &mut out, 4).is_err());
+        }
+    }
+
+    #[test]
     fn large_offsets_gather_with_i64() {
         let device = test_device();
         let stream = device.new_stream().unwrap();

@@ -185,8 +185,11 @@ fn runtime_calls_are_counted_on_the_device_and_in_the_innermost_scope() {
             h2d_bytes: 8000,
             d2h_bytes: 8000,
             d2d_bytes: 8000,
+            // The two 8000-byte buffers of the scope, and what the device held before them.
+            peak_device_bytes: inside.peak_device_bytes,
         }
     );
+    assert!(inside.peak_device_bytes >= 16_000, "{inside:?}");
     let all = device.counters() - before;
     assert_eq!(all.allocations, 3);
     assert_eq!(all.d2h_bytes, 8008);

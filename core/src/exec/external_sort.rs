@@ -146,16 +146,16 @@ impl Merge {
         // The frontier: the smallest last row taken among the runs with rows left after it.
         let frontier = (0..self.runs.len())
             .filter(|&r| ends[r] < self.runs[r].num_rows())
-            .map(|r| (r, self.rows[r].row(ends[r] - 1)))
-            .min_by(|a, b| a.1.cmp(&b.1));
+            .map(|r| self.rows[r].row(ends[r] - 1))
+            .min();
         let mut slices = Vec::new();
-        for r in 0..self.runs.len() {
+        for (r, &chunk_end) in ends.iter().enumerate() {
             let at = self.positions[r];
             let end = match &frontier {
-                None => ends[r],
-                Some((_, bound)) => {
+                None => chunk_end,
+                Some(bound) => {
                     // Rows of this run up to the frontier (it is sorted): at most its chunk.
-                    let (mut lo, mut hi) = (at, ends[r]);
+                    let (mut lo, mut hi) = (at, chunk_end);
                     while lo < hi {
                         let mid = lo + (hi - lo) / 2;
                         if self.rows[r].row(mid) <= *bound {
