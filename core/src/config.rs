@@ -206,7 +206,8 @@ config_namespace! {
         /// keep the partitions DataFusion planned for the CPU (false).
         pub one_partition: bool, default = true
         /// Device memory one query may use, e.g. 512M; 0 (the default) means the device
-        /// pool's whole budget (`--gpu-memory-limit`). Operators spill to the host beyond it.
+        /// pool's whole budget (`--gpu-memory-limit`). Operators size themselves to it and
+        /// spill to the host beyond it; each GPU region's allocations are charged to it.
         pub memory_limit: ByteSize, default = ByteSize(0)
         /// Once the device has failed with a sticky fault: plan later queries on the CPU
         /// (cpu), or refuse them (error).

@@ -202,3 +202,46 @@ async fn sorts_past_their_budget_merge_runs_and_match_the_cpu() {
         );
     }
 }
+
+/// `SET spate.gpu.memory_limit` caps a query's device memory under a larger device budget:
+/// its operators size themselves to it and spill, and its allocations are charged to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_memory_limit_caps_each_query() {
+    let gpu = Engine::builder()
+        .backend(Backend::Emulated)
+        .target_partitions(2)
+        .build()
+        .unwrap();
+    let cpu = Engine::builder()
+        .backend(Backend::Cpu)
+        .target_partitions(2)
+        .build()
+        .unwrap();
+    for e in [&gpu, &cpu] {
+        e.register_batches("l", table(30_000, 6_000, 1)).unwrap();
+        e.register_batches("r", table(20_000, 8_000, 2)).unwrap();
+    }
+    let sql = "SELECT l.k, l.v, r.d FROM l JOIN r ON l.k = r.k";
+    gpu.collect("SET spate.gpu.memory_limit = '1M'")
+        .await
+        .unwrap();
+    let explain = check(&gpu, &cpu, sql).await;
+    assert!(
+        spilled_rows(&explain, "GpuHashJoinExec") > 0,
+        "did not spill under the session's limit\n{explain}"
+    );
+    gpu.collect("SET spate.gpu.memory_limit = '8K'")
+        .await
+        .unwrap();
+    match gpu.collect(sql).await {
+        Err(spate::SpateError::ResourcesExhausted { message }) => {
+            assert!(message.contains("GPU out of memory in Gpu"), "{message}");
+        }
+        other => panic!("8 KiB should not hold a batch: {other:?}"),
+    }
+    // The device has lost nothing to the queries that failed.
+    assert_eq!(
+        gpu.gpu().unwrap().device().memory_stats().allocated_bytes,
+        0
+    );
+}

@@ -287,7 +287,22 @@ impl Device {
     /// A new stream on this device.
     pub fn new_stream(&self) -> Result<Stream> {
         self.check_health()?;
-        Ok(Stream::new(self.clone(), self.inner.backend.new_stream()?))
+        Ok(Stream::new(
+            self.clone(),
+            self.inner.backend.new_stream()?,
+            None,
+        ))
+    }
+
+    /// A new stream whose allocations are charged to `pool` (a query's budget) as well as to
+    /// the device's: an allocation fails with `OutOfMemory` when either is full.
+    pub fn new_stream_in(&self, pool: Arc<MemoryPool>) -> Result<Stream> {
+        self.check_health()?;
+        Ok(Stream::new(
+            self.clone(),
+            self.inner.backend.new_stream()?,
+            Some(pool),
+        ))
     }
 
     /// The running totals of launches, host synchronisations, allocations and copies made on

@@ -60,7 +60,9 @@ pub use device::{
 pub use error::{KernelError, Result};
 pub use event::Event;
 pub use launch::{Kernel, KernelArg, LaunchConfig};
-pub use memory::{DeviceBitmap, DeviceBuffer, DeviceCopy, DeviceSlice, MemoryStats, Reservation};
+pub use memory::{
+    DeviceBitmap, DeviceBuffer, DeviceCopy, DeviceSlice, MemoryPool, MemoryStats, Reservation,
+};
 pub use pinned::{PinnedBuffer, PinnedPool};
 pub use stream::Stream;
 

@@ -185,6 +185,8 @@ impl Drop for Reservation {
 pub(crate) struct RawAllocation {
     pub(crate) bytes: usize,
     pub(crate) pool: Arc<MemoryPool>,
+    /// The query pool it is also charged to, if any.
+    pub(crate) query: Option<Arc<MemoryPool>>,
     /// The backend's memory; `None` for zero bytes.
     pub(crate) mem: Option<Box<dyn DeviceMemory>>,
     /// Set by [`DeviceBuffer::share_across_streams`]: the memory may be read by work on any
@@ -206,6 +208,9 @@ impl Drop for RawAllocation {
             mem.free(self.shared.load(Ordering::Acquire));
         }
         self.pool.release_allocation(self.bytes);
+        if let Some(query) = &self.query {
+            query.release_allocation(self.bytes);
+        }
     }
 }
 

@@ -21,13 +21,15 @@ use crate::device::Device;
 use crate::error::{KernelError, Result, ensure_arg};
 use crate::event::Event;
 use crate::launch::{Kernel, KernelArg, LaunchConfig, check_args};
-use crate::memory::{DeviceBuffer, DeviceCopy, DeviceSlice, RawAllocation};
+use crate::memory::{DeviceBuffer, DeviceCopy, DeviceSlice, MemoryPool, RawAllocation};
 use crate::pinned::PinnedBuffer;
 
 /// An ordered queue of work on one device.
 pub struct Stream {
     device: Device,
     imp: Arc<dyn StreamBackend>,
+    /// A query's pool its allocations are charged to, beside the device's.
+    query: Option<Arc<MemoryPool>>,
 }
 
 impl fmt::Debug for Stream {
@@ -46,8 +48,25 @@ fn checked_bytes<T>(len: usize) -> Result<usize> {
 }
 
 impl Stream {
-    pub(crate) fn new(device: Device, imp: Arc<dyn StreamBackend>) -> Self {
-        Stream { device, imp }
+    pub(crate) fn new(
+        device: Device,
+        imp: Arc<dyn StreamBackend>,
+        query: Option<Arc<MemoryPool>>,
+    ) -> Self {
+        Stream { device, imp, query }
+    }
+
+    /// A new stream on the same device whose allocations are charged to the same pools.
+    pub fn sibling(&self) -> Result<Stream> {
+        match &self.query {
+            Some(pool) => self.device.new_stream_in(Arc::clone(pool)),
+            None => self.device.new_stream(),
+        }
+    }
+
+    /// The query pool this stream's allocations are charged to, when it has one.
+    pub fn query_pool(&self) -> Option<&Arc<MemoryPool>> {
+        self.query.as_ref()
     }
 
     /// The device the stream belongs to.
@@ -73,7 +92,15 @@ impl Stream {
                 free_bytes: 0,
             });
         }
-        pool.charge_allocation(bytes)?;
+        if let Some(query) = &self.query {
+            query.charge_allocation(bytes)?;
+        }
+        if let Err(e) = pool.charge_allocation(bytes) {
+            if let Some(query) = &self.query {
+                query.release_allocation(bytes);
+            }
+            return Err(e);
+        }
         let mem = if bytes == 0 {
             None
         } else {
@@ -88,6 +115,9 @@ impl Stream {
                 }
                 Err(e) => {
                     pool.release_allocation(bytes);
+                    if let Some(query) = &self.query {
+                        query.release_allocation(bytes);
+                    }
                     return Err(e);
                 }
             }
@@ -95,6 +125,7 @@ impl Stream {
         Ok(RawAllocation {
             bytes,
             pool: Arc::clone(pool),
+            query: self.query.clone(),
             mem,
             shared: AtomicBool::new(false),
         })

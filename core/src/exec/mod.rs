@@ -852,7 +852,15 @@ pub(crate) fn execute_for_host<P: GpuExec>(
     metrics: &ExecutionPlanMetricsSet,
 ) -> DFResult<SendableRecordBatchStream> {
     let gpu = gpu_context(&context)?;
-    let stream = Arc::new(gpu.device().new_stream().map_err(|e| to_df(e.into()))?);
+    // A session that caps a query's device memory (`spate.gpu.memory_limit`) charges the
+    // region's allocations to a pool of that size too: one per GPU subtree under a CPU
+    // operator, which is one per query unless the plan goes back and forth.
+    let device = gpu.device();
+    let stream = match SpateOptions::gpu_memory_limit(context.session_config().options()) {
+        Some(limit) => device.new_stream_in(Arc::new(spate_kernels::MemoryPool::new(limit))),
+        None => device.new_stream(),
+    };
+    let stream = Arc::new(stream.map_err(|e| to_df(e.into()))?);
     let (batches, scope) = execute_device_counted(plan, partition, context, Arc::clone(&stream))?;
     let transfer = TransferMetrics::new(metrics, partition);
     Ok(download_stream(

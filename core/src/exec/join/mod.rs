@@ -596,7 +596,7 @@ impl GpuExec for GpuHashJoinExec {
                 DFResult::Ok(Built::Side(Arc::new(side)))
             };
             if collect_left && !may_spill {
-                let own = Arc::new(gpu.device().new_stream().map_err(|e| to_df(e.into()))?);
+                let own = Arc::new(build_stream.sibling().map_err(|e| to_df(e.into()))?);
                 shared
                     .get_or_try_init(|| async move {
                         match make(own, 0).await? {
