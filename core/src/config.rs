@@ -135,18 +135,26 @@ impl FromStr for FallbackPolicy {
     }
 }
 
-impl ConfigField for FallbackPolicy {
-    fn visit<V: Visit>(&self, v: &mut V, key: &str, description: &'static str) {
-        v.some(key, self, description)
-    }
+/// `ConfigField` for settings that parse with `FromStr` into a [`SpateError`]: DataFusion's
+/// `SET` stores them parsed and reports a bad value as a configuration error.
+macro_rules! parsed_config_field {
+    ($($t:ty),*) => { $(
+        impl ConfigField for $t {
+            fn visit<V: Visit>(&self, v: &mut V, key: &str, description: &'static str) {
+                v.some(key, self, description)
+            }
 
-    fn set(&mut self, _key: &str, value: &str) -> datafusion::error::Result<()> {
-        *self = value
-            .parse()
-            .map_err(|e: SpateError| DataFusionError::Configuration(e.to_string()))?;
-        Ok(())
-    }
+            fn set(&mut self, _key: &str, value: &str) -> datafusion::error::Result<()> {
+                *self = value
+                    .parse()
+                    .map_err(|e: SpateError| DataFusionError::Configuration(e.to_string()))?;
+                Ok(())
+            }
+        }
+    )* };
 }
+
+parsed_config_field!(FallbackPolicy, DeviceErrorPolicy, ByteSize);
 
 /// What a GPU session does once its device has failed with a sticky fault
 /// (`SET spate.gpu.on_device_error = 'cpu' | 'error'`).
@@ -179,19 +187,6 @@ impl FromStr for DeviceErrorPolicy {
                 message: format!("unknown device error policy '{s}': expected cpu or error"),
             }),
         }
-    }
-}
-
-impl ConfigField for DeviceErrorPolicy {
-    fn visit<V: Visit>(&self, v: &mut V, key: &str, description: &'static str) {
-        v.some(key, self, description)
-    }
-
-    fn set(&mut self, _key: &str, value: &str) -> datafusion::error::Result<()> {
-        *self = value
-            .parse()
-            .map_err(|e: SpateError| DataFusionError::Configuration(e.to_string()))?;
-        Ok(())
     }
 }
 
@@ -238,22 +233,15 @@ impl fmt::Display for ByteSize {
     }
 }
 
-impl ConfigField for ByteSize {
-    fn visit<V: Visit>(&self, v: &mut V, key: &str, description: &'static str) {
-        v.some(key, self, description)
-    }
+impl FromStr for ByteSize {
+    type Err = SpateError;
 
-    fn set(&mut self, _key: &str, value: &str) -> datafusion::error::Result<()> {
-        let value = value.trim();
-        *self = if value == "0" {
-            ByteSize(0)
-        } else {
-            ByteSize(
-                parse_byte_size(value)
-                    .map_err(|e| DataFusionError::Configuration(e.to_string()))?,
-            )
-        };
-        Ok(())
+    /// A size as [`parse_byte_size`] reads it, or `0` for unset.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "0" => Ok(ByteSize(0)),
+            size => parse_byte_size(size).map(ByteSize),
+        }
     }
 }
 

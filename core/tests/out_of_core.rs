@@ -63,12 +63,18 @@ fn table(rows: usize, keys: u64, seed: u64) -> Vec<RecordBatch> {
 /// A GPU engine with a 1 MiB device budget (operators keep 256 KiB of state) that fails on
 /// any CPU operator, and a CPU engine, with `l` and `r` registered in both.
 async fn engines() -> (Engine, Engine) {
-    let gpu = Engine::builder()
+    engines_with(Some(1 << 20)).await
+}
+
+/// [`engines`], the GPU's device budget `gpu_budget` bytes (`None`: the default).
+async fn engines_with(gpu_budget: Option<usize>) -> (Engine, Engine) {
+    let mut gpu = Engine::builder()
         .backend(Backend::Emulated)
-        .target_partitions(2)
-        .gpu_memory_limit(1 << 20)
-        .build()
-        .unwrap();
+        .target_partitions(2);
+    if let Some(bytes) = gpu_budget {
+        gpu = gpu.gpu_memory_limit(bytes);
+    }
+    let gpu = gpu.build().unwrap();
     let cpu = Engine::builder()
         .backend(Backend::Cpu)
         .target_partitions(2)
@@ -207,20 +213,7 @@ async fn sorts_past_their_budget_merge_runs_and_match_the_cpu() {
 /// its operators size themselves to it and spill, and its allocations are charged to it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_memory_limit_caps_each_query() {
-    let gpu = Engine::builder()
-        .backend(Backend::Emulated)
-        .target_partitions(2)
-        .build()
-        .unwrap();
-    let cpu = Engine::builder()
-        .backend(Backend::Cpu)
-        .target_partitions(2)
-        .build()
-        .unwrap();
-    for e in [&gpu, &cpu] {
-        e.register_batches("l", table(30_000, 6_000, 1)).unwrap();
-        e.register_batches("r", table(20_000, 8_000, 2)).unwrap();
-    }
+    let (gpu, cpu) = engines_with(None).await;
     let sql = "SELECT l.k, l.v, r.d FROM l JOIN r ON l.k = r.k";
     gpu.collect("SET spate.gpu.memory_limit = '1M'")
         .await

@@ -22,11 +22,18 @@ fn query(name: &str) -> String {
 
 /// A GPU engine that fails on any CPU operator and a CPU engine, both over TPC-H at `sf`.
 async fn engines(sf: f64) -> (Engine, Engine) {
-    let gpu = Engine::builder()
+    engines_with(sf, None).await
+}
+
+/// [`engines`], the GPU's device budget `gpu_budget` bytes when given.
+async fn engines_with(sf: f64, gpu_budget: Option<usize>) -> (Engine, Engine) {
+    let mut gpu = Engine::builder()
         .backend(Backend::Emulated)
-        .target_partitions(2)
-        .build()
-        .unwrap();
+        .target_partitions(2);
+    if let Some(bytes) = gpu_budget {
+        gpu = gpu.gpu_memory_limit(bytes);
+    }
+    let gpu = gpu.build().unwrap();
     let cpu = Engine::builder()
         .backend(Backend::Cpu)
         .target_partitions(2)
@@ -100,22 +107,7 @@ async fn every_tpch_query_runs_fully_on_the_gpu() {
 /// device budget its aggregations and joins spill to the host, and it still equals the CPU.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn q18_under_a_2_mib_budget_matches_the_cpu() {
-    let gpu = Engine::builder()
-        .backend(Backend::Emulated)
-        .target_partitions(2)
-        .gpu_memory_limit(2 << 20)
-        .build()
-        .unwrap();
-    let cpu = Engine::builder()
-        .backend(Backend::Cpu)
-        .target_partitions(2)
-        .build()
-        .unwrap();
-    spate::tpch::register_tpch(&gpu, 0.1).unwrap();
-    spate::tpch::register_tpch(&cpu, 0.1).unwrap();
-    gpu.collect("SET spate.gpu.fallback = 'error'")
-        .await
-        .unwrap();
+    let (gpu, cpu) = engines_with(0.1, Some(2 << 20)).await;
     let sql = query("q18");
     let want = lines(&cpu.collect(&sql).await.unwrap());
     let got = lines(&gpu.collect(&sql).await.unwrap());

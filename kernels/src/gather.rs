@@ -364,30 +364,8 @@ pub fn add_offsets<O: OffsetElem + Into<KernelArg>>(
     dst: &mut DeviceBuffer<O>,
     dst_offset: usize,
 ) -> Result<()> {
-    let n = src.len();
-    ensure_arg!(
-        dst_offset + n <= dst.len(),
-        "copy of {n} offsets at {dst_offset} overflows {} offsets",
-        dst.len()
-    );
-    if n == 0 {
-        return Ok(());
-    }
-    let kernel = stream.device().kernel(&string_entry::<O>("add_offsets"))?;
-    let out = dst.slice(dst_offset..dst_offset + n)?;
-    // SAFETY: `src` and the destination range hold `n` offsets of type O.
-    unsafe {
-        stream.launch(
-            &kernel,
-            grid(stream, n),
-            &[
-                src.into(),
-                KernelArg::U64(n as u64),
-                delta.into(),
-                out.into(),
-            ],
-        )
-    }
+    let entry = string_entry::<O>("add_offsets");
+    launch_offsets(stream, &entry, src, delta.into(), dst, dst_offset)
 }
 
 /// Copies 32-bit string offsets into 64-bit `dst` at `dst_offset`, adding `delta` to each.
@@ -396,6 +374,25 @@ pub fn widen_offsets(
     src: DeviceSlice<'_, i32>,
     delta: i64,
     dst: &mut DeviceBuffer<i64>,
+    dst_offset: usize,
+) -> Result<()> {
+    launch_offsets(
+        stream,
+        "widen_offsets_i32",
+        src,
+        KernelArg::I64(delta),
+        dst,
+        dst_offset,
+    )
+}
+
+/// Launches `entry(src, n, delta, dst + dst_offset)` over the `n` offsets of `src`.
+fn launch_offsets<S: DeviceCopy, D: DeviceCopy>(
+    stream: &Stream,
+    entry: &str,
+    src: DeviceSlice<'_, S>,
+    delta: KernelArg,
+    dst: &mut DeviceBuffer<D>,
     dst_offset: usize,
 ) -> Result<()> {
     let n = src.len();
@@ -407,19 +404,15 @@ pub fn widen_offsets(
     if n == 0 {
         return Ok(());
     }
-    let kernel = stream.device().kernel("widen_offsets_i32")?;
+    let kernel = stream.device().kernel(entry)?;
     let out = dst.slice(dst_offset..dst_offset + n)?;
-    // SAFETY: `src` holds `n` i32 offsets and the destination range `n` i64 ones.
+    // SAFETY: `src` and the destination range hold `n` offsets of the entry's source and
+    // destination types; `delta` is the entry's offset type.
     unsafe {
         stream.launch(
             &kernel,
             grid(stream, n),
-            &[
-                src.into(),
-                KernelArg::U64(n as u64),
-                KernelArg::I64(delta),
-                out.into(),
-            ],
+            &[src.into(), KernelArg::U64(n as u64), delta, out.into()],
         )
     }
 }

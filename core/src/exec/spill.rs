@@ -38,7 +38,7 @@ pub(crate) const TOP_SHIFT: u32 = 64 - SPLIT_BITS;
 
 /// Whether rows can be partitioned by these key columns: fixed-width and string keys can;
 /// booleans (bitmaps) cannot.
-pub(crate) fn can_partition_by(columns: &[&DeviceColumn]) -> bool {
+fn can_partition_by(columns: &[&DeviceColumn]) -> bool {
     !columns.is_empty()
         && columns
             .iter()
@@ -47,10 +47,7 @@ pub(crate) fn can_partition_by(columns: &[&DeviceColumn]) -> bool {
 
 /// Row hashes over `keys` (NULL keys hash alike), or `None` when a key cannot be hashed
 /// ([`can_partition_by`]).
-pub(crate) fn hash_keys(
-    stream: &DeviceStream,
-    keys: &[&DeviceColumn],
-) -> Result<Option<DeviceBuffer<u64>>> {
+fn hash_keys(stream: &DeviceStream, keys: &[&DeviceColumn]) -> Result<Option<DeviceBuffer<u64>>> {
     if !can_partition_by(keys) {
         return Ok(None);
     }

@@ -88,8 +88,9 @@ use crate::expr::{DevType, Unsupported, column_args};
 pub struct GpuAggregateExec {
     cpu: Arc<AggregateExec>,
     plan: Arc<AggPlan>,
-    /// How it runs when its input outgrows its share of the device budget (`staged.rs`).
-    stages: Option<Arc<Stages>>,
+    /// How it runs when its input outgrows its share of the device budget (`staged.rs`):
+    /// planned the first time an input does, never for aggregations that fit.
+    stages: Arc<std::sync::OnceLock<Option<Arc<Stages>>>>,
     metrics: ExecutionPlanMetricsSet,
 }
 
@@ -98,7 +99,7 @@ impl GpuAggregateExec {
     pub fn try_new(aggregate: Arc<AggregateExec>) -> std::result::Result<Self, Unsupported> {
         let plan = analyze(&aggregate)?;
         Ok(GpuAggregateExec {
-            stages: Stages::of(&aggregate, &plan).map(Arc::new),
+            stages: Arc::new(std::sync::OnceLock::new()),
             cpu: aggregate,
             plan: Arc::new(plan),
             metrics: ExecutionPlanMetricsSet::new(),
@@ -539,7 +540,7 @@ impl GpuExec for GpuAggregateExec {
         let limit = crate::exec::memory::state_limit(&gpu, options);
         let spill =
             crate::exec::spill::SpillOptions::new(&context, self.name(), &self.metrics, partition)?;
-        let stages = self.stages.clone();
+        let (stages, cpu) = (Arc::clone(&self.stages), Arc::clone(&self.cpu));
         let once = futures::stream::once(async move {
             let mut input = input;
             let (mut batches, mut bytes) = (Vec::new(), 0usize);
@@ -553,8 +554,10 @@ impl GpuExec for GpuAggregateExec {
                 }
                 bytes += crate::exec::memory::with_table(&batch);
                 batches.push(batch);
-                let over = crate::exec::memory::should_spill(bytes, limit, stream.device());
-                if let (true, Some(stages)) = (over, &stages) {
+                if !crate::exec::memory::should_spill(bytes, limit, stream.device()) {
+                    continue;
+                }
+                if let Some(stages) = stages.get_or_init(|| Stages::of(&cpu, &plan).map(Arc::new)) {
                     // Past the operator's share of the budget: aggregate in stages.
                     let mut s = Staged::new(
                         Arc::clone(stages),
