@@ -32,6 +32,14 @@ pub struct DataPath {
     pub result_bytes: u64,
     /// The modeled H200 time, milliseconds ([`spate::ModelInputs`]): a model, not a measurement.
     pub modeled_h200_ms: f64,
+    /// Milliseconds the copy streams spent uploading CPU operators' output (measured: device
+    /// time on `cuda`, host time on the emulator).
+    #[serde(default)]
+    pub upload_copy_ms: f64,
+    /// Milliseconds the compute streams waited for those copies: the copy time not hidden
+    /// under compute.
+    #[serde(default)]
+    pub upload_wait_ms: f64,
 }
 
 impl DataPath {
@@ -58,7 +66,14 @@ impl DataPath {
             host_exchanges: run.placement.host_exchanges.len() as u64,
             result_bytes: run.result_bytes(),
             modeled_h200_ms: modeled.as_secs_f64() * 1e3,
+            upload_copy_ms: traffic.upload_copy.as_secs_f64() * 1e3,
+            upload_wait_ms: traffic.upload_wait.as_secs_f64() * 1e3,
         }
+    }
+
+    /// The share of the upload copy time hidden under compute, when there were uploads.
+    pub fn upload_hidden(&self) -> Option<f64> {
+        hidden(self.upload_copy_ms, self.upload_wait_ms)
     }
 
     /// The markdown table's cells after the query and engine columns (see [`HEADER`]).
@@ -100,3 +115,9 @@ pub const ABOUT: &str = "Runtime calls and data movement of each GPU run (MB = 1
     wrote; host exchanges are exchanges that moved a GPU operator's output through host memory. \
     The modeled H200 time is `device bytes / 3.0 TB/s + bus bytes / 50 GB/s + host syncs × 10 µs \
     + launches × 2 µs` (constants and sources in `spate::model`): a model, not a measurement.";
+
+/// The share of `copy_ms` of copies that compute did not wait `wait_ms` for; `None` without
+/// copies.
+pub fn hidden(copy_ms: f64, wait_ms: f64) -> Option<f64> {
+    (copy_ms > 0.0).then(|| (1.0 - wait_ms / copy_ms).clamp(0.0, 1.0))
+}

@@ -85,6 +85,11 @@ pub struct DeviceTraffic {
     /// Bytes the GPU operators copied device to host: downloads for CPU operators and the
     /// result, and the small readbacks of sizes and totals (`d2h_bytes`).
     pub d2h_bytes: u64,
+    /// Time the copy streams spent uploading CPU operators' output (`upload_copy_time`).
+    pub upload_copy: Duration,
+    /// Time the compute streams spent waiting for those copies (`upload_wait_time`): the part
+    /// of the copy time not hidden under compute.
+    pub upload_wait: Duration,
 }
 
 fn add_traffic(plan: &dyn ExecutionPlan, traffic: &mut DeviceTraffic) {
@@ -97,6 +102,12 @@ fn add_traffic(plan: &dyn ExecutionPlan, traffic: &mut DeviceTraffic) {
         traffic.write_bytes += count(spate::metrics::DEV_WRITE_BYTES);
         traffic.h2d_bytes += count("h2d_bytes");
         traffic.d2h_bytes += count("d2h_bytes");
+        let time = |name| match metrics.sum_by_name(name) {
+            Some(MetricValue::Time { time, .. }) => Duration::from_nanos(time.value() as u64),
+            _ => Duration::ZERO,
+        };
+        traffic.upload_copy += time(spate::metrics::UPLOAD_COPY_TIME);
+        traffic.upload_wait += time(spate::metrics::UPLOAD_WAIT_TIME);
     }
     for child in plan.children() {
         add_traffic(child.as_ref(), traffic);

@@ -46,6 +46,16 @@ impl Event {
         self.imp.is_complete()
     }
 
+    /// Milliseconds between this event and `end` when both have completed, without waiting
+    /// (and so without a host synchronisation); `None` while either is pending.
+    pub fn try_elapsed_ms(&self, end: &Event) -> Result<Option<f32>> {
+        self.health.check()?;
+        if !(self.imp.is_complete() && end.imp.is_complete()) {
+            return Ok(None);
+        }
+        self.imp.elapsed_ms(end.imp.as_ref()).map(Some)
+    }
+
     /// Milliseconds between this event and `end` (device time on `cuda`, host time on the
     /// emulator). Waits for `end`.
     pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {

@@ -13,10 +13,10 @@
 
 use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
-use crate::backend::DeviceMemory;
+use crate::backend::{DeviceMemory, StreamBackend};
 use crate::error::{KernelError, Result};
 
 /// Alignment of every device allocation, matching what `cuMemAlloc` guarantees.
@@ -192,6 +192,9 @@ pub(crate) struct RawAllocation {
     /// Set by [`DeviceBuffer::share_across_streams`]: the memory may be read by work on any
     /// stream, so freeing it waits for the whole device instead of just its own stream.
     pub(crate) shared: AtomicBool,
+    /// Set by [`DeviceBuffer::free_on`]: the stream its free is ordered on instead of the one
+    /// that allocated it.
+    pub(crate) free_on: OnceLock<Arc<dyn StreamBackend>>,
 }
 
 impl RawAllocation {
@@ -205,7 +208,8 @@ impl Drop for RawAllocation {
         if let Some(mem) = self.mem.take() {
             // Errors cannot propagate out of drop; the backend records a failed free in the
             // device's health, which the next call on the device reports.
-            mem.free(self.shared.load(Ordering::Acquire));
+            let on = self.free_on.get().map(|s| s.as_ref());
+            mem.free(self.shared.load(Ordering::Acquire), on);
         }
         self.pool.release_allocation(self.bytes);
         if let Some(query) = &self.query {
@@ -281,6 +285,21 @@ impl<T: DeviceCopy> DeviceBuffer<T> {
     /// ordinary buffer is ordered only on the stream that allocated it.
     pub fn share_across_streams(&self) {
         self.raw.shared.store(true, Ordering::Release);
+    }
+
+    /// Hands the buffer over to `stream`: dropping it frees it in `stream`'s order instead of
+    /// the allocating stream's. For memory filled on one stream (a copy stream) and used on
+    /// another: the caller has made `stream` wait for an event recorded after the last work
+    /// on the buffer's own stream, so the free cannot overtake that work, and this stream's
+    /// later reads come before the free. The first hand-over counts; later ones are ignored.
+    pub fn free_on(&self, stream: &crate::stream::Stream) -> Result<()> {
+        if !Arc::ptr_eq(&self.raw.pool, stream.device_pool()) {
+            return Err(KernelError::InvalidArgument {
+                message: "a device buffer handed over to a stream of another device".into(),
+            });
+        }
+        let _ = self.raw.free_on.set(Arc::clone(stream.backend()));
+        Ok(())
     }
 
     /// The same memory as raw bytes (columns store values untyped, by width).

@@ -74,6 +74,15 @@ impl Stream {
         &self.device
     }
 
+    pub(crate) fn backend(&self) -> &Arc<dyn StreamBackend> {
+        &self.imp
+    }
+
+    /// The device's pool, which every allocation on the device is charged to.
+    pub(crate) fn device_pool(&self) -> &Arc<MemoryPool> {
+        &self.device.inner.memory
+    }
+
     fn check(&self) -> Result<()> {
         self.device.check_health()
     }
@@ -128,6 +137,7 @@ impl Stream {
             query: self.query.clone(),
             mem,
             shared: AtomicBool::new(false),
+            free_on: std::sync::OnceLock::new(),
         })
     }
 

@@ -4,7 +4,7 @@
 //!
 //! Classes: a host read without the synchronisation it needs; a stream reading another's
 //! output without an event; a use after free; a buffer freed on one stream while another still
-//! uses it; out-of-bounds writes (past the guard page, and small overruns into the guard
+//! uses it (and the hand-over that orders the free on the user); out-of-bounds writes (past the guard page, and small overruns into the guard
 //! zone); a block that waits for a block that never runs (the watchdog); a kernel that assumes
 //! blocks run in order (strict mode); launches a GPU would refuse.
 
@@ -274,6 +274,39 @@ fn the_same_free_after_an_event_is_fine() {
     owner.wait_event(&user.record_event().unwrap()).unwrap();
     drop(shared);
     assert_eq!(user.to_vec(&out).unwrap(), vec![5u32; 4096]);
+}
+
+#[test]
+fn a_buffer_handed_over_to_its_user_is_freed_in_the_users_order() {
+    let g = default_gpu();
+    let (copier, user) = (
+        g.device.new_stream().unwrap(),
+        g.device.new_stream().unwrap(),
+    );
+    // A copy stream fills the buffer; the user waits for it and reads it later.
+    let shared = copier.from_host(&vec![9u32; 7000]).unwrap();
+    user.wait_event(&copier.record_event().unwrap()).unwrap();
+    let out = user.alloc::<u32>(7000).unwrap();
+    let _sink = g.stall(&user);
+    g.launch(
+        &user,
+        "copy_u32",
+        LaunchConfig::blocks(8),
+        &[(&shared).into(), (&out).into(), 7000u64.into()],
+    );
+    // Handed over, the free is queued behind the user's kernel instead of on the idle copy
+    // stream (where it would run at once, as in the test above).
+    shared.free_on(&user).unwrap();
+    drop(shared);
+    assert_eq!(user.to_vec(&out).unwrap(), vec![9u32; 7000]);
+    // A stream of another device cannot take it.
+    let other = Device::emulated(DeviceOptions::default()).unwrap();
+    let elsewhere = other.new_stream().unwrap();
+    let mine = copier.alloc::<u32>(4).unwrap();
+    assert!(matches!(
+        mine.free_on(&elsewhere),
+        Err(KernelError::InvalidArgument { .. })
+    ));
 }
 
 #[test]

@@ -367,22 +367,47 @@ fn print_operators(placement: &Placement) {
     }
 }
 
-fn print_placement(run: &QueryRun) {
+/// Prints where `run`'s operators ran and its data path; the data path of a GPU run, for the
+/// report's totals.
+fn print_placement(run: &QueryRun) -> Option<DataPath> {
     print_operators(&run.placement);
-    if !run.placement.gpu.is_empty() {
-        let p = DataPath::of(run);
+    if run.placement.gpu.is_empty() {
+        return None;
+    }
+    let p = DataPath::of(run);
+    let upload = match p.upload_hidden() {
+        Some(hidden) => format!(
+            "; uploads {:.1} ms, {:.0}% hidden",
+            p.upload_copy_ms,
+            hidden * 100.0
+        ),
+        None => String::new(),
+    };
+    println!(
+        "      data path: {} launches, {} host syncs, {} allocs, {} B to GPU, {} B from GPU \
+         (result {} B), {} B in device memory, peak {} B; modeled H200 {:.3} ms{upload}",
+        p.launches,
+        p.host_syncs,
+        p.dev_allocs,
+        p.h2d_bytes,
+        p.d2h_bytes,
+        p.result_bytes,
+        p.device_bytes,
+        p.peak_device_bytes,
+        p.modeled_h200_ms
+    );
+    Some(p)
+}
+
+/// The line that sums up how much of the queries' upload copy time compute hid.
+fn print_upload_overlap(paths: &[DataPath]) {
+    let copy: f64 = paths.iter().map(|p| p.upload_copy_ms).sum();
+    let wait: f64 = paths.iter().map(|p| p.upload_wait_ms).sum();
+    if let Some(hidden) = spate_bench::datapath::hidden(copy, wait) {
         println!(
-            "      data path: {} launches, {} host syncs, {} allocs, {} B to GPU, {} B from GPU \
-             (result {} B), {} B in device memory, peak {} B; modeled H200 {:.3} ms",
-            p.launches,
-            p.host_syncs,
-            p.dev_allocs,
-            p.h2d_bytes,
-            p.d2h_bytes,
-            p.result_bytes,
-            p.device_bytes,
-            p.peak_device_bytes,
-            p.modeled_h200_ms
+            "upload overlap: {:.1}% of {copy:.1} ms of upload copies hidden under compute \
+             ({wait:.1} ms waited for)",
+            hidden * 100.0
         );
     }
 }
@@ -481,6 +506,7 @@ fn placement_report(
 ) -> ExitCode {
     let total = queries.len();
     let (mut matched, mut on_gpu, mut failed) = (0usize, 0usize, 0usize);
+    let mut paths = Vec::new();
     for (label, sql) in queries {
         match reference {
             Some(reference) => {
@@ -507,7 +533,7 @@ fn placement_report(
                     on_gpu += usize::from(placement.fully_on_device());
                 }
                 match (&verified.run, &verified.placement) {
-                    (Some(run), _) => print_placement(run),
+                    (Some(run), _) => paths.extend(print_placement(run)),
                     // A query that failed: where its plan's operators would have run.
                     (None, Some(placement)) => print_operators(placement),
                     (None, None) => {}
@@ -522,7 +548,7 @@ fn placement_report(
                         ms(run.execute_time)
                     );
                     on_gpu += usize::from(run.placement.fully_on_device());
-                    print_placement(&run);
+                    paths.extend(print_placement(&run));
                 }
                 Err(e) => {
                     failed += 1;
@@ -531,6 +557,7 @@ fn placement_report(
             },
         }
     }
+    print_upload_overlap(&paths);
     if reference.is_some() {
         println!("verified: {matched}/{total} matched, {on_gpu}/{total} fully on GPU");
         if matched == total {

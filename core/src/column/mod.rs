@@ -84,6 +84,11 @@ impl DeviceBytes {
         self.buffer.share_across_streams();
     }
 
+    /// See [`DeviceBuffer::free_on`]: the allocation is freed in `stream`'s order.
+    pub fn free_on(&self, stream: &spate_kernels::Stream) -> Result<()> {
+        Ok(self.buffer.free_on(stream)?)
+    }
+
     /// The bytes viewed as elements of `T`.
     pub fn typed<T: spate_kernels::DeviceCopy>(&self) -> Result<DeviceSlice<'_, T>> {
         Ok(self.as_slice().cast::<T>()?)
@@ -341,21 +346,29 @@ impl DeviceColumn {
         &self.values
     }
 
+    /// Every allocation the column references, each as often as the column does.
+    fn buffers(&self) -> impl Iterator<Item = &DeviceBytes> {
+        let (first, second) = match &self.values {
+            DeviceValues::Fixed { bytes, .. } | DeviceValues::Bits { bytes, .. } => (bytes, None),
+            DeviceValues::Utf8 { offsets, bytes } | DeviceValues::LargeUtf8 { offsets, bytes } => {
+                (offsets, Some(bytes))
+            }
+        };
+        std::iter::once(first)
+            .chain(second)
+            .chain(self.validity.as_ref().map(|v| &v.bytes))
+    }
+
     /// Marks every allocation the column references as read by many streams (see
     /// [`DeviceBuffer::share_across_streams`]).
     pub fn share_across_streams(&self) {
-        match &self.values {
-            DeviceValues::Fixed { bytes, .. } | DeviceValues::Bits { bytes, .. } => {
-                bytes.share_across_streams()
-            }
-            DeviceValues::Utf8 { offsets, bytes } | DeviceValues::LargeUtf8 { offsets, bytes } => {
-                offsets.share_across_streams();
-                bytes.share_across_streams();
-            }
-        }
-        if let Some(v) = &self.validity {
-            v.bytes.share_across_streams();
-        }
+        self.buffers().for_each(DeviceBytes::share_across_streams);
+    }
+
+    /// Hands every allocation the column references over to `stream` (see
+    /// [`DeviceBuffer::free_on`]).
+    pub fn free_on(&self, stream: &spate_kernels::Stream) -> Result<()> {
+        self.buffers().try_for_each(|b| b.free_on(stream))
     }
 
     /// The first `rows` rows, as a view (no copy). The nulls are counted again when needed,
@@ -880,6 +893,12 @@ impl DeviceBatch {
         self.columns
             .iter()
             .for_each(DeviceColumn::share_across_streams);
+    }
+
+    /// Hands the batch's allocations over to `stream`, which waits for the stream that filled
+    /// them (see [`DeviceBuffer::free_on`]).
+    pub fn free_on(&self, stream: &spate_kernels::Stream) -> Result<()> {
+        self.columns.iter().try_for_each(|c| c.free_on(stream))
     }
 
     /// Device bytes the batch references.

@@ -90,25 +90,27 @@ pub mod sort;
 pub(crate) mod spill;
 mod top_k;
 pub mod union;
+mod upload;
 pub mod window;
+
+pub use upload::{UPLOAD_COPY_TIME, UPLOAD_WAIT_TIME};
 
 use std::pin::Pin;
 use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
-use arrow::record_batch::RecordBatch;
 use datafusion::error::{DataFusionError, Result as DFResult};
-use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::metrics::{
     Count, ExecutionPlanMetricsSet, MetricBuilder, MetricValue, Time,
 };
-use datafusion::physical_plan::stream::{RecordBatchReceiverStream, RecordBatchStreamAdapter};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::{Stream, StreamExt, TryStreamExt};
 use spate_kernels::Stream as DeviceStream;
 
-use crate::column::{DeviceBatch, download_batch, upload_batches};
+use crate::column::{DeviceBatch, download_batch};
 use crate::config::SpateOptions;
 use crate::device::GpuContext;
 
@@ -464,6 +466,9 @@ pub(crate) struct TransferMetrics {
     /// wait for counts left on the device; `None` for an operator that only passes batches
     /// through.
     pub(crate) dev_read_bytes: Option<(Count, device_counts::Settlement)>,
+    /// The operator's metrics and partition, for those only some of its runs register (an
+    /// upload's timings).
+    pub(crate) plan_metrics: (ExecutionPlanMetricsSet, usize),
 }
 
 impl TransferMetrics {
@@ -482,6 +487,7 @@ impl TransferMetrics {
         TransferMetrics {
             transfer_time: MetricBuilder::new(metrics).subset_time("transfer_time", partition),
             dev_read_bytes: None,
+            plan_metrics: (metrics.clone(), partition),
         }
     }
 }
@@ -518,18 +524,20 @@ pub(crate) fn device_input(
         return Ok(count_read(batches));
     }
     let target = batch_target(context)?;
-    let host = decoded_ahead(input, partition, context);
+    let host = upload::decoded_ahead(input, partition, context);
     // The host batches waiting to be uploaded are host memory DataFusion's memory limit
     // governs, as the batches a CPU operator buffers are.
     let reservation =
         MemoryConsumer::new(format!("GpuUpload[{partition}]")).register(context.memory_pool());
-    Ok(count_read(upload_stream(
+    let (plan_metrics, partition) = &metrics.plan_metrics;
+    Ok(count_read(upload::upload_stream(
         host,
         input.schema(),
         target,
         Arc::clone(stream),
         metrics.clone(),
         reservation,
+        (plan_metrics, *partition),
     )))
 }
 
@@ -597,250 +605,6 @@ fn merged_input(
     }
     let target = batch_target(context)?;
     Ok(merge(batches, input.schema(), target, Arc::clone(stream)))
-}
-
-/// How many host batches a CPU input may produce ahead of the upload that consumes them.
-const HOST_BATCHES_AHEAD: usize = 2;
-
-/// `input`'s `partition`, run in a task of its own that keeps up to [`HOST_BATCHES_AHEAD`]
-/// batches ready, so that the CPU work below the first upload (decoding a scan, say) goes on
-/// while the batch before it is uploaded and computed on, and so that the partitions a
-/// [`GpuCoalescePartitionsExec`] merges are decoded in parallel rather than by the one task
-/// that polls them all. The task starts at the first poll, inside the runtime.
-fn decoded_ahead(
-    input: &Arc<dyn ExecutionPlan>,
-    partition: usize,
-    context: &Arc<TaskContext>,
-) -> SendableRecordBatchStream {
-    let schema = input.schema();
-    let (input, context) = (Arc::clone(input), Arc::clone(context));
-    let started = futures::stream::once(async move {
-        let mut builder = RecordBatchReceiverStream::builder(input.schema(), HOST_BATCHES_AHEAD);
-        let tx = builder.tx();
-        // Aborted when the stream is dropped; a failed send means the consumer is gone.
-        builder.spawn(async move {
-            let mut batches = match input.execute(partition, context) {
-                Ok(b) => b,
-                Err(e) => {
-                    let _ = tx.send(Err(e)).await;
-                    return Ok(());
-                }
-            };
-            drop(input);
-            while let Some(batch) = batches.next().await {
-                let failed = batch.is_err();
-                if tx.send(batch).await.is_err() || failed {
-                    break;
-                }
-            }
-            Ok(())
-        });
-        builder.build()
-    })
-    .flatten();
-    Box::pin(RecordBatchStreamAdapter::new(schema, started))
-}
-
-struct Upload {
-    host: SendableRecordBatchStream,
-    schema: SchemaRef,
-    pending: Vec<RecordBatch>,
-    pending_bytes: usize,
-    target_bytes: usize,
-    stream: Arc<DeviceStream>,
-    metrics: TransferMetrics,
-    /// The pending batches' bytes, charged to DataFusion's memory pool.
-    reservation: MemoryReservation,
-    /// A batch that did not fit the memory limit beside the pending ones: the next group's.
-    carry: Option<RecordBatch>,
-    /// The slices of a host batch larger than a device batch, not yet taken.
-    split: std::collections::VecDeque<RecordBatch>,
-    done: bool,
-}
-
-impl Upload {
-    fn flush(&mut self) -> DFResult<DeviceBatch> {
-        let batches = std::mem::take(&mut self.pending);
-        self.pending_bytes = 0;
-        // The batches are ours now, uploaded or dropped below whatever happens: the pool's
-        // charge for them ends here.
-        self.reservation.free();
-        let schema = batches
-            .first()
-            .map_or_else(|| Arc::clone(&self.schema), RecordBatch::schema);
-        let _timer = self.metrics.transfer_time.timer();
-        // The batches are staged end to end and arrive as one: no host concatenation.
-        upload_batches(&self.stream, &schema, &batches).map_err(to_df)
-    }
-}
-
-/// `batch` with the input plan's declared column types. `PlaceholderRowExec` declares its
-/// parent's column types but produces Null-typed placeholder columns (its rows carry no values):
-/// those become all-NULL columns of the declared types (nullable, whatever was declared).
-fn conform(schema: &SchemaRef, batch: RecordBatch) -> DFResult<RecordBatch> {
-    let placeholder = |(column, field): (&arrow::array::ArrayRef, &arrow::datatypes::FieldRef)| {
-        column.data_type() == &arrow::datatypes::DataType::Null
-            && field.data_type() != &arrow::datatypes::DataType::Null
-    };
-    if batch.num_columns() != schema.fields().len()
-        || !batch.columns().iter().zip(schema.fields()).any(placeholder)
-    {
-        return Ok(batch);
-    }
-    let rows = batch.num_rows();
-    let columns = batch
-        .columns()
-        .iter()
-        .zip(schema.fields())
-        .map(|(column, field)| {
-            if placeholder((column, field)) {
-                arrow::array::new_null_array(field.data_type(), rows)
-            } else {
-                Arc::clone(column)
-            }
-        })
-        .collect();
-    // The placeholder rows are NULL even where the declared column is not nullable.
-    let relaxed: arrow::datatypes::Fields = schema
-        .fields()
-        .iter()
-        .map(|f| Arc::new(f.as_ref().clone().with_nullable(true)))
-        .collect();
-    let options = arrow::record_batch::RecordBatchOptions::new().with_row_count(Some(rows));
-    Ok(RecordBatch::try_new_with_options(
-        Arc::new(arrow::datatypes::Schema::new(relaxed)),
-        columns,
-        &options,
-    )?)
-}
-
-/// The bytes of `batch`'s rows: of its slice of its buffers when it is a slice (which
-/// `get_array_memory_size` would count whole), a Utf8View column's strings included.
-pub(crate) fn sliced_bytes(batch: &RecordBatch) -> usize {
-    batch
-        .columns()
-        .iter()
-        .map(|c| {
-            let own = c
-                .to_data()
-                .get_slice_memory_size()
-                .unwrap_or_else(|_| c.get_array_memory_size());
-            // A view column's slice size counts its views, not the strings they point to.
-            let strings = c
-                .as_any()
-                .downcast_ref::<arrow::array::StringViewArray>()
-                .map_or(0, arrow::array::StringViewArray::total_buffer_bytes_used);
-            own + strings
-        })
-        .sum()
-}
-
-/// Coalesces host batches to about `target_bytes` and uploads each group as one device batch.
-///
-/// `schema` is the input plan's declared schema, which batches are made to match first (see
-/// [`conform`]).
-fn upload_stream(
-    host: SendableRecordBatchStream,
-    schema: SchemaRef,
-    target_bytes: usize,
-    stream: Arc<DeviceStream>,
-    metrics: TransferMetrics,
-    reservation: MemoryReservation,
-) -> DeviceBatchStream {
-    let state = Upload {
-        schema,
-        host,
-        pending: Vec::new(),
-        pending_bytes: 0,
-        target_bytes,
-        stream,
-        metrics,
-        reservation,
-        carry: None,
-        split: std::collections::VecDeque::new(),
-        done: false,
-    };
-    Box::pin(futures::stream::unfold(state, |mut s| async move {
-        loop {
-            if s.done && s.carry.is_none() && s.split.is_empty() {
-                if s.pending.is_empty() {
-                    return None;
-                }
-                let out = s.flush();
-                return Some((out, s));
-            }
-            let next = match s.carry.take() {
-                Some(batch) => Some(Ok(batch)),
-                None => match s.split.pop_front() {
-                    Some(slice) => Some(Ok(slice)),
-                    None => s.host.next().await,
-                },
-            };
-            match next {
-                Some(Ok(batch)) => {
-                    if batch.num_rows() == 0 {
-                        continue;
-                    }
-                    let batch = match conform(&s.schema, batch) {
-                        Ok(b) => b,
-                        Err(e) => return Some((Err(e), s)),
-                    };
-                    let size = sliced_bytes(&batch);
-                    if size > s.target_bytes && batch.num_rows() > 1 {
-                        // Larger than a device batch may be: it goes up in slices (views, no
-                        // copy), so that no device batch is larger than its target.
-                        let pieces = size.div_ceil(s.target_bytes).min(batch.num_rows());
-                        let rows = batch.num_rows().div_ceil(pieces);
-                        let mut slices: Vec<RecordBatch> = (0..batch.num_rows())
-                            .step_by(rows)
-                            .map(|at| batch.slice(at, rows.min(batch.num_rows() - at)))
-                            .collect();
-                        // Ahead of the slices of an earlier batch still waiting: rows stay in
-                        // order when a slice is cut again.
-                        let first = slices.remove(0);
-                        for slice in slices.into_iter().rev() {
-                            s.split.push_front(slice);
-                        }
-                        s.carry = Some(first);
-                        continue;
-                    }
-                    if !s.pending.is_empty() && s.pending_bytes + size > s.target_bytes {
-                        // It would take the group past its target: the group goes up first.
-                        s.carry = Some(batch);
-                        let out = s.flush();
-                        return Some((out, s));
-                    }
-                    if s.reservation.try_grow(size).is_err() {
-                        // The memory limit stops the coalescing early: what is pending goes
-                        // up now, and this batch starts the next group. A batch alone goes
-                        // up at once: it is in host memory already, and holding only it is
-                        // the least an upload can hold.
-                        if !s.pending.is_empty() {
-                            s.carry = Some(batch);
-                        } else {
-                            s.pending_bytes += size;
-                            s.pending.push(batch);
-                        }
-                        let out = s.flush();
-                        return Some((out, s));
-                    }
-                    s.pending_bytes += size;
-                    s.pending.push(batch);
-                    if s.pending_bytes >= s.target_bytes {
-                        let out = s.flush();
-                        return Some((out, s));
-                    }
-                }
-                Some(Err(e)) => {
-                    s.done = true;
-                    s.pending.clear();
-                    s.reservation.free();
-                    return Some((Err(e), s));
-                }
-                None => s.done = true,
-            }
-        }
-    }))
 }
 
 /// `ExecutionPlan::execute` of every GPU operator: its device batches on a new stream,

@@ -288,7 +288,7 @@ impl HostPartitions {
         let mut group_bytes = 0;
         for batch in std::mem::take(&mut self.parts[p]) {
             // Slices share their download's buffers: count the rows' share of them.
-            let size = super::sliced_bytes(&batch);
+            let size = super::upload::sliced_bytes(&batch);
             match groups.last_mut() {
                 Some(group) if group_bytes + size <= self.options.batch_bytes => {
                     group_bytes += size;

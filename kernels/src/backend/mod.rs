@@ -139,6 +139,8 @@ pub(crate) trait StreamBackend: Send + Sync {
     fn wait_event(&self, event: &dyn EventBackend) -> Result<()>;
     /// Waits for all work issued on the stream.
     fn synchronize(&self) -> Result<()>;
+    /// For downcasting to the backend's own type.
+    fn as_any(&self) -> &dyn Any;
 }
 
 /// A point in a stream's work.
@@ -172,7 +174,8 @@ pub(crate) trait KernelBackend: Send + Sync {
 pub(crate) trait DeviceMemory: Send + Sync {
     /// The device address of its first byte.
     fn address(&self) -> u64;
-    /// Frees it, ordered after the work issued so far on the stream it was allocated on, or
+    /// Frees it, ordered after the work issued so far on the stream it was allocated on, or on
+    /// `on` (a stream of this backend, ordered behind every use of the memory by events), or
     /// after all work on the device when `after_all_streams` (memory read by many streams).
-    fn free(self: Box<Self>, after_all_streams: bool);
+    fn free(self: Box<Self>, after_all_streams: bool, on: Option<&dyn StreamBackend>);
 }

@@ -49,7 +49,7 @@ impl DeviceMemory for CudaMemory {
         self.ptr
     }
 
-    fn free(self: Box<Self>, after_all_streams: bool) {
+    fn free(self: Box<Self>, after_all_streams: bool, on: Option<&dyn StreamBackend>) {
         // A failed bind (an error stored by an earlier call) must not skip the free: the pool
         // has already been credited with these bytes.
         let _ = bind(&self.ctx, &self.health);
@@ -60,8 +60,15 @@ impl DeviceMemory for CudaMemory {
                 self.health.record_driver_error("cuCtxSynchronize", &e);
             }
         }
-        // SAFETY: `ptr` came from cuMemAllocAsync on this stream and is freed once.
-        if let Err(e) = unsafe { cu::free_async(self.ptr, self.stream.cu_stream()) } {
+        // Handed over to another stream, which events order behind this memory's own work:
+        // a stream-ordered free there is legal and waits for that stream's reads.
+        let stream = match on.and_then(|s| s.as_any().downcast_ref::<CudaStreamBackend>()) {
+            Some(other) => other.raw(),
+            None => self.stream.cu_stream(),
+        };
+        // SAFETY: `ptr` came from cuMemAllocAsync and is freed once, on a stream ordered
+        // after every use of it.
+        if let Err(e) = unsafe { cu::free_async(self.ptr, stream) } {
             self.health.record_driver_error("cuMemFreeAsync", &e);
         }
     }
@@ -203,6 +210,10 @@ impl StreamBackend for CudaStreamBackend {
         // SAFETY: a live stream.
         unsafe { cu::stream::synchronize(self.raw()) }
             .map_err(|e| self.health.driver("cuStreamSynchronize", e))
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
     }
 }
 

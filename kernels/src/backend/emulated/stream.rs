@@ -405,11 +405,16 @@ impl DeviceMemory for EmuMemory {
         self.region.as_ref().map_or(0, Region::address)
     }
 
-    fn free(mut self: Box<Self>, after_all_streams: bool) {
+    fn free(mut self: Box<Self>, after_all_streams: bool, on: Option<&dyn StreamBackend>) {
         let Some(region) = self.region.take() else {
             return;
         };
-        let queue = &self.handle.queue;
+        // Handed over to another stream: its free is ordered there (an event orders that
+        // stream behind this memory's own work, so the free need not wait for it).
+        let queue = match on.and_then(|s| s.as_any().downcast_ref::<EmuStream>()) {
+            Some(other) => other.queue(),
+            None => &self.handle.queue,
+        };
         if after_all_streams {
             // Other streams may still read it: wait for every stream of the device.
             let queues: Vec<Arc<Queue>> = queue
@@ -518,6 +523,10 @@ impl StreamBackend for EmuStream {
 
     fn synchronize(&self) -> Result<()> {
         self.queue().sync()
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
     }
 }
 
