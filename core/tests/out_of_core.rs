@@ -238,3 +238,37 @@ async fn a_session_memory_limit_caps_each_query() {
         0
     );
 }
+
+/// The `metric=` value on the first line naming `operator` in an `EXPLAIN ANALYZE`.
+fn metric<'a>(explain: &'a str, operator: &str, metric: &str) -> Option<&'a str> {
+    let line = explain.lines().find(|l| l.contains(operator))?;
+    let at = line.find(&format!("{metric}="))? + metric.len() + 1;
+    line[at..].split([',', ']']).next()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scan_streams_up_in_small_batches_on_a_copy_stream() {
+    let (gpu, cpu) = engines().await;
+    let sql = "SELECT count(*), sum(v), max(d) FROM l WHERE v > 1000";
+    let explain = check(&gpu, &cpu, sql).await;
+    // 1 MiB of budget: the table goes up in batches of 32 KiB, each copied on the upload's copy
+    // stream and waited for by the compute stream, both timed.
+    let allocs: usize = metric(&explain, "GpuCoalescePartitionsExec", "dev_allocs")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no upload allocations\n{explain}"));
+    assert!(allocs > 20, "{allocs} batches\n{explain}");
+    for timing in ["upload_copy_time", "upload_wait_time"] {
+        let value = metric(&explain, "GpuCoalescePartitionsExec", timing)
+            .unwrap_or_else(|| panic!("no {timing}\n{explain}"));
+        assert!(!value.is_empty(), "{timing}\n{explain}");
+    }
+    assert_ne!(
+        metric(&explain, "GpuCoalescePartitionsExec", "upload_copy_time"),
+        Some("0ns"),
+        "{explain}"
+    );
+    assert_eq!(
+        gpu.gpu().unwrap().device().memory_stats().allocated_bytes,
+        0
+    );
+}
