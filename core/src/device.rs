@@ -14,6 +14,7 @@ use spate_kernels::{BackendKind, Device, DeviceOptions, Kernel, KernelArg, Launc
 
 use crate::config::Backend;
 use crate::error::{Result, SpateError};
+use crate::exec::coordinator::{SpillCoordinator, Spillable};
 
 /// What the machine offers: the CUDA devices, or why there are none.
 #[derive(Debug, Clone)]
@@ -239,6 +240,8 @@ pub struct GpuContext {
     compile_nanos: AtomicU64,
     /// The measured copy bandwidth, once measured (see [`GpuContext::measure_bandwidth`]).
     bandwidth: Mutex<Option<Bandwidth>>,
+    /// Device memory outside the running operators that may move to the host.
+    spill: SpillCoordinator,
 }
 
 /// Kernel compilation so far in a session: generated programs compiled by NVRTC (or the host
@@ -335,7 +338,20 @@ impl GpuContext {
             compiles: AtomicU64::new(0),
             compile_nanos: AtomicU64::new(0),
             bandwidth: Mutex::new(None),
+            spill: SpillCoordinator::default(),
         }))
+    }
+
+    /// Lets the spill coordinator move `entry`'s device memory to the host when an operator
+    /// runs out (see `exec/coordinator.rs`).
+    pub(crate) fn register_spillable(&self, entry: std::sync::Weak<dyn Spillable>) {
+        self.spill.register(entry);
+    }
+
+    /// Moves spillable device memory (cached tables, least recently used first) to the host
+    /// until about `want` bytes are let go of; the bytes let go of.
+    pub(crate) fn relieve_memory(&self, want: usize) -> usize {
+        self.spill.relieve(want)
     }
 
     /// The device.

@@ -514,9 +514,14 @@ impl Engine {
                 Some(gpu) => {
                     let batch_bytes =
                         SpateOptions::gpu_batch_bytes(self.ctx.state().config().options());
-                    let gpu = Arc::clone(gpu);
+                    let loader = Arc::clone(gpu);
                     let table = tokio::task::spawn_blocking(move || {
-                        crate::exec::cache::DeviceTable::load(&gpu, schema, partitions, batch_bytes)
+                        crate::exec::cache::DeviceTable::load(
+                            &loader,
+                            schema,
+                            partitions,
+                            batch_bytes,
+                        )
                     })
                     .await
                     .map_err(|e| SpateError::Internal {
@@ -528,10 +533,12 @@ impl Engine {
                         bytes: table.device_bytes(),
                         location: CacheLocation::Gpu,
                     };
-                    let provider = crate::exec::cache::CachedTableProvider::new(
-                        Arc::new(table),
-                        Arc::clone(&original),
-                    );
+                    let table = Arc::new(table);
+                    let spillable: std::sync::Weak<dyn crate::exec::coordinator::Spillable> =
+                        Arc::downgrade(&table) as _;
+                    gpu.register_spillable(spillable);
+                    let provider =
+                        crate::exec::cache::CachedTableProvider::new(table, Arc::clone(&original));
                     (Arc::new(provider), cached)
                 }
                 None => {

@@ -65,7 +65,10 @@ pub mod placement {
 
 /// The names of the metrics GPU operators report, beyond DataFusion's.
 pub mod metrics {
-    pub use crate::exec::{DEV_READ_BYTES, DEV_WRITE_BYTES, UPLOAD_COPY_TIME, UPLOAD_WAIT_TIME};
+    pub use crate::exec::{
+        CACHE_RELOADS, CPU_FALLBACKS, DEV_READ_BYTES, DEV_WRITE_BYTES, EVICTED_BYTES, OOM_SPLITS,
+        UPLOAD_COPY_TIME, UPLOAD_WAIT_TIME,
+    };
 }
 
 /// Re-exported so that embedders use exactly the DataFusion and Arrow versions Spate is built on.

@@ -1,8 +1,9 @@
 //! Injected device faults (`spate_kernels::faults`).
 //!
-//! - Every allocation of a join, an aggregation and a sort is made to fail in turn, in memory
-//!   and spilling to the host: each run either returns the CPU's rows or fails with a typed
-//!   out-of-memory error, never panics, and leaves no device or pinned memory behind.
+//! - Every allocation of a join, an aggregation, a sort and a filtered projection is made to
+//!   fail in turn, in memory and spilling to the host: each run either returns the CPU's
+//!   rows or fails with a typed out-of-memory error, never panics, and leaves no device or
+//!   pinned memory behind.
 //! - A sticky fault in a kernel fails the running query with a clear error and marks the
 //!   device unhealthy; later queries then run on the CPU or are refused, as
 //!   `spate.gpu.on_device_error` says.
@@ -60,10 +61,13 @@ fn sorted(batches: &[RecordBatch]) -> Vec<String> {
     rows
 }
 
-const QUERIES: [&str; 3] = [
+const QUERIES: [&str; 4] = [
     "SELECT l.k, l.s, r.v FROM l JOIN r ON l.k = r.k",
     "SELECT k, s, sum(v), count(*) FROM l GROUP BY k, s",
     "SELECT k, v, s FROM l ORDER BY v DESC, k",
+    // A failure in the filter or the projection is retried on halves (`exec/retry.rs`); one
+    // in the upload below them fails the query.
+    "SELECT k + v AS kv, upper(s) FROM l WHERE v % 3 = 0",
 ];
 
 /// Walks a failure over every device allocation of each of `queries` on `gpu`.

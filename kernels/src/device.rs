@@ -242,7 +242,14 @@ impl Device {
     /// hook; see [`crate::faults`]).
     #[doc(hidden)]
     pub fn inject_alloc_failure(&self, nth: u64) {
-        self.inner.faults.arm_alloc(nth);
+        self.inner.faults.arm_alloc(nth, 1);
+    }
+
+    /// Makes `count` device allocations fail in a row, from the `nth` from now; `nth` 0
+    /// disarms (a test hook; see [`crate::faults`]).
+    #[doc(hidden)]
+    pub fn inject_alloc_failures(&self, nth: u64, count: u64) {
+        self.inner.faults.arm_alloc(nth, count);
     }
 
     /// Makes the `nth` kernel launch from now fault, leaving the device unhealthy; 0 disarms (a

@@ -17,35 +17,46 @@ pub const FAIL_ALLOC_ENV: &str = "SPATE_EMU_FAIL_ALLOC";
 /// unhealthy from then on.
 pub const FAIL_LAUNCH_ENV: &str = "SPATE_EMU_FAIL_LAUNCH";
 
-/// One kind of call and the call of it that fails: 0 when none does.
+/// One kind of call and the calls of it that fail: `count` calls from the `fail_at`th; none
+/// when `fail_at` is 0.
 #[derive(Debug, Default)]
 struct Trigger {
     seen: AtomicU64,
     fail_at: AtomicU64,
+    count: AtomicU64,
 }
 
 impl Trigger {
     /// The `nth` call from now fails; 0 disarms.
     fn arm(&self, nth: u64) {
+        self.arm_many(nth, 1);
+    }
+
+    /// `count` calls fail from the `nth` from now; `nth` 0 disarms.
+    fn arm_many(&self, nth: u64, count: u64) {
         let at = match nth {
             0 => 0,
             n => self.seen.load(Ordering::Acquire) + n,
         };
+        self.count.store(count.max(1), Ordering::Release);
         self.fail_at.store(at, Ordering::Release);
     }
 
-    /// Counts a call; true for the one that fails (once).
+    /// Counts a call; true for the ones that fail (once each).
     fn fires(&self) -> bool {
         let at = self.fail_at.load(Ordering::Acquire);
         if at == 0 {
             return false;
         }
         let n = self.seen.fetch_add(1, Ordering::AcqRel) + 1;
-        n == at
-            && self
+        let count = self.count.load(Ordering::Acquire);
+        if n + 1 == at + count {
+            // The last to fail disarms the trigger.
+            let _ = self
                 .fail_at
-                .compare_exchange(at, 0, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
+                .compare_exchange(at, 0, Ordering::AcqRel, Ordering::Relaxed);
+        }
+        n >= at && n < at + count
     }
 }
 
@@ -75,9 +86,9 @@ impl Faults {
         faults
     }
 
-    /// The `nth` allocation from now fails.
-    pub(crate) fn arm_alloc(&self, nth: u64) {
-        self.alloc.arm(nth);
+    /// `count` allocations fail from the `nth` from now.
+    pub(crate) fn arm_alloc(&self, nth: u64, count: u64) {
+        self.alloc.arm_many(nth, count);
     }
 
     /// The `nth` launch from now faults.
@@ -115,5 +126,8 @@ mod tests {
         t.arm(2);
         t.arm(0);
         assert!(!t.fires() && !t.fires());
+        t.arm_many(2, 3);
+        let fired: Vec<bool> = (0..6).map(|_| t.fires()).collect();
+        assert_eq!(fired, [false, true, true, true, false, false]);
     }
 }

@@ -18,6 +18,7 @@
 mod concat;
 mod download;
 mod gather;
+mod slice;
 mod upload;
 
 use std::sync::{Arc, Mutex};

@@ -14,12 +14,18 @@
 //! The allocations are charged to the device's memory pool like any other, so the GPU memory
 //! budget sees the cache and a cache that does not fit fails with an out-of-memory error.
 //!
+//! The spill coordinator (`exec/coordinator.rs`) may move a cached table to the host when an
+//! operator runs out of device memory, least recently scanned first: its batches are
+//! downloaded and the table lets go of their device memory (freed once no running query
+//! holds them). The next scan uploads them again, as they were.
+//!
 //! While the rows are still on the host, the load also learns what the planner may rely on
 //! later: which columns are unique and how long each string column's longest value is
 //! (`column_facts`).
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
@@ -34,38 +40,84 @@ use datafusion::execution::TaskContext;
 use datafusion::logical_expr::Expr;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType, SchedulingType};
-use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder};
 use datafusion::physical_plan::statistics::StatisticsArgs;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
     ReplaceChildrenOptions,
 };
-use spate_kernels::Stream as DeviceStream;
+use spate_kernels::{Device, Stream as DeviceStream};
 
 use super::column_facts::{ColumnFacts, column_facts};
+use super::coordinator::Spillable;
 use super::{DeviceBatchStream, GpuExec};
-use crate::column::{DeviceBatch, upload_batches};
+use crate::column::{DeviceBatch, download_batch, upload_batches};
 use crate::device::GpuContext;
 use crate::error::{Result, SpateError};
+
+/// Metric of a cached scan that uploaded its table again after the spill coordinator had moved
+/// it to the host.
+pub const CACHE_RELOADS: &str = "cache_reloads";
 
 /// A table's rows in device memory, partition by partition.
 pub struct DeviceTable {
     schema: SchemaRef,
-    partitions: Vec<Vec<DeviceBatch>>,
+    /// Where the rows are now (see [`Residence`]).
+    rows: RwLock<Residence>,
+    partition_count: usize,
     num_rows: usize,
     device_bytes: usize,
     /// What was learnt of each column at load (see [`column_facts`]).
     facts: Vec<ColumnFacts>,
+    device: Device,
+    /// When a scan last read it, for the spill coordinator's least-recently-used order.
+    last_used: Mutex<Instant>,
+    /// Held by every running scan's stream: a table in use is not moved to the host (its
+    /// memory would not be freed until the scan ends, and the next scan would upload it
+    /// again).
+    scans: Arc<()>,
+}
+
+/// Where a cached table's rows are.
+enum Residence {
+    /// In device memory, as device batches per partition.
+    Device(Vec<Vec<DeviceBatch>>),
+    /// Moved to the host by the spill coordinator (one record batch per device batch),
+    /// uploaded again by the next scan.
+    Host(Vec<Vec<RecordBatch>>),
 }
 
 impl fmt::Debug for DeviceTable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeviceTable")
-            .field("partitions", &self.partitions.len())
+            .field("partitions", &self.partition_count)
             .field("num_rows", &self.num_rows)
             .field("device_bytes", &self.device_bytes)
             .finish()
     }
+}
+
+/// Uploads `group` as one device batch of a cached table: its string columns carry their
+/// longest value, and its memory is read by many streams.
+fn resident_batch(
+    stream: &DeviceStream,
+    schema: &SchemaRef,
+    group: &[RecordBatch],
+    facts: &[ColumnFacts],
+) -> Result<DeviceBatch> {
+    // The group's batches are staged end to end and arrive as one: nothing is concatenated
+    // on the host.
+    let batch = upload_batches(stream, schema, group)?;
+    // Gathers of its string columns size their bytes by the longest value.
+    let columns = batch
+        .columns()
+        .iter()
+        .zip(facts)
+        .map(|(c, f)| c.clone().with_longest_string(f.longest_string))
+        .collect();
+    let batch = DeviceBatch::try_new(Arc::clone(batch.schema()), columns, batch.bound())?;
+    batch.share_across_streams();
+    Ok(batch)
 }
 
 impl DeviceTable {
@@ -95,19 +147,7 @@ impl DeviceTable {
                 if group.iter().all(|b| b.num_rows() == 0) {
                     continue;
                 }
-                // The group's batches are staged end to end and arrive as one: nothing is
-                // concatenated on the host.
-                let batch = upload_batches(&stream, &schema, &group)?;
-                // Gathers of its string columns size their bytes by the longest value.
-                let columns = batch
-                    .columns()
-                    .iter()
-                    .zip(&facts)
-                    .map(|(c, f)| c.clone().with_longest_string(f.longest_string))
-                    .collect();
-                let batch =
-                    DeviceBatch::try_new(Arc::clone(batch.schema()), columns, batch.bound())?;
-                batch.share_across_streams();
+                let batch = resident_batch(&stream, &schema, &group, &facts)?;
                 num_rows += batch.bound();
                 device_bytes += batch.device_bytes();
                 device_batches.push(batch);
@@ -121,10 +161,14 @@ impl DeviceTable {
         stream.synchronize()?;
         Ok(DeviceTable {
             schema,
-            partitions: device_partitions,
+            partition_count: device_partitions.len(),
+            rows: RwLock::new(Residence::Device(device_partitions)),
             num_rows,
             device_bytes,
             facts,
+            device: gpu.device().clone(),
+            last_used: Mutex::new(Instant::now()),
+            scans: Arc::new(()),
         })
     }
 
@@ -138,9 +182,104 @@ impl DeviceTable {
         self.num_rows
     }
 
-    /// Device memory the cached columns take.
+    /// Device memory the cached columns take (when they are in device memory).
     pub fn device_bytes(&self) -> usize {
         self.device_bytes
+    }
+
+    /// True while the rows are in device memory, false after the spill coordinator moved
+    /// them to the host and before a scan brought them back.
+    pub fn is_resident(&self) -> bool {
+        matches!(*self.read_rows(), Residence::Device(_))
+    }
+
+    fn read_rows(&self) -> std::sync::RwLockReadGuard<'_, Residence> {
+        self.rows.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write_rows(&self) -> std::sync::RwLockWriteGuard<'_, Residence> {
+        self.rows.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Partition `partition`'s device batches, uploaded again first if the table was moved to
+    /// the host; true when this call uploaded them.
+    fn partition(&self, partition: usize) -> Result<(Vec<DeviceBatch>, bool)> {
+        *self.last_used.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        if let Residence::Device(partitions) = &*self.read_rows() {
+            return Ok((
+                partitions.get(partition).cloned().unwrap_or_default(),
+                false,
+            ));
+        }
+        let mut rows = self.write_rows();
+        let mut reloaded = false;
+        if let Residence::Host(host) = &*rows {
+            let stream = self.device.new_stream()?;
+            let device = host
+                .iter()
+                .map(|batches| {
+                    batches
+                        .iter()
+                        .map(|b| {
+                            resident_batch(
+                                &stream,
+                                &self.schema,
+                                std::slice::from_ref(b),
+                                &self.facts,
+                            )
+                        })
+                        .collect::<Result<Vec<_>>>()
+                })
+                .collect::<Result<Vec<_>>>()?;
+            stream.synchronize()?;
+            *rows = Residence::Device(device);
+            reloaded = true;
+        }
+        match &*rows {
+            Residence::Device(partitions) => Ok((
+                partitions.get(partition).cloned().unwrap_or_default(),
+                reloaded,
+            )),
+            Residence::Host(_) => Err(SpateError::Internal {
+                message: "a cached table still on the host after its upload".into(),
+            }),
+        }
+    }
+}
+
+impl Spillable for DeviceTable {
+    fn last_used(&self) -> Instant {
+        *self.last_used.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn resident_bytes(&self) -> usize {
+        let scanned = Arc::strong_count(&self.scans) > 1;
+        if self.is_resident() && !scanned {
+            self.device_bytes
+        } else {
+            0
+        }
+    }
+
+    /// Downloads the batches and drops the table's hold on their device memory, which is
+    /// freed once no running query holds them either.
+    fn spill(&self) -> Result<usize> {
+        let mut rows = self.write_rows();
+        let Residence::Device(partitions) = &*rows else {
+            return Ok(0);
+        };
+        let stream = self.device.new_stream()?;
+        let host = partitions
+            .iter()
+            .map(|batches| {
+                batches
+                    .iter()
+                    .map(|b| download_batch(&stream, b))
+                    .collect::<Result<Vec<_>>>()
+            })
+            .collect::<Result<Vec<_>>>()?;
+        *rows = Residence::Host(host);
+        Ok(self.device_bytes)
     }
 }
 
@@ -239,7 +378,7 @@ impl GpuCachedScanExec {
         let schema = project_schema(&table.schema, projection.as_ref())?;
         let properties = PlanProperties::new(
             EquivalenceProperties::new(Arc::clone(&schema)),
-            Partitioning::UnknownPartitioning(table.partitions.len()),
+            Partitioning::UnknownPartitioning(table.partition_count),
             EmissionType::Incremental,
             Boundedness::Bounded,
         )
@@ -292,7 +431,7 @@ impl DisplayAs for GpuCachedScanExec {
             _ => write!(
                 f,
                 "GpuCachedScanExec: partitions={}, rows={}, columns=[{}]",
-                self.table.partitions.len(),
+                self.table.partition_count,
                 self.table.num_rows,
                 columns.join(", ")
             ),
@@ -358,14 +497,30 @@ impl GpuExec for GpuCachedScanExec {
         _context: Arc<TaskContext>,
         _stream: Arc<DeviceStream>,
     ) -> DFResult<DeviceBatchStream> {
-        let batches = self.table.partitions.get(partition).ok_or_else(|| {
-            DataFusionError::Internal(format!(
+        if partition >= self.table.partition_count {
+            return Err(DataFusionError::Internal(format!(
                 "GpuCachedScanExec: partition {partition} of {} (this is a bug)",
-                self.table.partitions.len()
-            ))
+                self.table.partition_count
+            )));
+        }
+        let (batches, reloaded) = self.table.partition(partition).map_err(|e| {
+            super::counted::name_operator(DataFusionError::from(e), "GpuCachedScanExec")
         })?;
+        if reloaded {
+            MetricBuilder::new(&self.metrics)
+                .counter(CACHE_RELOADS, partition)
+                .add(1);
+        }
         let projected: Vec<DFResult<DeviceBatch>> =
             batches.iter().map(|b| self.project(b)).collect();
-        Ok(Box::pin(futures::stream::iter(projected)))
+        // The stream holds the table in use until it is dropped.
+        let scan = Arc::clone(&self.table.scans);
+        Ok(Box::pin(futures::StreamExt::map(
+            futures::stream::iter(projected),
+            move |b| {
+                let _in_use = &scan;
+                b
+            },
+        )))
     }
 }

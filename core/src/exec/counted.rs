@@ -101,11 +101,11 @@ struct Scoped {
 }
 
 /// How the kernel runtime's out-of-memory message begins (`KernelError::OutOfMemory`).
-const GPU_OOM: &str = "GPU out of memory:";
+pub(crate) const GPU_OOM: &str = "GPU out of memory:";
 
 /// `error`, saying which operator ran out when it is a GPU out-of-memory error that does not
 /// say yet.
-fn name_operator(error: DataFusionError, name: &str) -> DataFusionError {
+pub(crate) fn name_operator(error: DataFusionError, name: &str) -> DataFusionError {
     match error {
         DataFusionError::ResourcesExhausted(message) if message.starts_with(GPU_OOM) => {
             DataFusionError::ResourcesExhausted(format!(

@@ -37,6 +37,7 @@ use spate_kernels::compact::{self, Mask};
 
 use super::batching::KeepsCounts;
 use super::device_counts::Settlement;
+use super::retry::{Retry, Where};
 use super::{
     DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, gpu_context, per_batch_input,
     rebuild_gpu, to_df,
@@ -184,6 +185,12 @@ pub(crate) type SelectedStream =
 
 struct FilterState {
     input: DeviceBatchStream,
+    /// Kept batches of an input batch that was split after running out of device memory,
+    /// not yet returned.
+    ready: std::collections::VecDeque<Selected>,
+    retry: Arc<Retry>,
+    /// The CPU filter's predicate, for a piece of a batch that runs on the CPU.
+    cpu_predicate: Arc<dyn PhysicalExpr>,
     stream: Arc<DeviceStream>,
     kernel: spate_kernels::Kernel,
     predicate: PredicateKernel,
@@ -196,6 +203,51 @@ struct FilterState {
 }
 
 impl FilterState {
+    /// [`FilterState::select`], split and retried when it runs out of device memory
+    /// (`exec/retry.rs`); the kept batches go to `ready`.
+    fn select_retried(&mut self, batch: &DeviceBatch) -> DFResult<()> {
+        let retry = Arc::clone(&self.retry);
+        let kept = retry.run(batch, &mut |piece, place| match place {
+            Where::Gpu => self.select(piece),
+            Where::Cpu => self.select_on_cpu(&retry, piece),
+        })?;
+        self.ready.extend(kept.into_iter().flatten());
+        Ok(())
+    }
+
+    /// The kept rows of `batch` computed on the CPU by DataFusion's predicate, uploaded.
+    fn select_on_cpu(&mut self, retry: &Retry, batch: &DeviceBatch) -> DFResult<Option<Selected>> {
+        let _timer = self.baseline.elapsed_compute().timer();
+        let (predicate, projection) = (Arc::clone(&self.cpu_predicate), self.projection.clone());
+        let remaining = self.remaining;
+        let out = retry.on_cpu(batch, &self.schema, |host| {
+            let mask = predicate.evaluate(&host)?.into_array(host.num_rows())?;
+            let mask = datafusion::common::cast::as_boolean_array(&mask)?;
+            let kept = arrow::compute::filter_record_batch(&host, mask)?;
+            let kept = match &projection {
+                Some(p) => kept.project(p)?,
+                None => kept,
+            };
+            Ok(match remaining {
+                Some(r) if kept.num_rows() > r => kept.slice(0, r),
+                _ => kept,
+            })
+        })?;
+        let rows = out.bound();
+        if let Some(r) = self.remaining.as_mut() {
+            *r -= rows;
+        }
+        if rows == 0 {
+            return Ok(None);
+        }
+        self.baseline.record_output(rows);
+        Ok(Some(Selected {
+            batch: out,
+            indices: None,
+            rows: RowCount::Host(rows),
+        }))
+    }
+
     fn select(&mut self, batch: &DeviceBatch) -> DFResult<Option<Selected>> {
         let _timer = self.baseline.elapsed_compute().timer();
         let n = batch.bound();
@@ -272,8 +324,17 @@ impl GpuFilterExec {
             &transfer,
             KeepsCounts::always(),
         )?;
+        let retry = Arc::new(Retry::new(
+            Arc::clone(&gpu),
+            Arc::clone(&stream),
+            &self.metrics,
+            partition,
+        ));
         let state = FilterState {
             input,
+            ready: std::collections::VecDeque::new(),
+            retry,
+            cpu_predicate: Arc::clone(self.cpu.predicate()),
             stream,
             kernel,
             predicate: self.kernel.clone(),
@@ -287,6 +348,9 @@ impl GpuFilterExec {
             state,
             |mut s| async move {
                 loop {
+                    if let Some(out) = s.ready.pop_front() {
+                        return Some((Ok(out), s));
+                    }
                     if s.remaining == Some(0) {
                         s.baseline.done();
                         return None;
@@ -297,11 +361,11 @@ impl GpuFilterExec {
                             return None;
                         }
                         Some(Err(e)) => return Some((Err(e), s)),
-                        Some(Ok(batch)) => match s.select(&batch) {
-                            Ok(Some(out)) => return Some((Ok(out), s)),
-                            Ok(None) => continue,
-                            Err(e) => return Some((Err(e), s)),
-                        },
+                        Some(Ok(batch)) => {
+                            if let Err(e) = s.select_retried(&batch) {
+                                return Some((Err(e), s));
+                            }
+                        }
                     }
                 }
             },

@@ -76,6 +76,7 @@ mod batching;
 pub mod cache;
 pub mod coalesce;
 pub mod column_facts;
+pub(crate) mod coordinator;
 pub mod counted;
 pub mod cross_join;
 pub(crate) mod device_counts;
@@ -86,6 +87,7 @@ pub mod join;
 pub mod limit;
 pub(crate) mod memory;
 pub mod projection;
+mod retry;
 pub mod sort;
 pub(crate) mod spill;
 mod top_k;
@@ -93,6 +95,8 @@ pub mod union;
 mod upload;
 pub mod window;
 
+pub use cache::CACHE_RELOADS;
+pub use retry::{CPU_FALLBACKS, EVICTED_BYTES, OOM_SPLITS};
 pub use upload::{UPLOAD_COPY_TIME, UPLOAD_WAIT_TIME};
 
 use std::pin::Pin;

@@ -27,7 +27,8 @@ use spate_kernels::Stream as DeviceStream;
 
 use super::batching::KeepsCounts;
 use super::device_counts::Settlement;
-use super::filter::GpuFilterExec;
+use super::filter::{GpuFilterExec, Selected};
+use super::retry::{Retry, Where, flatten, is_device_oom};
 use super::{
     DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, gpu_context, per_batch_input,
     rebuild_gpu, to_df,
@@ -175,12 +176,26 @@ impl GpuExec for GpuProjectionExec {
         let settlement = Settlement::of(&self.metrics, partition);
         let sources = self.sources.clone();
         let schema = self.schema();
+        let project = Arc::new(Project {
+            kernel: kernel.clone(),
+            sources: sources.clone(),
+            schema: Arc::clone(&schema),
+            stream: Arc::clone(&stream),
+            baseline: baseline.clone(),
+            settlement: settlement.clone(),
+            exprs: self
+                .cpu
+                .expr()
+                .iter()
+                .map(|p| Arc::clone(&p.expr))
+                .collect(),
+            retry: Retry::new(gpu, Arc::clone(&stream), &self.metrics, partition),
+        });
         // Over a GPU filter, read the kept rows through their indices: the filter's gather
         // and this projection's kernel become one pass.
         if let Some(filter) = self.cpu.input().downcast_ref::<GpuFilterExec>() {
             let selected = filter.execute_selected(partition, context, Arc::clone(&stream))?;
-            return Ok(Box::pin(selected.map(move |selected| {
-                let selected = selected?;
+            let fused = move |selected: &Selected| -> DFResult<DeviceBatch> {
                 let _timer = baseline.elapsed_compute().timer();
                 let rows = selected.kept().map_err(to_df)?;
                 // With indices, the kernel stops at their count; without, at the batch's.
@@ -241,7 +256,20 @@ impl GpuExec for GpuProjectionExec {
                     .map_err(to_df)?;
                 record_rows(&baseline, &settlement, &out, &stream);
                 Ok(out)
-            })));
+            };
+            return Ok(Box::pin(flatten(selected.map(move |selected| {
+                let selected = selected?;
+                match fused(&selected) {
+                    // Out of device memory reading the kept rows through their indices:
+                    // they are gathered first and projected batch by batch, split and
+                    // retried.
+                    Err(e) if is_device_oom(&e) => {
+                        let batch = selected.gather(&project.stream).map_err(to_df)?;
+                        project.run(&batch)
+                    }
+                    other => other.map(|b| vec![b]),
+                }
+            }))));
         }
         let transfer = TransferMetrics::new(&self.metrics, partition);
         let input = per_batch_input(
@@ -252,29 +280,77 @@ impl GpuExec for GpuProjectionExec {
             &transfer,
             KeepsCounts::always(),
         )?;
-        Ok(Box::pin(input.map(move |batch| {
-            let batch = batch?;
-            let _timer = baseline.elapsed_compute().timer();
-            let computed = match &kernel {
-                Some((k, values)) => evaluate_values(&stream, k, values, &batch).map_err(to_df)?,
-                None => Vec::new(),
-            };
-            let columns = sources
+        Ok(Box::pin(flatten(
+            input.map(move |batch| project.run(&batch?)),
+        )))
+    }
+}
+
+/// The per-batch projection: the generated kernel's columns beside the ones passed through,
+/// split and retried when it runs out of device memory (`exec/retry.rs`).
+struct Project {
+    kernel: Option<(spate_kernels::Kernel, ValueKernel)>,
+    sources: Vec<Source>,
+    schema: arrow::datatypes::SchemaRef,
+    stream: Arc<DeviceStream>,
+    baseline: BaselineMetrics,
+    settlement: Settlement,
+    /// The CPU projection's expressions, for a piece of a batch that runs on the CPU.
+    exprs: Vec<Arc<dyn PhysicalExpr>>,
+    retry: Retry,
+}
+
+impl Project {
+    fn run(&self, batch: &DeviceBatch) -> DFResult<Vec<DeviceBatch>> {
+        self.retry.run(batch, &mut |piece, place| match place {
+            Where::Gpu => self.on_gpu(piece),
+            Where::Cpu => self.on_cpu(piece),
+        })
+    }
+
+    fn on_gpu(&self, batch: &DeviceBatch) -> DFResult<DeviceBatch> {
+        let _timer = self.baseline.elapsed_compute().timer();
+        let computed = match &self.kernel {
+            Some((k, values)) => evaluate_values(&self.stream, k, values, batch).map_err(to_df)?,
+            None => Vec::new(),
+        };
+        let columns = self
+            .sources
+            .iter()
+            .map(|s| match s {
+                Source::Input(i) => batch.columns()[*i].clone(),
+                Source::Computed(k) => computed[*k].clone(),
+            })
+            .collect();
+        let out = DeviceBatch::try_new_counted(
+            Arc::clone(&self.schema),
+            columns,
+            batch.row_count().clone(),
+        )
+        .map_err(to_df)?;
+        record_rows(&self.baseline, &self.settlement, &out, &self.stream);
+        Ok(out)
+    }
+
+    /// The projection of `batch` computed on the CPU by DataFusion's expressions, uploaded.
+    fn on_cpu(&self, batch: &DeviceBatch) -> DFResult<DeviceBatch> {
+        let _timer = self.baseline.elapsed_compute().timer();
+        let out = self.retry.on_cpu(batch, &self.schema, |host| {
+            let rows = host.num_rows();
+            let columns = self
+                .exprs
                 .iter()
-                .map(|s| match s {
-                    Source::Input(i) => batch.columns()[*i].clone(),
-                    Source::Computed(k) => computed[*k].clone(),
-                })
-                .collect();
-            let out = DeviceBatch::try_new_counted(
-                Arc::clone(&schema),
+                .map(|e| e.evaluate(&host)?.into_array(rows))
+                .collect::<DFResult<Vec<_>>>()?;
+            let options = arrow::record_batch::RecordBatchOptions::new().with_row_count(Some(rows));
+            Ok(arrow::record_batch::RecordBatch::try_new_with_options(
+                Arc::clone(&self.schema),
                 columns,
-                batch.row_count().clone(),
-            )
-            .map_err(to_df)?;
-            record_rows(&baseline, &settlement, &out, &stream);
-            Ok(out)
-        })))
+                &options,
+            )?)
+        })?;
+        record_rows(&self.baseline, &self.settlement, &out, &self.stream);
+        Ok(out)
     }
 }
 

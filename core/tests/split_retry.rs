@@ -1,0 +1,182 @@
+//! Split-and-retry (`exec/retry.rs`): a GPU filter or projection that runs out of device
+//! memory on a batch asks the spill coordinator to move cached tables to the host, retries on
+//! the batch's halves, and after three splits computes the piece on the CPU. Each run's rows
+//! equal the CPU engine's, and `EXPLAIN ANALYZE` counts what happened.
+
+#![allow(
+    clippy::unwrap_used,
+    reason = "test helpers: a failed unwrap is a failed test"
+)]
+
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, Int64Array, StringArray};
+use arrow::datatypes::{DataType, Field, Schema};
+use arrow::record_batch::RecordBatch;
+use datafusion::physical_plan::display::DisplayableExecutionPlan;
+use spate::datafusion;
+use spate::{Backend, Engine};
+
+mod common;
+use common::ordered;
+
+/// `rows` rows: `k` (NULL every 11th), `s` from `k` (NULL every 5th key), `v`.
+fn table(rows: i64, seed: i64) -> Vec<RecordBatch> {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, true),
+        Field::new("s", DataType::Utf8, true),
+        Field::new("v", DataType::Int64, false),
+    ]));
+    let k: Vec<Option<i64>> = (0..rows)
+        .map(|i| (i % 11 != 0).then_some((i * 7919 + seed) % 613))
+        .collect();
+    let s: Vec<Option<String>> = k
+        .iter()
+        .map(|k| k.and_then(|k| (k % 5 != 0).then(|| format!("value-{k}"))))
+        .collect();
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(Int64Array::from(k)),
+        Arc::new(StringArray::from(s)),
+        Arc::new(Int64Array::from_iter_values(
+            (0..rows).map(|i| (i * 31 + seed) % 1009),
+        )),
+    ];
+    vec![RecordBatch::try_new(schema, columns).unwrap()]
+}
+
+/// An emulated engine and a CPU one, with tables `a` and `b` cached (in device memory on the
+/// emulated engine), so that a query's first device allocation is its own operators'.
+async fn engines() -> (Engine, Engine) {
+    let build = |backend| {
+        let engine = Engine::builder()
+            .backend(backend)
+            .target_partitions(1)
+            .build()
+            .unwrap();
+        engine.register_batches("a", table(6000, 0)).unwrap();
+        engine.register_batches("b", table(4000, 17)).unwrap();
+        engine
+    };
+    let (gpu, cpu) = (build(Backend::Emulated), build(Backend::Cpu));
+    for t in ["a", "b"] {
+        gpu.cache_table(t).await.unwrap();
+    }
+    (gpu, cpu)
+}
+
+fn sorted(batches: &[RecordBatch]) -> Vec<String> {
+    let mut rows = ordered(batches);
+    rows.sort();
+    rows
+}
+
+/// Runs `sql` on the GPU engine, checks its rows against the CPU's, and returns the executed
+/// plan with its metrics.
+async fn run(gpu: &Engine, cpu: &Engine, sql: &str) -> String {
+    let want = sorted(&cpu.collect(sql).await.unwrap());
+    let frame = gpu.sql(sql).await.unwrap();
+    let context = Arc::new(frame.task_ctx());
+    let plan = frame.create_physical_plan().await.unwrap();
+    let got = datafusion::physical_plan::collect(Arc::clone(&plan), context)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    assert!(!want.is_empty(), "{sql}: no rows to compare");
+    assert_eq!(sorted(&got), want, "{sql}");
+    DisplayableExecutionPlan::with_metrics(plan.as_ref())
+        .indent(true)
+        .to_string()
+}
+
+/// The sum of `metric=N` over the lines naming `operator`.
+fn metric(plan: &str, operator: &str, metric: &str) -> usize {
+    plan.lines()
+        .filter(|l| l.contains(operator))
+        .filter_map(|l| {
+            let at = l.find(&format!("{metric}="))? + metric.len() + 1;
+            l[at..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>()
+                .parse::<usize>()
+                .ok()
+        })
+        .sum()
+}
+
+const FILTER: &str = "SELECT k, s, v FROM b WHERE v % 7 = 1 AND s IS NOT NULL";
+const PROJECTION: &str = "SELECT k + v AS kv, upper(s) AS u, v * 2 AS w FROM b";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_that_runs_out_retries_on_the_halves_of_its_batch() {
+    let (gpu, cpu) = engines().await;
+    let device = gpu.gpu().unwrap().device().clone();
+    for sql in [FILTER, PROJECTION] {
+        // Not retried: a plain run splits nothing.
+        let plan = run(&gpu, &cpu, sql).await;
+        assert_eq!(metric(&plan, "Gpu", "oom_splits"), 0, "{plan}");
+        // The query's first device allocation fails once: its batch is split in two, and both
+        // halves go through on the GPU.
+        device.inject_alloc_failure(1);
+        let plan = run(&gpu, &cpu, sql).await;
+        device.inject_alloc_failure(0);
+        assert_eq!(metric(&plan, "Gpu", "oom_splits"), 1, "{sql}\n{plan}");
+        assert_eq!(metric(&plan, "Gpu", "cpu_fallbacks"), 0, "{sql}\n{plan}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_three_splits_a_piece_runs_on_the_cpu() {
+    let (gpu, cpu) = engines().await;
+    let device = gpu.gpu().unwrap().device().clone();
+    for sql in [
+        "SELECT k, v FROM b WHERE v % 7 = 1",
+        "SELECT k + v AS kv, v * 2 AS w, k FROM b",
+    ] {
+        // Four allocations fail in a row: the batch's, its first half's, quarter's and
+        // eighth's. The first eighth runs on the CPU; the other pieces on the GPU.
+        device.inject_alloc_failures(1, 4);
+        let plan = run(&gpu, &cpu, sql).await;
+        device.inject_alloc_failure(0);
+        assert_eq!(metric(&plan, "Gpu", "oom_splits"), 3, "{sql}\n{plan}");
+        assert_eq!(metric(&plan, "Gpu", "cpu_fallbacks"), 1, "{sql}\n{plan}");
+    }
+    // A string column's halves need new offsets: when even those do not fit, the batch goes
+    // to the CPU whole.
+    device.inject_alloc_failures(1, 2);
+    let plan = run(&gpu, &cpu, FILTER).await;
+    device.inject_alloc_failure(0);
+    assert_eq!(metric(&plan, "Gpu", "oom_splits"), 0, "{plan}");
+    assert_eq!(metric(&plan, "Gpu", "cpu_fallbacks"), 1, "{plan}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn running_out_moves_the_least_recently_used_cached_table_to_the_host() {
+    let (gpu, cpu) = engines().await;
+    let device = gpu.gpu().unwrap().device().clone();
+    // `a` was scanned before `b`: it goes first.
+    run(&gpu, &cpu, "SELECT count(*), sum(v) FROM a WHERE k > 3").await;
+    device.inject_alloc_failure(1);
+    let plan = run(&gpu, &cpu, FILTER).await;
+    device.inject_alloc_failure(0);
+    assert!(metric(&plan, "Gpu", "evicted_bytes") > 0, "{plan}");
+    // `a`'s next scan uploads it again; `b` stayed.
+    let plan = run(&gpu, &cpu, "SELECT k, v FROM a WHERE v < 100").await;
+    assert_eq!(
+        metric(&plan, "GpuCachedScanExec", "cache_reloads"),
+        1,
+        "{plan}"
+    );
+    let plan = run(&gpu, &cpu, "SELECT k, v FROM b WHERE v < 100").await;
+    assert_eq!(
+        metric(&plan, "GpuCachedScanExec", "cache_reloads"),
+        0,
+        "{plan}"
+    );
+    // And again: `a` stays on the device now.
+    let plan = run(&gpu, &cpu, "SELECT k, v FROM a WHERE v < 100").await;
+    assert_eq!(
+        metric(&plan, "GpuCachedScanExec", "cache_reloads"),
+        0,
+        "{plan}"
+    );
+}
