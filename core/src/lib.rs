@@ -66,8 +66,8 @@ pub mod placement {
 /// The names of the metrics GPU operators report, beyond DataFusion's.
 pub mod metrics {
     pub use crate::exec::{
-        CACHE_RELOADS, CPU_FALLBACKS, DEV_READ_BYTES, DEV_WRITE_BYTES, EVICTED_BYTES, OOM_SPLITS,
-        UPLOAD_COPY_TIME, UPLOAD_WAIT_TIME,
+        CACHE_RELOADS, CPU_FALLBACKS, DEV_READ_BYTES, DEV_WRITE_BYTES, DISK_SPILLED_BYTES,
+        EVICTED_BYTES, OOM_SPLITS, UPLOAD_COPY_TIME, UPLOAD_WAIT_TIME,
     };
 }
 

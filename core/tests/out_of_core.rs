@@ -68,11 +68,19 @@ async fn engines() -> (Engine, Engine) {
 
 /// [`engines`], the GPU's device budget `gpu_budget` bytes (`None`: the default).
 async fn engines_with(gpu_budget: Option<usize>) -> (Engine, Engine) {
+    engines_limited(gpu_budget, None).await
+}
+
+/// [`engines_with`], the GPU engine's host memory limited to `host_limit` bytes too.
+async fn engines_limited(gpu_budget: Option<usize>, host_limit: Option<usize>) -> (Engine, Engine) {
     let mut gpu = Engine::builder()
         .backend(Backend::Emulated)
         .target_partitions(2);
     if let Some(bytes) = gpu_budget {
         gpu = gpu.gpu_memory_limit(bytes);
+    }
+    if let Some(bytes) = host_limit {
+        gpu = gpu.memory_limit(bytes);
     }
     let gpu = gpu.build().unwrap();
     let cpu = Engine::builder()
@@ -271,4 +279,30 @@ async fn a_scan_streams_up_in_small_batches_on_a_copy_stream() {
         gpu.gpu().unwrap().device().memory_stats().allocated_bytes,
         0
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spills_go_to_disk_when_host_memory_is_short_too() {
+    // 1 MiB of device memory and 256 KiB of host memory: the partitions go to DataFusion's
+    // temporary files.
+    let (gpu, cpu) = engines_limited(Some(1 << 20), Some(256 << 10)).await;
+    for (sql, operator) in [
+        (
+            "SELECT l.k, l.s, r.d FROM l JOIN r ON l.k = r.k",
+            "GpuHashJoinExec",
+        ),
+        (
+            "SELECT s, k, count(*), sum(d), max(d) FROM l GROUP BY s, k",
+            "GpuAggregateExec",
+        ),
+    ] {
+        let explain = check(&gpu, &cpu, sql).await;
+        // A count as `EXPLAIN ANALYZE` shows it: `859`, `859.0 K`, `1.2 M`.
+        let on_disk = metric(&explain, operator, "disk_spilled_bytes").unwrap_or("0");
+        let number: f64 = on_disk
+            .trim_end_matches([' ', 'K', 'M'])
+            .parse()
+            .unwrap_or(0.0);
+        assert!(number > 0.0, "{sql}: nothing went to disk\n{explain}");
+    }
 }

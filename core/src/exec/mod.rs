@@ -80,6 +80,7 @@ pub(crate) mod coordinator;
 pub mod counted;
 pub mod cross_join;
 pub(crate) mod device_counts;
+mod disk_spill;
 mod external_sort;
 pub mod filter;
 pub(crate) mod hash_table;
@@ -97,6 +98,7 @@ pub mod window;
 
 pub use cache::CACHE_RELOADS;
 pub use retry::{CPU_FALLBACKS, EVICTED_BYTES, OOM_SPLITS};
+pub use spill::DISK_SPILLED_BYTES;
 pub use upload::{UPLOAD_COPY_TIME, UPLOAD_WAIT_TIME};
 
 use std::pin::Pin;

@@ -25,6 +25,7 @@ use spate_kernels::hash::{DEFAULT_SEED, HashColumn, hash_columns};
 use spate_kernels::partition::partition_rows;
 use spate_kernels::{DeviceBitmap, DeviceBuffer, Stream as DeviceStream};
 
+use super::disk_spill::DiskPart;
 use crate::column::{
     DeviceBatch, DeviceColumn, DeviceValues, Gather, download_batch, gather_columns, upload_batches,
 };
@@ -106,6 +107,10 @@ pub(crate) struct SpillOptions {
     spill_count: Count,
     spilled_bytes: Count,
     spilled_rows: Count,
+    /// Host bytes written to disk (`disk_spilled_bytes`), registered at the first.
+    disk_bytes: Arc<std::sync::OnceLock<Count>>,
+    metrics: ExecutionPlanMetricsSet,
+    partition: usize,
 }
 
 impl SpillOptions {
@@ -114,6 +119,15 @@ impl SpillOptions {
         self.spill_count.add(1);
         self.spilled_bytes.add(bytes);
         self.spilled_rows.add(rows);
+    }
+
+    /// Counts `bytes` of host batches written to disk.
+    fn record_disk(&self, bytes: usize) {
+        self.disk_bytes
+            .get_or_init(|| {
+                MetricBuilder::new(&self.metrics).counter(DISK_SPILLED_BYTES, self.partition)
+            })
+            .add(bytes);
     }
 
     /// For `operator`'s `partition`, with its metrics in `metrics`.
@@ -130,11 +144,18 @@ impl SpillOptions {
             spill_count: MetricBuilder::new(metrics).spill_count(partition),
             spilled_bytes: MetricBuilder::new(metrics).spilled_bytes(partition),
             spilled_rows: MetricBuilder::new(metrics).spilled_rows(partition),
+            disk_bytes: Arc::new(std::sync::OnceLock::new()),
+            metrics: metrics.clone(),
+            partition,
         })
     }
 }
 
-/// Rows of one schema held in host memory in `2^SPLIT_BITS` partitions by key hash.
+/// Metric of the host bytes an operator's spill wrote to disk.
+pub const DISK_SPILLED_BYTES: &str = "disk_spilled_bytes";
+
+/// Rows of one schema held in host memory (or on disk) in `2^SPLIT_BITS` partitions by key
+/// hash.
 pub(crate) struct HostPartitions {
     schema: SchemaRef,
     /// Key column indices.
@@ -142,7 +163,12 @@ pub(crate) struct HostPartitions {
     /// The hash bits this level splits by start here.
     shift: u32,
     parts: Vec<Vec<RecordBatch>>,
+    /// Rows the memory pool would not take, on disk.
+    disk: Vec<Option<DiskPart>>,
+    /// Host bytes of each partition, in memory and on disk.
     bytes: Vec<usize>,
+    /// The part of `bytes` in memory, charged to the reservation.
+    held: Vec<usize>,
     rows: Vec<usize>,
     reservation: MemoryReservation,
     options: SpillOptions,
@@ -172,7 +198,9 @@ impl HostPartitions {
             keys,
             shift,
             parts: vec![Vec::new(); n],
+            disk: (0..n).map(|_| None).collect(),
             bytes: vec![0; n],
+            held: vec![0; n],
             rows: vec![0; n],
             // Not spillable to disk (yet): a spillable consumer under DataFusion's fair pool
             // would be asked to give memory back that it cannot.
@@ -194,7 +222,7 @@ impl HostPartitions {
             shift,
             &self.options,
         );
-        for group in self.take_host_grouped(p) {
+        for group in self.take_host_grouped(p)? {
             let batch = upload_batches(stream, &self.schema, &group)?;
             drop(group);
             child.spill(stream, &batch)?;
@@ -248,45 +276,72 @@ impl HostPartitions {
         let host = download_batch(stream, &grouped)?;
         drop(grouped);
         let size = host.get_array_memory_size();
-        self.reservation.try_grow(size).map_err(SpateError::from)?;
+        // Host memory short too: the download goes to disk.
+        let to_disk = self.reservation.try_grow(size).is_err();
         self.options.record(size, rows);
+        if to_disk {
+            self.options.record_disk(size);
+        }
         for (p, &count) in split.counts.iter().enumerate() {
             if count == 0 {
                 continue;
             }
             let part = host.slice(split.range(p).start, count);
             // Charged by their share of the download; the slices share its buffers.
-            self.bytes[p] += size * count / rows;
+            let share = size * count / rows;
+            self.bytes[p] += share;
             self.rows[p] += count;
-            self.parts[p].push(part);
+            if to_disk {
+                self.append_to_disk(p, &part)?;
+            } else {
+                self.held[p] += share;
+                self.parts[p].push(part);
+            }
         }
         Ok(())
+    }
+
+    fn append_to_disk(&mut self, p: usize, batch: &RecordBatch) -> Result<()> {
+        let part = match &mut self.disk[p] {
+            Some(part) => part,
+            None => self.disk[p].insert(DiskPart::create(
+                &self.options.context,
+                &self.schema,
+                &self.options.name,
+            )?),
+        };
+        part.append(batch)
+    }
+
+    /// Partition `p`'s host batches, those on disk read back, and its charge released.
+    fn take_batches(&mut self, p: usize) -> Result<Vec<RecordBatch>> {
+        let held = std::mem::take(&mut self.held[p]);
+        self.bytes[p] = 0;
+        self.rows[p] = 0;
+        self.reservation.shrink(held.min(self.reservation.size()));
+        let mut batches = std::mem::take(&mut self.parts[p]);
+        if let Some(part) = self.disk[p].take() {
+            batches.extend(part.read_all()?);
+        }
+        Ok(batches)
     }
 
     /// Partition `p`'s rows uploaded as one device batch (`None` when it has none); the host
     /// copy is released.
     pub(crate) fn take(&mut self, stream: &DeviceStream, p: usize) -> Result<Option<DeviceBatch>> {
-        let batches = std::mem::take(&mut self.parts[p]);
-        let bytes = std::mem::take(&mut self.bytes[p]);
-        self.rows[p] = 0;
+        let batches = self.take_batches(p)?;
         if batches.iter().all(|b| b.num_rows() == 0) {
             return Ok(None);
         }
-        let uploaded = upload_batches(stream, &self.schema, &batches)?;
-        drop(batches);
-        self.reservation.shrink(bytes.min(self.reservation.size()));
-        Ok(Some(uploaded))
+        Ok(Some(upload_batches(stream, &self.schema, &batches)?))
     }
 
     /// Partition `p`'s host batches, taken out in groups of about the batch size, each group
     /// to be uploaded as one device batch.
-    pub(crate) fn take_host_grouped(&mut self, p: usize) -> Vec<Vec<RecordBatch>> {
-        let bytes = std::mem::take(&mut self.bytes[p]);
-        self.rows[p] = 0;
-        self.reservation.shrink(bytes.min(self.reservation.size()));
+    pub(crate) fn take_host_grouped(&mut self, p: usize) -> Result<Vec<Vec<RecordBatch>>> {
         let mut groups: Vec<Vec<RecordBatch>> = Vec::new();
         let mut group_bytes = 0;
-        for batch in std::mem::take(&mut self.parts[p]) {
+        for batch in self.take_batches(p)? {
             // Slices share their download's buffers: count the rows' share of them.
             let size = super::upload::sliced_bytes(&batch);
             match groups.last_mut() {
@@ -300,7 +355,7 @@ impl HostPartitions {
                 }
             }
         }
-        groups
+        Ok(groups)
     }
 
     /// The schema of the rows.

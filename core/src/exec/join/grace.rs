@@ -138,7 +138,7 @@ impl Grace {
                     &RecordBatch::new_empty(Arc::clone(&self.build_schema)),
                 )?,
             };
-            self.probe_left = level.probe.take_host_grouped(p);
+            self.probe_left = level.probe.take_host_grouped(p)?;
             self.probe_left.reverse();
             let side = build_side(
                 &stream,

@@ -1,0 +1,73 @@
+//! Spilled rows on disk, for when host memory is short too: a partition's host batches that
+//! DataFusion's memory pool will not take are appended to a temporary file of DataFusion's
+//! `DiskManager` (Arrow IPC stream format), and read back when the partition is processed.
+//!
+//! The file is deleted once dropped, and its bytes count against the disk manager's limit
+//! (`datafusion.runtime.max_temp_directory_size`). Reading back takes the whole partition into
+//! host memory, one partition at a time, with plain blocking file reads: spilled partitions are
+//! read on the task that processes them, as the device work around them blocks it too.
+
+use std::fs::File;
+use std::io::BufReader;
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use arrow::ipc::reader::StreamReader;
+use arrow::ipc::writer::StreamWriter;
+use datafusion::error::DataFusionError;
+use datafusion::execution::TaskContext;
+use datafusion::execution::{SpillFile, SpillWriter};
+
+use crate::error::{Result, SpateError};
+
+/// One partition's rows in a temporary file.
+pub(crate) struct DiskPart {
+    file: Arc<dyn SpillFile>,
+    /// Open until the rows are read back.
+    writer: Option<StreamWriter<Box<dyn SpillWriter>>>,
+}
+
+fn io_error(e: std::io::Error) -> SpateError {
+    SpateError::from(DataFusionError::IoError(e))
+}
+
+impl DiskPart {
+    /// A new temporary file for rows of `schema`, named after `name` in errors.
+    pub(crate) fn create(context: &TaskContext, schema: &SchemaRef, name: &str) -> Result<Self> {
+        let file = context
+            .runtime_env()
+            .disk_manager
+            .create_tmp_file(name)
+            .map_err(SpateError::from)?;
+        let writer = StreamWriter::try_new(file.open_writer().map_err(SpateError::from)?, schema)?;
+        Ok(DiskPart {
+            file,
+            writer: Some(writer),
+        })
+    }
+
+    /// Appends `batch` (of the file's schema).
+    pub(crate) fn append(&mut self, batch: &RecordBatch) -> Result<()> {
+        let writer = self.writer.as_mut().ok_or_else(|| SpateError::Internal {
+            message: "rows appended to a spill file already read back".into(),
+        })?;
+        Ok(writer.write(batch)?)
+    }
+
+    /// The rows written, in order; the file is deleted when `self` is dropped.
+    pub(crate) fn read_all(mut self) -> Result<Vec<RecordBatch>> {
+        if let Some(mut writer) = self.writer.take() {
+            writer.finish()?;
+            writer.into_inner()?.finish().map_err(SpateError::from)?;
+        }
+        let path = self.file.path().ok_or_else(|| SpateError::Unsupported {
+            message: "GPU operators read spilled rows back from local files only; this \
+                      session's DiskManager makes files elsewhere"
+                .into(),
+        })?;
+        let reader =
+            StreamReader::try_new(BufReader::new(File::open(path).map_err(io_error)?), None)?;
+        Ok(reader.collect::<std::result::Result<Vec<_>, _>>()?)
+    }
+}
