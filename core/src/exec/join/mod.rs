@@ -578,7 +578,7 @@ impl GpuExec for GpuHashJoinExec {
                     }
                 }
                 if let Some(parts) = spilled {
-                    return DFResult::Ok(Built::Spilled(parts));
+                    return DFResult::Ok(Built::Spilled(Box::new(parts)));
                 }
                 let all = build_input(&stream, &left_schema, batches).map_err(to_df)?;
                 let side = build_side(
@@ -688,7 +688,7 @@ impl GpuExec for GpuHashJoinExec {
                                     // Each partition emits its own build rows.
                                     s.pending = None;
                                     grace = Some(Box::new(Grace::new(
-                                        parts,
+                                        *parts,
                                         probe_parts,
                                         Arc::clone(&spill.build_schema),
                                         spill.limit,
@@ -754,7 +754,7 @@ impl GpuExec for GpuHashJoinExec {
 /// A join's build side: built on the device, or spilled to the host in partitions.
 enum Built {
     Side(Arc<BuildSide>),
-    Spilled(HostPartitions),
+    Spilled(Box<HostPartitions>),
 }
 
 /// What a grace join needs to spill its probe side and build its partitions.
