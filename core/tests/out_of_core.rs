@@ -306,3 +306,54 @@ async fn spills_go_to_disk_when_host_memory_is_short_too() {
         assert!(number > 0.0, "{sql}: nothing went to disk\n{explain}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_key_holding_a_fifth_of_the_build_side_completes() {
+    let (gpu, cpu) = engines().await;
+    // `h`: every fifth row of `r` on one key, a fifth of the build side: with its hash table,
+    // more than the join's 256 KiB share of the budget, and no split can spread it.
+    gpu.collect("SET spate.gpu.fallback = 'cpu'").await.unwrap();
+    for e in [&gpu, &cpu] {
+        e.collect(
+            "CREATE TABLE h AS SELECT CASE WHEN v % 5 = 0 THEN 42 ELSE k END AS k, v, d FROM r",
+        )
+        .await
+        .unwrap();
+    }
+    gpu.collect("SET spate.gpu.fallback = 'error'")
+        .await
+        .unwrap();
+    let mut chunked = 0;
+    for join in [
+        "JOIN",
+        "LEFT JOIN",
+        "RIGHT JOIN",
+        "FULL JOIN",
+        "LEFT SEMI JOIN",
+        "LEFT ANTI JOIN",
+    ] {
+        let sql = format!("SELECT h.k, h.v FROM h {join} l ON h.k = l.k AND h.v < l.v + 1000");
+        let explain = check(&gpu, &cpu, &sql).await;
+        assert!(
+            spilled_rows(&explain, "GpuHashJoinExec") > 0,
+            "{sql}: did not spill\n{explain}"
+        );
+        // The hot key's partition is joined in chunks where the join allows it (the build
+        // side decides: joins that emit probe rows only with a match).
+        let chunks = metric(&explain, "GpuHashJoinExec", "join_chunks");
+        let joined_in_chunks = chunks.is_some_and(|c| c != "0");
+        let join_type = explain
+            .lines()
+            .find(|l| l.contains("GpuHashJoinExec"))
+            .and_then(|l| l.split("join_type=").nth(1))
+            .and_then(|t| t.split(',').next())
+            .unwrap_or("");
+        let chunkable = ["Inner", "Left", "LeftSemi", "LeftAnti", "LeftMark"].contains(&join_type);
+        assert_eq!(joined_in_chunks, chunkable, "{sql}: {join_type}\n{explain}");
+        chunked += usize::from(joined_in_chunks);
+    }
+    assert!(
+        chunked >= 4,
+        "inner, left, semi and anti joins go in chunks"
+    );
+}

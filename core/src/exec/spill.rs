@@ -121,6 +121,11 @@ impl SpillOptions {
         self.spilled_rows.add(rows);
     }
 
+    /// A counter `name` of the operator's partition, registered now.
+    pub(crate) fn counter(&self, name: &'static str) -> Count {
+        MetricBuilder::new(&self.metrics).counter(name, self.partition)
+    }
+
     /// Counts `bytes` of host batches written to disk.
     fn record_disk(&self, bytes: usize) {
         self.disk_bytes

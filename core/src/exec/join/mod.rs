@@ -667,6 +667,7 @@ impl GpuExec for GpuHashJoinExec {
                 probe_schema: self.right().schema(),
                 limit,
                 flags: grace_flags,
+                chunkable: grace::can_chunk(self.join_type),
             },
         );
         Ok(Box::pin(futures::stream::unfold(
@@ -693,6 +694,9 @@ impl GpuExec for GpuHashJoinExec {
                                         Arc::clone(&spill.build_schema),
                                         spill.limit,
                                         spill.flags,
+                                        spill
+                                            .chunkable
+                                            .then(|| spill.options.counter(grace::JOIN_CHUNKS)),
                                     )));
                                 }
                                 Err(e) => {
@@ -766,6 +770,8 @@ struct Spill {
     limit: usize,
     /// Whether build sides track matches, check their keys unique, or know them unique.
     flags: (bool, bool, bool),
+    /// Whether a partition's build side may be joined in chunks (see `grace.rs`).
+    chunkable: bool,
 }
 
 /// A grace join's probe side: every probe batch spilled to the host by the hash of its keys.
