@@ -161,3 +161,20 @@ async fn a_device_fault_fails_the_query_then_the_policy_decides() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_device_fault_a_cached_table_is_read_from_its_source() {
+    let cpu = engine(Backend::Cpu, None);
+    let sql = QUERIES[1];
+    let want = sorted(&cpu.collect(sql).await.unwrap());
+    let gpu = engine(Backend::Emulated, None);
+    gpu.cache_table("l").await.unwrap();
+    let device = gpu.gpu().unwrap().device().clone();
+    device.inject_launch_fault(1);
+    assert!(gpu.collect(sql).await.is_err());
+    assert!(device.check_health().is_err());
+    // The device's memory cannot be read any more: the table's original source is.
+    assert_eq!(sorted(&gpu.collect(sql).await.unwrap()), want);
+    let plan = ordered(&gpu.collect(&format!("EXPLAIN {sql}")).await.unwrap());
+    assert!(!plan.join("\n").contains("GpuCachedScanExec"), "{plan:?}");
+}

@@ -336,11 +336,16 @@ impl TableProvider for CachedTableProvider {
 
     async fn scan(
         &self,
-        _state: &dyn Session,
+        state: &dyn Session,
         projection: Option<&Vec<usize>>,
-        _filters: &[Expr],
-        _limit: Option<usize>,
+        filters: &[Expr],
+        limit: Option<usize>,
     ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        // After a device fault its memory cannot be read: the query (planned on the CPU, as
+        // `spate.gpu.on_device_error` allows) reads the table's source instead.
+        if self.table.device.check_health().is_err() {
+            return self.original.scan(state, projection, filters, limit).await;
+        }
         // Filters and limits are applied by the operators above (no filter is pushed in, so
         // DataFusion keeps them all).
         Ok(Arc::new(GpuCachedScanExec::new(
