@@ -21,7 +21,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use datafusion::error::{DataFusionError, Result as DFResult};
-use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, Gauge, MetricBuilder};
+use datafusion::physical_plan::metrics::{
+    Count, ExecutionPlanMetricsSet, Gauge, Metric, MetricBuilder, MetricValue,
+};
 use futures::{Stream, StreamExt};
 use spate_kernels::Counters;
 use spate_kernels::counters::in_scope;
@@ -41,6 +43,29 @@ pub const H2D_BYTES: &str = "h2d_bytes";
 pub const D2H_BYTES: &str = "d2h_bytes";
 /// See [`LAUNCHES`].
 pub const GPU_PEAK_BYTES: &str = "gpu_peak_bytes";
+
+/// The operator's `gpu_peak_bytes` gauge, one for all its partitions: a peak is the most any
+/// of them saw, where DataFusion would sum one gauge per partition.
+fn shared_peak(metrics: &ExecutionPlanMetricsSet) -> Gauge {
+    // Partitions start on many threads: one finds what another registered.
+    static REGISTERING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = REGISTERING.lock().unwrap_or_else(|p| p.into_inner());
+    let existing = metrics.clone_inner().iter().find_map(|m| match m.value() {
+        MetricValue::Gauge { name, gauge } if name == GPU_PEAK_BYTES => Some(gauge.clone()),
+        _ => None,
+    });
+    existing.unwrap_or_else(|| {
+        let gauge = Gauge::new();
+        metrics.register(Arc::new(Metric::new(
+            MetricValue::Gauge {
+                name: GPU_PEAK_BYTES.into(),
+                gauge: gauge.clone(),
+            },
+            None,
+        )));
+        gauge
+    })
+}
 
 /// One operator partition's scope, and the metrics its counts move into.
 #[derive(Debug, Clone)]
@@ -64,7 +89,7 @@ impl RuntimeScope {
             dev_allocs: counter(DEV_ALLOCS),
             h2d_bytes: counter(H2D_BYTES),
             d2h_bytes: counter(D2H_BYTES),
-            gpu_peak_bytes: MetricBuilder::new(metrics).gauge(GPU_PEAK_BYTES, partition),
+            gpu_peak_bytes: shared_peak(metrics),
         }
     }
 
@@ -131,5 +156,27 @@ impl Stream for Scoped {
 
     fn size_hint(&self) -> (usize, Option<usize>) {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partitions_share_one_peak_and_it_is_the_largest() {
+        let metrics = ExecutionPlanMetricsSet::new();
+        let (a, b) = (
+            RuntimeScope::new(&metrics, 0),
+            RuntimeScope::new(&metrics, 1),
+        );
+        a.gpu_peak_bytes.set_max(300);
+        b.gpu_peak_bytes.set_max(200);
+        let peak = metrics
+            .clone_inner()
+            .aggregate_by_name()
+            .sum_by_name(GPU_PEAK_BYTES)
+            .map(|v| v.as_usize());
+        assert_eq!(peak, Some(300));
     }
 }
