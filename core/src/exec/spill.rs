@@ -156,6 +156,13 @@ impl SpillOptions {
     }
 }
 
+/// What spilled host batches taken out of their partitions are charged to DataFusion's memory
+/// pool: their downloads' charges, released with the last holder of each.
+#[derive(Default)]
+pub(crate) struct Charges {
+    _held: Vec<Arc<MemoryReservation>>,
+}
+
 /// Metric of the host bytes an operator's spill wrote to disk.
 pub const DISK_SPILLED_BYTES: &str = "disk_spilled_bytes";
 
@@ -172,8 +179,9 @@ pub(crate) struct HostPartitions {
     disk: Vec<Option<DiskPart>>,
     /// Host bytes of each partition, in memory and on disk.
     bytes: Vec<usize>,
-    /// The part of `bytes` in memory, charged to the reservation.
-    held: Vec<usize>,
+    /// The charges of the downloads each partition holds slices of: a download's bytes stay
+    /// charged until every partition with a slice of it has let go.
+    charges: Vec<Vec<Arc<MemoryReservation>>>,
     rows: Vec<usize>,
     reservation: MemoryReservation,
     options: SpillOptions,
@@ -205,7 +213,7 @@ impl HostPartitions {
             parts: vec![Vec::new(); n],
             disk: (0..n).map(|_| None).collect(),
             bytes: vec![0; n],
-            held: vec![0; n],
+            charges: vec![Vec::new(); n],
             rows: vec![0; n],
             // Not spillable to disk (yet): a spillable consumer under DataFusion's fair pool
             // would be asked to give memory back that it cannot.
@@ -227,7 +235,8 @@ impl HostPartitions {
             shift,
             &self.options,
         );
-        for group in self.take_host_grouped(p)? {
+        let (groups, _charges) = self.take_host_grouped(p)?;
+        for group in groups {
             let batch = upload_batches(stream, &self.schema, &group)?;
             drop(group);
             child.spill(stream, &batch)?;
@@ -282,7 +291,11 @@ impl HostPartitions {
         drop(grouped);
         let size = host.get_array_memory_size();
         // Host memory short too: the download goes to disk.
-        let to_disk = self.reservation.try_grow(size).is_err();
+        let charge = match self.reservation.try_grow(size) {
+            Ok(()) => Some(Arc::new(self.reservation.split(size))),
+            Err(_) => None,
+        };
+        let to_disk = charge.is_none();
         self.options.record(size, rows);
         if to_disk {
             self.options.record_disk(size);
@@ -296,11 +309,12 @@ impl HostPartitions {
             let share = size * count / rows;
             self.bytes[p] += share;
             self.rows[p] += count;
-            if to_disk {
-                self.append_to_disk(p, &part)?;
-            } else {
-                self.held[p] += share;
-                self.parts[p].push(part);
+            match &charge {
+                Some(charge) => {
+                    self.charges[p].push(Arc::clone(charge));
+                    self.parts[p].push(part);
+                }
+                None => self.append_to_disk(p, &part)?,
             }
         }
         Ok(())
@@ -318,23 +332,24 @@ impl HostPartitions {
         part.append(batch)
     }
 
-    /// Partition `p`'s host batches, those on disk read back, and its charge released.
-    fn take_batches(&mut self, p: usize) -> Result<Vec<RecordBatch>> {
-        let held = std::mem::take(&mut self.held[p]);
+    /// Partition `p`'s host batches, those on disk read back, with their charges.
+    fn take_batches(&mut self, p: usize) -> Result<(Vec<RecordBatch>, Charges)> {
         self.bytes[p] = 0;
         self.rows[p] = 0;
-        self.reservation.shrink(held.min(self.reservation.size()));
+        let charges = Charges {
+            _held: std::mem::take(&mut self.charges[p]),
+        };
         let mut batches = std::mem::take(&mut self.parts[p]);
         if let Some(part) = self.disk[p].take() {
             batches.extend(part.read_all()?);
         }
-        Ok(batches)
+        Ok((batches, charges))
     }
 
     /// Partition `p`'s rows uploaded as one device batch (`None` when it has none); the host
     /// copy is released.
     pub(crate) fn take(&mut self, stream: &DeviceStream, p: usize) -> Result<Option<DeviceBatch>> {
-        let batches = self.take_batches(p)?;
+        let (batches, _charges) = self.take_batches(p)?;
         if batches.iter().all(|b| b.num_rows() == 0) {
             return Ok(None);
         }
@@ -343,10 +358,15 @@ impl HostPartitions {
 
     /// Partition `p`'s host batches, taken out in groups of about the batch size, each group
     /// to be uploaded as one device batch.
-    pub(crate) fn take_host_grouped(&mut self, p: usize) -> Result<Vec<Vec<RecordBatch>>> {
+    /// They stay charged to the memory pool while the [`Charges`] are held.
+    pub(crate) fn take_host_grouped(
+        &mut self,
+        p: usize,
+    ) -> Result<(Vec<Vec<RecordBatch>>, Charges)> {
         let mut groups: Vec<Vec<RecordBatch>> = Vec::new();
         let mut group_bytes = 0;
-        for batch in self.take_batches(p)? {
+        let (batches, charges) = self.take_batches(p)?;
+        for batch in batches {
             // Slices share their download's buffers: count the rows' share of them.
             let size = super::upload::sliced_bytes(&batch);
             match groups.last_mut() {
@@ -360,11 +380,62 @@ impl HostPartitions {
                 }
             }
         }
-        Ok(groups)
+        Ok((groups, charges))
     }
 
     /// The schema of the rows.
     pub(crate) fn schema(&self) -> &SchemaRef {
         &self.schema
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::Int64Array;
+    use arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+    use spate_kernels::{Device, DeviceOptions};
+
+    use super::*;
+    use crate::column::upload_batch;
+
+    #[test]
+    fn a_download_stays_charged_until_every_partition_holding_it_lets_go() -> Result<()> {
+        let device = Device::emulated(DeviceOptions::default())?;
+        let stream = device.new_stream()?;
+        let runtime = RuntimeEnvBuilder::new()
+            .with_memory_limit(1 << 30, 1.0)
+            .build_arc()?;
+        let context = Arc::new(TaskContext::default().with_runtime(Arc::clone(&runtime)));
+        let metrics = ExecutionPlanMetricsSet::new();
+        let options = SpillOptions {
+            context,
+            name: "test".into(),
+            batch_bytes: 1 << 20,
+            spill_count: Count::new(),
+            spilled_bytes: Count::new(),
+            spilled_rows: Count::new(),
+            disk_bytes: Arc::new(std::sync::OnceLock::new()),
+            metrics,
+            partition: 0,
+        };
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
+        let keys = Int64Array::from_iter_values(0..4096);
+        let batch = RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(keys)])?;
+        let mut parts = HostPartitions::new(schema, vec![0], TOP_SHIFT, &options);
+        parts.spill(&stream, &upload_batch(&stream, &batch)?)?;
+        let charged = runtime.memory_pool.reserved();
+        assert!(charged > 0);
+        for p in 0..parts.len() {
+            let (groups, charges) = parts.take_host_grouped(p)?;
+            drop(groups);
+            drop(charges);
+            // The partitions left still hold slices of the one download.
+            if p + 1 < parts.len() {
+                assert_eq!(runtime.memory_pool.reserved(), charged, "partition {p}");
+            }
+        }
+        assert_eq!(runtime.memory_pool.reserved(), 0);
+        Ok(())
     }
 }

@@ -459,7 +459,8 @@ impl Finishing {
             let mut parts: Vec<DeviceBatch> = level.states.take(&stream, p)?.into_iter().collect();
             if let Some(raw) = &mut level.raw {
                 let width = raw.schema().fields().len() - self.staged.stages.keys;
-                for group in raw.take_host_grouped(p)? {
+                let (groups, _charges) = raw.take_host_grouped(p)?;
+                for group in groups {
                     let rows = crate::column::upload_batches(&stream, raw.schema(), &group)?;
                     drop(group);
                     let input = DeviceBatch::try_new(

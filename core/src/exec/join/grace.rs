@@ -31,7 +31,7 @@ use super::build::build_side;
 use super::probe::ProbeState;
 use crate::column::{DeviceBatch, upload_batch, upload_batches};
 use crate::error::Result;
-use crate::exec::spill::HostPartitions;
+use crate::exec::spill::{Charges, HostPartitions};
 use crate::expr::DevType;
 
 /// Metric of a grace join: build chunks joined one at a time, in partitions one hot key holds.
@@ -99,6 +99,8 @@ pub(super) struct Grace {
     /// partition's probe groups that each of them is probed by.
     chunks: Vec<Vec<RecordBatch>>,
     chunk_probe: Vec<Vec<RecordBatch>>,
+    /// What the current partition's host batches are charged to DataFusion's memory pool.
+    charges: (Charges, Charges),
 }
 
 impl Grace {
@@ -128,6 +130,7 @@ impl Grace {
             chunkable,
             chunks: Vec::new(),
             chunk_probe: Vec::new(),
+            charges: (Charges::default(), Charges::default()),
         }
     }
 
@@ -203,11 +206,13 @@ impl Grace {
             }
             if over && let Some(count) = &self.chunkable {
                 // Past splitting and still over the limit: in chunks.
-                let groups = level.build.take_host_grouped(p)?;
+                let (groups, build_charges) = level.build.take_host_grouped(p)?;
                 self.chunks = chunks(groups, self.limit / 2);
                 count.add(self.chunks.len());
                 self.chunks.reverse();
-                self.chunk_probe = level.probe.take_host_grouped(p)?;
+                let (probe, probe_charges) = level.probe.take_host_grouped(p)?;
+                self.chunk_probe = probe;
+                self.charges = (build_charges, probe_charges);
                 continue;
             }
             let batch = match level.build.take(&stream, p)? {
@@ -217,7 +222,8 @@ impl Grace {
                     &RecordBatch::new_empty(Arc::clone(&self.build_schema)),
                 )?,
             };
-            let probe = level.probe.take_host_grouped(p)?;
+            let (probe, probe_charges) = level.probe.take_host_grouped(p)?;
+            self.charges = (Charges::default(), probe_charges);
             self.start(state, batch, probe)?;
         }
         if let Some(group) = self.probe_left.pop() {
@@ -228,6 +234,7 @@ impl Grace {
         if self.chunks.is_empty() {
             // The partition is done (the last of its chunks, when in chunks).
             self.chunk_probe.clear();
+            self.charges = (Charges::default(), Charges::default());
             if let Some(level) = self.levels.last_mut() {
                 level.p += 1;
             }
