@@ -357,3 +357,56 @@ async fn a_join_key_holding_a_fifth_of_the_build_side_completes() {
         "inner, left, semi and anti joins go in chunks"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn joins_and_aggregations_on_float_keys_spill_and_match_the_cpu() {
+    let (gpu, cpu) = engines().await;
+    // Float keys with -0.0 beside 0.0, NaNs and NULLs; `g` beside them, so that the row hashes
+    // of -0.0 and 0.0 fall in different partitions unless -0.0 is folded.
+    let float = |t: &str| {
+        format!(
+            "CREATE TABLE f{t} AS SELECT CASE WHEN k % 1000 = 7 THEN -0.0 \
+             WHEN k % 1000 = 8 THEN 0.0 WHEN k % 1000 = 9 THEN CAST('NaN' AS DOUBLE) \
+             ELSE k * 1.5 END AS f, CAST(1 AS BIGINT) AS g, v, d FROM {t}"
+        )
+    };
+    gpu.collect("SET spate.gpu.fallback = 'cpu'").await.unwrap();
+    for e in [&gpu, &cpu] {
+        for t in ["l", "r"] {
+            e.collect(&float(t)).await.unwrap();
+        }
+    }
+    gpu.collect("SET spate.gpu.fallback = 'error'")
+        .await
+        .unwrap();
+    // -0.0 joins 0.0: rows of both (there are some) must meet in one partition.
+    for sql in [
+        "SELECT count(*) FROM fl WHERE 1 / f < 0",
+        "SELECT count(*) FROM fr WHERE 1 / f > 0",
+    ] {
+        assert_ne!(
+            ordered(&cpu.collect(sql).await.unwrap()),
+            vec!["0".to_string()]
+        );
+    }
+    for (sql, operator) in [
+        (
+            "SELECT fl.f, fl.v, fr.d FROM fl JOIN fr ON fl.f = fr.f AND fl.g = fr.g",
+            "GpuHashJoinExec",
+        ),
+        (
+            "SELECT fl.f, fr.v FROM fl LEFT JOIN fr ON fl.f = fr.f AND fl.g = fr.g",
+            "GpuHashJoinExec",
+        ),
+        (
+            "SELECT f, g, count(*), sum(v), max(d) FROM fl GROUP BY f, g",
+            "GpuAggregateExec",
+        ),
+    ] {
+        let explain = check(&gpu, &cpu, sql).await;
+        assert!(
+            spilled_rows(&explain, operator) > 0,
+            "{sql}: did not spill\n{explain}"
+        );
+    }
+}

@@ -1,7 +1,8 @@
 //! Row hashing over one or more columns: `kernels/cuda/hash/hash_columns.cu`.
 //!
 //! A value hashes as XXH64 (seed 0) of its little-endian bytes; floats hash by bit pattern,
-//! matching Arrow's total-order equality (NaN equals NaN, -0.0 differs from 0.0). Columns fold
+//! matching Arrow's total-order equality (NaN equals NaN, -0.0 differs from 0.0), or with -0.0
+//! folded into +0.0 ([`HashColumn::folded`]) as the engine's hash tables compare them. Columns fold
 //! left to right with `hash_combine`, starting from a seed; a NULL contributes
 //! [`crate::reference::NULL_HASH`], so NULL keys group together.
 
@@ -33,6 +34,20 @@ hash_elem!("hash_u32": u32, i32, f32);
 hash_elem!("hash_u64": u64, i64, f64);
 hash_elem!("hash_u128": u128, i128);
 
+/// Floats hashed with -0.0 folded into +0.0 ([`HashColumn::folded`]).
+pub trait FoldedFloat: DeviceCopy {
+    #[doc(hidden)]
+    const FOLDED_ENTRY: &'static str;
+}
+
+impl FoldedFloat for f32 {
+    const FOLDED_ENTRY: &'static str = "hash_f32_folded";
+}
+
+impl FoldedFloat for f64 {
+    const FOLDED_ENTRY: &'static str = "hash_f64_folded";
+}
+
 /// One key column to hash.
 #[derive(Debug, Clone, Copy)]
 pub enum HashColumn<'a> {
@@ -61,6 +76,20 @@ impl<'a> HashColumn<'a> {
     ) -> Self {
         HashColumn::Fixed {
             entry: T::ENTRY,
+            address: values.address(),
+            rows: values.len(),
+            validity,
+        }
+    }
+
+    /// A float column hashed as equality in the engine's hash tables folds it: -0.0 as +0.0
+    /// (NaNs by their bits).
+    pub fn folded<T: FoldedFloat>(
+        values: DeviceSlice<'a, T>,
+        validity: Option<DeviceBitmap<'a>>,
+    ) -> Self {
+        HashColumn::Fixed {
+            entry: T::FOLDED_ENTRY,
             address: values.address(),
             rows: values.len(),
             validity,
@@ -220,6 +249,46 @@ mod tests {
                 assert_eq!(got[i], want, "row {i} of {n}");
             }
         }
+    }
+
+    #[test]
+    fn folded_floats_hash_negative_zero_as_zero_and_nans_by_their_bits() {
+        let device = test_device();
+        let stream = device.new_stream().unwrap();
+        let f32s = [0.0f32, -0.0, 1.5, -1.5, f32::NAN, -f32::NAN, f32::INFINITY];
+        let f64s = [
+            0.0f64,
+            -0.0,
+            1.5,
+            -1.5,
+            f64::NAN,
+            -f64::NAN,
+            f64::NEG_INFINITY,
+        ];
+        let d32 = stream.from_host(&f32s).unwrap();
+        let d64 = stream.from_host(&f64s).unwrap();
+        let hash = |c: HashColumn<'_>| stream.to_vec(&hash_columns(&stream, &[c], 0).unwrap());
+        let h32 = hash(HashColumn::folded(d32.as_slice(), None)).unwrap();
+        let h64 = hash(HashColumn::folded(d64.as_slice(), None)).unwrap();
+        for i in 0..f32s.len() {
+            let (a, b) = (f32s[i], f64s[i]);
+            let (a, b) = (
+                if a == 0.0 { 0.0 } else { a },
+                if b == 0.0 { 0.0 } else { b },
+            );
+            assert_eq!(
+                h32[i],
+                hash_combine(0, xxh64(&a.to_bits().to_le_bytes())),
+                "{a}"
+            );
+            assert_eq!(
+                h64[i],
+                hash_combine(0, xxh64(&b.to_bits().to_le_bytes())),
+                "{b}"
+            );
+        }
+        assert_eq!(h32[0], h32[1]);
+        assert_ne!(h32[4], h32[5]);
     }
 
     #[test]

@@ -46,8 +46,8 @@ fn can_partition_by(columns: &[&DeviceColumn]) -> bool {
             .all(|c| !matches!(c.values(), DeviceValues::Bits { .. }))
 }
 
-/// Row hashes over `keys` (NULL keys hash alike), or `None` when a key cannot be hashed
-/// ([`can_partition_by`]).
+/// Row hashes over `keys` (NULL keys hash alike, floats with -0.0 folded into +0.0 as the
+/// hash tables fold them), or `None` when a key cannot be hashed ([`can_partition_by`]).
 fn hash_keys(stream: &DeviceStream, keys: &[&DeviceColumn]) -> Result<Option<DeviceBuffer<u64>>> {
     if !can_partition_by(keys) {
         return Ok(None);
@@ -61,17 +61,26 @@ fn hash_keys(stream: &DeviceStream, keys: &[&DeviceColumn]) -> Result<Option<Dev
         columns.push(match key.values() {
             DeviceValues::Fixed { bytes, width } => {
                 let slice = bytes.as_slice().slice(..rows * width)?;
-                match width {
-                    1 => HashColumn::fixed::<u8>(slice.cast()?, validity),
-                    2 => HashColumn::fixed::<u16>(slice.cast()?, validity),
-                    4 => HashColumn::fixed::<u32>(slice.cast()?, validity),
-                    8 => HashColumn::fixed::<u64>(slice.cast()?, validity),
-                    16 => HashColumn::fixed::<u128>(slice.cast()?, validity),
-                    w => {
-                        return Err(SpateError::Internal {
-                            message: format!("a {w}-byte key column cannot be hashed"),
-                        });
+                // Floats as the hash tables compare them: -0.0 is +0.0.
+                match (key.data_type(), width) {
+                    (arrow::datatypes::DataType::Float32, _) => {
+                        HashColumn::folded::<f32>(slice.cast()?, validity)
                     }
+                    (arrow::datatypes::DataType::Float64, _) => {
+                        HashColumn::folded::<f64>(slice.cast()?, validity)
+                    }
+                    (_, width) => match width {
+                        1 => HashColumn::fixed::<u8>(slice.cast()?, validity),
+                        2 => HashColumn::fixed::<u16>(slice.cast()?, validity),
+                        4 => HashColumn::fixed::<u32>(slice.cast()?, validity),
+                        8 => HashColumn::fixed::<u64>(slice.cast()?, validity),
+                        16 => HashColumn::fixed::<u128>(slice.cast()?, validity),
+                        w => {
+                            return Err(SpateError::Internal {
+                                message: format!("a {w}-byte key column cannot be hashed"),
+                            });
+                        }
+                    },
                 }
             }
             DeviceValues::Utf8 { offsets, bytes } => HashColumn::Utf8(

@@ -15,6 +15,22 @@ __device__ __forceinline__ u64 hash_value(u32 v) { return xxh64_word(v, 4); }
 __device__ __forceinline__ u64 hash_value(u64 v) { return xxh64_word(v, 8); }
 __device__ __forceinline__ u64 hash_value(u128 v) { return xxh64_u128(v); }
 
+// Floats as equality folds them: -0.0 hashes as +0.0 (NaNs by their bits).
+__device__ __forceinline__ u64 hash_folded(u32 bits) { return xxh64_word(bits == 0x80000000u ? 0u : bits, 4); }
+__device__ __forceinline__ u64 hash_folded(u64 bits) {
+    return xxh64_word(bits == 0x8000000000000000ull ? 0ull : bits, 8);
+}
+
+template <typename T>
+__device__ void hash_floats(const T* __restrict__ bits, const u8* __restrict__ validity, u64 validity_offset, u64 n,
+                            const u64* in_hashes, u64 seed, u64* out_hashes) {
+    for (u64 i = global_thread_index(); i < n; i += grid_stride()) {
+        u64 h = row_is_valid(validity, validity_offset, i) ? hash_folded(bits[i]) : SPATE_NULL_HASH;
+        u64 prev = in_hashes != nullptr ? in_hashes[i] : seed;
+        out_hashes[i] = hash_combine(prev, h);
+    }
+}
+
 template <typename T>
 __device__ void hash_fixed(const T* __restrict__ values, const u8* __restrict__ validity, u64 validity_offset, u64 n,
                            const u64* in_hashes, u64 seed, u64* out_hashes) {
@@ -89,3 +105,21 @@ SPATE_HASH_FIXED(u128)
 
 SPATE_HASH_STRINGS(i32)
 SPATE_HASH_STRINGS(i64)
+
+/**
+ * @brief Hashes a float column (f32 or f64, by its bits) into the running row hashes, -0.0 as
+ *        +0.0: for partitions that must agree with a hash table that folds them (joins and
+ *        aggregations spilled to the host).
+ *
+ * Parameters, Launch, Memory, Nulls and Stream as hash_T.
+ */
+#define SPATE_HASH_FLOATS(Name, Bits)                                                                        \
+    extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS)                                       \
+        hash_##Name##_folded(const Bits* values, const u8* validity, u64 validity_offset, u64 n,           \
+                             const u64* in_hashes, u64 seed, u64* out_hashes) {                             \
+        spate::hash_floats<Bits>(values, validity, validity_offset, n, in_hashes, seed, out_hashes);       \
+    }                                                                                                       \
+    SPATE_EXPORT(hash_##Name##_folded)
+
+SPATE_HASH_FLOATS(f32, u32)
+SPATE_HASH_FLOATS(f64, u64)

@@ -16,8 +16,8 @@
 //! half its rows, the aggregation spills the input rows themselves instead (with their group
 //! key values appended, which they are partitioned by, as the states are by theirs), and each
 //! partition's rows become states only when the partition is finished. (Not with grouping sets,
-//! whose states carry a grouping id the rows do not, nor float keys, which the states hold with
-//! -0.0 folded into +0.0: rows and states must hash alike.)
+//! whose states carry a grouping id the rows do not: rows and states must hash alike. Float
+//! keys do, -0.0 folded into +0.0 on both.)
 //!
 //! Not staged (they keep the one pass over the collected input): aggregations without group
 //! keys (they fold batch by batch already), those whose output keeps an order (their groups
@@ -145,12 +145,9 @@ impl Stages {
         if !same_types || merge.schema().fields() != states.schema().fields() {
             return None;
         }
-        let raw_spills = plan.spec.sets.is_empty()
-            && plan
-                .spec
-                .keys
-                .iter()
-                .all(|k| !matches!(k, DevType::F32 | DevType::F64));
+        // Rows and states hash alike: float keys with -0.0 folded into +0.0 (as the states
+        // hold them), by `spill::hash_keys`.
+        let raw_spills = plan.spec.sets.is_empty();
         Some(Stages {
             raw_spills,
             input_schema: agg.input().schema(),

@@ -18,8 +18,8 @@
 //!
 //! Not spilled (they build in memory as before): null-aware anti joins (`NOT IN`: a NULL
 //! anywhere on the probe side empties the result, which no partition sees alone), joins on
-//! float keys (the join folds -0.0 into +0.0, the row hash does not), joins on boolean keys,
-//! and a shared build side probed by several partitions.
+//! boolean keys, and a shared build side probed by several partitions. Float keys partition
+//! with -0.0 folded into +0.0, as the join compares them.
 
 use std::sync::Arc;
 
@@ -53,11 +53,7 @@ pub(super) fn can_chunk(join_type: datafusion::common::JoinType) -> bool {
 
 /// Whether a join with these key types can spill its sides (see the module docs).
 pub(super) fn can_spill(keys: &[DevType], null_aware: bool) -> bool {
-    !null_aware
-        && !keys.is_empty()
-        && keys
-            .iter()
-            .all(|k| !matches!(k, DevType::F32 | DevType::F64 | DevType::Bool))
+    !null_aware && !keys.is_empty() && keys.iter().all(|k| !matches!(k, DevType::Bool))
 }
 
 /// What one step of a grace join gives.
