@@ -410,3 +410,37 @@ async fn joins_and_aggregations_on_float_keys_spill_and_match_the_cpu() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn joins_and_aggregations_on_boolean_keys_spill_and_match_the_cpu() {
+    let (gpu, cpu) = engines().await;
+    gpu.collect("SET spate.gpu.fallback = 'cpu'").await.unwrap();
+    for e in [&gpu, &cpu] {
+        for (t, m) in [("l", 2), ("r", 3)] {
+            let sql = format!(
+                "CREATE TABLE b{t} AS SELECT k, CASE WHEN v % 13 = 0 THEN NULL \
+                 ELSE v % {m} = 0 END AS b, v, d FROM {t}"
+            );
+            e.collect(&sql).await.unwrap();
+        }
+    }
+    gpu.collect("SET spate.gpu.fallback = 'error'")
+        .await
+        .unwrap();
+    for (sql, operator) in [
+        (
+            "SELECT bl.k, bl.v, br.d FROM bl JOIN br ON bl.k = br.k AND bl.b = br.b",
+            "GpuHashJoinExec",
+        ),
+        (
+            "SELECT b, k, count(*), sum(d) FROM bl GROUP BY b, k",
+            "GpuAggregateExec",
+        ),
+    ] {
+        let explain = check(&gpu, &cpu, sql).await;
+        assert!(
+            spilled_rows(&explain, operator) > 0,
+            "{sql}: did not spill\n{explain}"
+        );
+    }
+}

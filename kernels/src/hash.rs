@@ -62,6 +62,15 @@ pub enum HashColumn<'a> {
         /// Validity.
         validity: Option<DeviceBitmap<'a>>,
     },
+    /// Booleans: `rows` bits of `values`, each hashed as the byte 0 or 1.
+    Bits {
+        /// The values.
+        values: DeviceBitmap<'a>,
+        /// Rows.
+        rows: usize,
+        /// Validity.
+        validity: Option<DeviceBitmap<'a>>,
+    },
     /// Strings with i32 offsets.
     Utf8(DeviceStrings<'a, i32>, Option<DeviceBitmap<'a>>),
     /// Strings with i64 offsets.
@@ -98,7 +107,7 @@ impl<'a> HashColumn<'a> {
 
     fn rows(&self) -> usize {
         match self {
-            HashColumn::Fixed { rows, .. } => *rows,
+            HashColumn::Fixed { rows, .. } | HashColumn::Bits { rows, .. } => *rows,
             HashColumn::Utf8(s, _) => s.rows(),
             HashColumn::LargeUtf8(s, _) => s.rows(),
         }
@@ -177,6 +186,33 @@ pub fn hash_columns(
                         LaunchConfig::blocks(stream.device().grid_stride_blocks(n)),
                         &[
                             KernelArg::Ptr(address),
+                            validity.into(),
+                            KernelArg::U64(validity.map_or(0, |v| v.offset as u64)),
+                            KernelArg::U64(n as u64),
+                            previous.into(),
+                            KernelArg::U64(seed),
+                            (&out).into(),
+                        ],
+                    )?;
+                }
+            }
+            HashColumn::Bits {
+                values, validity, ..
+            } => {
+                values.check_covers(n, "boolean key")?;
+                if let Some(v) = validity {
+                    v.check_covers(n, "key validity")?;
+                }
+                let kernel = stream.device().kernel("hash_bits")?;
+                // SAFETY: `values` covers n bits (checked), as does `validity`; `out` holds n
+                // hashes and may alias `previous`.
+                unsafe {
+                    stream.launch(
+                        &kernel,
+                        LaunchConfig::blocks(stream.device().grid_stride_blocks(n)),
+                        &[
+                            Some(values).into(),
+                            KernelArg::U64(values.offset as u64),
                             validity.into(),
                             KernelArg::U64(validity.map_or(0, |v| v.offset as u64)),
                             KernelArg::U64(n as u64),
@@ -289,6 +325,28 @@ mod tests {
         }
         assert_eq!(h32[0], h32[1]);
         assert_ne!(h32[4], h32[5]);
+    }
+
+    #[test]
+    fn booleans_hash_as_the_bytes_zero_and_one() {
+        let device = test_device();
+        let stream = device.new_stream().unwrap();
+        // Rows from bit 3: 1, 0, 1, 1, 0, NULL.
+        let bits = stream.from_host(&[0b0110_1000u8, 0b0000_0001]).unwrap();
+        let valid = stream.from_host(&[0b0001_1111u8]).unwrap();
+        let column = HashColumn::Bits {
+            values: DeviceBitmap::new(&bits).with_offset(3),
+            rows: 6,
+            validity: Some(DeviceBitmap::new(&valid)),
+        };
+        let got = stream
+            .to_vec(&hash_columns(&stream, &[column], 0).unwrap())
+            .unwrap();
+        let h = |v: u8| hash_combine(0, xxh64(&[v]));
+        assert_eq!(
+            got,
+            [h(1), h(0), h(1), h(1), h(0), hash_combine(0, NULL_HASH)]
+        );
     }
 
     #[test]

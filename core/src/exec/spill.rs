@@ -37,13 +37,9 @@ pub(crate) const SPLIT_BITS: u32 = 4;
 /// The shift of the first split's bits: the top [`SPLIT_BITS`] of the 64-bit hash.
 pub(crate) const TOP_SHIFT: u32 = 64 - SPLIT_BITS;
 
-/// Whether rows can be partitioned by these key columns: fixed-width and string keys can;
-/// booleans (bitmaps) cannot.
+/// Whether rows can be partitioned by these key columns: any, but not none.
 fn can_partition_by(columns: &[&DeviceColumn]) -> bool {
     !columns.is_empty()
-        && columns
-            .iter()
-            .all(|c| !matches!(c.values(), DeviceValues::Bits { .. }))
 }
 
 /// Row hashes over `keys` (NULL keys hash alike, floats with -0.0 folded into +0.0 as the
@@ -97,7 +93,11 @@ fn hash_keys(stream: &DeviceStream, keys: &[&DeviceColumn]) -> Result<Option<Dev
                 },
                 validity,
             ),
-            DeviceValues::Bits { .. } => return Ok(None),
+            DeviceValues::Bits { bytes, offset } => HashColumn::Bits {
+                values: DeviceBitmap::new(bytes.as_slice()).with_offset(*offset),
+                rows,
+                validity,
+            },
         });
     }
     Ok(Some(hash_columns(stream, &columns, DEFAULT_SEED)?))

@@ -31,6 +31,16 @@ __device__ void hash_floats(const T* __restrict__ bits, const u8* __restrict__ v
     }
 }
 
+__device__ void hash_bits(const u8* __restrict__ bits, u64 bit_offset, const u8* __restrict__ validity,
+                          u64 validity_offset, u64 n, const u64* in_hashes, u64 seed, u64* out_hashes) {
+    for (u64 i = global_thread_index(); i < n; i += grid_stride()) {
+        u64 h = row_is_valid(validity, validity_offset, i) ? xxh64_word(bit_is_set(bits, bit_offset, i) ? 1 : 0, 1)
+                                                           : SPATE_NULL_HASH;
+        u64 prev = in_hashes != nullptr ? in_hashes[i] : seed;
+        out_hashes[i] = hash_combine(prev, h);
+    }
+}
+
 template <typename T>
 __device__ void hash_fixed(const T* __restrict__ values, const u8* __restrict__ validity, u64 validity_offset, u64 n,
                            const u64* in_hashes, u64 seed, u64* out_hashes) {
@@ -123,3 +133,19 @@ SPATE_HASH_STRINGS(i64)
 
 SPATE_HASH_FLOATS(f32, u32)
 SPATE_HASH_FLOATS(f64, u64)
+
+/**
+ * @brief Hashes a boolean column (an Arrow bitmap from bit `bit_offset`) into the running row
+ *        hashes: each value as the byte 0 or 1.
+ *
+ * @param bits        the values' bitmap
+ * @param bit_offset  bit index of row 0 in `bits`
+ *
+ * Other parameters, Launch, Memory, Nulls and Stream as hash_T.
+ */
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS)
+    hash_bits(const u8* bits, u64 bit_offset, const u8* validity, u64 validity_offset, u64 n, const u64* in_hashes,
+              u64 seed, u64* out_hashes) {
+    spate::hash_bits(bits, bit_offset, validity, validity_offset, n, in_hashes, seed, out_hashes);
+}
+SPATE_EXPORT(hash_bits)

@@ -21,8 +21,7 @@
 //!
 //! Not staged (they keep the one pass over the collected input): aggregations without group
 //! keys (they fold batch by batch already), those whose output keeps an order (their groups
-//! would come out partition by partition), those with a boolean key (a bitmap, which rows are
-//! not partitioned by), and those DataFusion cannot split in two phases (COUNT(DISTINCT),
+//! would come out partition by partition), and those DataFusion cannot split in two phases (COUNT(DISTINCT),
 //! whose partial state is a list).
 
 use std::sync::Arc;
@@ -39,7 +38,6 @@ use crate::device::GpuContext;
 use crate::error::Result;
 use crate::exec::hash_table::Kernels;
 use crate::exec::spill::{HostPartitions, SpillOptions, TOP_SHIFT};
-use crate::expr::DevType;
 
 /// Pending states are merged (or spilled) once they pass this fraction of the operator's
 /// limit: a merge takes about three times its input (the table, the accumulators, the output).
@@ -86,12 +84,7 @@ impl std::fmt::Debug for Stages {
 impl Stages {
     /// The stages of `agg`, when it can be staged (see the module docs).
     pub(super) fn of(agg: &AggregateExec, plan: &AggPlan) -> Option<Stages> {
-        // Boolean keys are bitmaps, which rows are not partitioned by.
-        if plan.keys.is_empty()
-            || plan.per_batch
-            || plan.order.is_some()
-            || plan.spec.keys.iter().any(|k| matches!(k, DevType::Bool))
-        {
+        if plan.keys.is_empty() || plan.per_batch || plan.order.is_some() {
             return None;
         }
         let input = Arc::clone(agg.input());

@@ -17,9 +17,9 @@
 //! unsplittable partition is built whole, over the limit.
 //!
 //! Not spilled (they build in memory as before): null-aware anti joins (`NOT IN`: a NULL
-//! anywhere on the probe side empties the result, which no partition sees alone), joins on
-//! boolean keys, and a shared build side probed by several partitions. Float keys partition
-//! with -0.0 folded into +0.0, as the join compares them.
+//! anywhere on the probe side empties the result, which no partition sees alone), and a shared
+//! build side probed by several partitions. Float and boolean keys partition too (floats with
+//! -0.0 folded into +0.0, as the join compares them).
 
 use std::sync::Arc;
 
@@ -53,7 +53,7 @@ pub(super) fn can_chunk(join_type: datafusion::common::JoinType) -> bool {
 
 /// Whether a join with these key types can spill its sides (see the module docs).
 pub(super) fn can_spill(keys: &[DevType], null_aware: bool) -> bool {
-    !null_aware && !keys.is_empty() && keys.iter().all(|k| !matches!(k, DevType::Bool))
+    !null_aware && !keys.is_empty()
 }
 
 /// What one step of a grace join gives.
