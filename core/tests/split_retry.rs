@@ -180,3 +180,37 @@ async fn running_out_moves_the_least_recently_used_cached_table_to_the_host() {
         "{plan}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_probe_that_runs_out_retries_on_halves() {
+    let (gpu, cpu) = engines().await;
+    let device = gpu.gpu().unwrap().device().clone();
+    let sql = "SELECT a.k, a.s, b.v FROM a JOIN b ON a.k = b.k AND a.v < b.v";
+    let want = sorted(&cpu.collect(sql).await.unwrap());
+    let before = device.counters().allocations;
+    run(&gpu, &cpu, sql).await;
+    let total = device.counters().allocations - before;
+    // Every allocation fails in turn: the probe's are retried on halves.
+    let mut retried = 0;
+    for n in 1..=total {
+        device.inject_alloc_failure(n);
+        let frame = gpu.sql(sql).await.unwrap();
+        let context = Arc::new(frame.task_ctx());
+        let plan = frame.create_physical_plan().await.unwrap();
+        let outcome = datafusion::physical_plan::collect(Arc::clone(&plan), context).await;
+        device.inject_alloc_failure(0);
+        match outcome {
+            Ok(batches) => {
+                assert_eq!(sorted(&batches), want, "allocation {n}");
+                let shown = DisplayableExecutionPlan::with_metrics(plan.as_ref())
+                    .indent(true)
+                    .to_string();
+                if metric(&shown, "GpuHashJoinExec", "oom_splits") > 0 {
+                    retried += 1;
+                }
+            }
+            Err(e) => assert!(e.to_string().contains("GPU out of memory"), "{e}"),
+        }
+    }
+    assert!(retried > 0, "no probe allocation of {total} was retried");
+}

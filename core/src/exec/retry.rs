@@ -118,37 +118,53 @@ impl Retry {
                 Err(e) if is_device_oom(&e) => {}
                 Err(e) => return Err(e),
             }
-            let counts = self.counts();
-            counts
-                .evicted
-                .add(self.gpu.relieve_memory(piece.held_bytes().max(1)));
-            let piece = piece.resolve(&self.stream).map_err(to_df)?;
-            let rows = piece.host_rows().unwrap_or(0);
-            if splits >= MAX_SPLITS || rows < 2 {
-                counts.fallbacks.add(1);
-                out.push(work(&piece, Where::Cpu)?);
-                continue;
-            }
-            let half = rows / 2;
-            let halves = piece
-                .slice(&self.stream, 0, half)
-                .and_then(|first| Ok((first, piece.slice(&self.stream, half, rows - half)?)));
-            match halves.map_err(to_df) {
-                Ok((first, second)) => {
-                    counts.splits.add(1);
+            match self.split(&piece, splits)? {
+                Some((first, second)) => {
                     pieces.push((second, splits + 1));
                     pieces.push((first, splits + 1));
                 }
-                // Too short of memory even for the halves' string offsets: the piece goes to
-                // the CPU as it is.
-                Err(e) if is_device_oom(&e) => {
-                    counts.fallbacks.add(1);
+                None => {
+                    self.counts().fallbacks.add(1);
                     out.push(work(&piece, Where::Cpu)?);
                 }
-                Err(e) => return Err(e),
             }
         }
         Ok(out)
+    }
+
+    /// `piece` ran out of device memory after `splits` splits: the spill coordinator frees
+    /// what it can, and the piece comes back as its two halves, or `None` when it may not be
+    /// split again (past [`MAX_SPLITS`], a single row, or too short of memory even for its
+    /// halves' string offsets).
+    pub(crate) fn split(
+        &self,
+        piece: &DeviceBatch,
+        splits: u32,
+    ) -> DFResult<Option<(DeviceBatch, DeviceBatch)>> {
+        let counts = self.counts();
+        counts
+            .evicted
+            .add(self.gpu.relieve_memory(piece.held_bytes().max(1)));
+        if splits >= MAX_SPLITS {
+            return Ok(None);
+        }
+        let piece = piece.resolve(&self.stream).map_err(to_df)?;
+        let rows = piece.host_rows().unwrap_or(0);
+        if rows < 2 {
+            return Ok(None);
+        }
+        let half = rows / 2;
+        let halves = piece
+            .slice(&self.stream, 0, half)
+            .and_then(|first| Ok((first, piece.slice(&self.stream, half, rows - half)?)));
+        match halves.map_err(to_df) {
+            Ok(halves) => {
+                counts.splits.add(1);
+                Ok(Some(halves))
+            }
+            Err(e) if is_device_oom(&e) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// The CPU half of a fallback: `batch` downloaded, computed by `f` into a batch of

@@ -62,6 +62,7 @@ use crate::column::{
     DeviceBatch, Gather, RowCount, append_device_batches, concat_device_batches, gather_batch,
 };
 use crate::error::{Result, SpateError};
+use crate::exec::retry::Retry;
 use crate::exec::spill::{HostPartitions, SpillOptions, TOP_SHIFT};
 use crate::expr::{DevType, PredicateKernel, Unsupported, predicate_kernel};
 
@@ -629,6 +630,12 @@ impl GpuExec for GpuHashJoinExec {
             keeps_counts.clone(),
         )?;
         let pending = collect_left.then(|| Arc::clone(&self.pending));
+        let retry = Arc::new(Retry::new(
+            Arc::clone(&gpu),
+            Arc::clone(&stream),
+            &self.metrics,
+            partition,
+        ));
         let state = (
             ProbeState {
                 stream,
@@ -653,6 +660,8 @@ impl GpuExec for GpuHashJoinExec {
                 keeps_counts,
                 pairs_by_build: by_build,
                 totals_read: 0,
+                retry: Some(retry),
+                split_left: Vec::new(),
             },
             Some(Box::pin(build)
                 as std::pin::Pin<
@@ -711,9 +720,12 @@ impl GpuExec for GpuHashJoinExec {
                     if s.remaining == Some(0) {
                         return None;
                     }
-                    // A probe batch's output may come in several chunks: those first.
+                    // A probe batch's output may come in several chunks: those first, then
+                    // the halves of a batch split after running out of device memory.
                     let out = if s.has_chunks() {
                         s.next_chunk()
+                    } else if let Some((piece, splits)) = s.take_split() {
+                        s.probe_piece(piece, splits)
                     } else if let Some(g) = grace.as_mut() {
                         match g.step(&mut s) {
                             Ok(Step::Out(out)) => Ok(out),

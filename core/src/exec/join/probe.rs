@@ -46,6 +46,7 @@ use crate::error::{Result, SpateError};
 use crate::exec::batching::KeepsCounts;
 use crate::exec::device_counts::Settlement;
 use crate::exec::hash_table::{Kernels, launch};
+use crate::exec::retry::Retry;
 use crate::expr::{column_args, evaluate_predicate};
 
 /// Candidate pairs of a join: probe rows, build rows, and how many of them are pairs.
@@ -87,6 +88,10 @@ pub(super) struct ProbeState {
     /// for a `Utf8` field): the all-NULL probe side of unmatched build rows takes the same
     /// layout, so that every output batch stores a column alike.
     pub(super) wide_probe_strings: Vec<bool>,
+    /// Split-and-retry for a probe batch that runs out of device memory (`exec/retry.rs`).
+    pub(super) retry: Option<Arc<Retry>>,
+    /// The halves of split probe batches still to probe, with their splits, last first.
+    pub(super) split_left: Vec<(DeviceBatch, u32)>,
 }
 
 /// One probe batch's matches, emitted a chunk of whole probe rows at a time.
@@ -207,8 +212,46 @@ impl ProbeState {
     }
 
     /// Looks a probe batch up; returns its first output batch (the rest comes from
-    /// [`ProbeState::next_chunk`]).
+    /// [`ProbeState::next_chunk`]). Out of device memory, the batch is split in halves: the
+    /// first is probed now, the second waits in [`ProbeState::take_split`] (down to an eighth;
+    /// a piece that runs out then fails the query, as a probe has no CPU twin without its
+    /// build side on the host).
     pub(super) fn probe(&mut self, batch: &DeviceBatch) -> Result<Option<DeviceBatch>> {
+        self.probe_piece(batch.clone(), 0)
+    }
+
+    /// [`ProbeState::probe`] of a piece of a batch split `splits` times.
+    pub(super) fn probe_piece(
+        &mut self,
+        batch: DeviceBatch,
+        splits: u32,
+    ) -> Result<Option<DeviceBatch>> {
+        match self.probe_once(&batch) {
+            Err(SpateError::ResourcesExhausted { message })
+                if message.starts_with(crate::exec::counted::GPU_OOM) =>
+            {
+                let halves = match &self.retry {
+                    Some(retry) => retry.split(&batch, splits)?,
+                    None => None,
+                };
+                match halves {
+                    Some((first, second)) => {
+                        self.split_left.push((second, splits + 1));
+                        self.probe_piece(first, splits + 1)
+                    }
+                    None => Err(SpateError::ResourcesExhausted { message }),
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// The next half of a split probe batch to probe, before any other probe batch.
+    pub(super) fn take_split(&mut self) -> Option<(DeviceBatch, u32)> {
+        self.split_left.pop()
+    }
+
+    fn probe_once(&mut self, batch: &DeviceBatch) -> Result<Option<DeviceBatch>> {
         self.wide_probe_strings = batch
             .columns()
             .iter()
