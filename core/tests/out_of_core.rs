@@ -258,6 +258,19 @@ fn metric<'a>(explain: &'a str, operator: &str, metric: &str) -> Option<&'a str>
 async fn a_scan_streams_up_in_small_batches_on_a_copy_stream() {
     let (gpu, cpu) = engines().await;
     let sql = "SELECT count(*), sum(v), max(d) FROM l WHERE v > 1000";
+    // While the upload runs, its staged copies are charged to DataFusion's memory pool.
+    let pool = Arc::clone(&gpu.context().runtime_env().memory_pool);
+    let mut stream = gpu
+        .sql_stream("SELECT k, v FROM l WHERE v > 1000")
+        .await
+        .unwrap();
+    futures::StreamExt::next(&mut stream)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(pool.reserved() > 0, "nothing charged while uploading");
+    drop(stream);
+    assert_eq!(pool.reserved(), 0, "charges left after the query");
     let explain = check(&gpu, &cpu, sql).await;
     // 1 MiB of budget: the table goes up in batches of 32 KiB, each copied on the upload's copy
     // stream and waited for by the compute stream, both timed.

@@ -535,6 +535,8 @@ pub(crate) fn device_input(
     // governs, as the batches a CPU operator buffers are.
     let reservation =
         MemoryConsumer::new(format!("GpuUpload[{partition}]")).register(context.memory_pool());
+    let staging = MemoryConsumer::new(format!("GpuUpload[{partition}] staging"))
+        .register(context.memory_pool());
     let (plan_metrics, partition) = &metrics.plan_metrics;
     Ok(count_read(upload::upload_stream(
         host,
@@ -543,6 +545,7 @@ pub(crate) fn device_input(
         Arc::clone(stream),
         metrics.clone(),
         reservation,
+        staging,
         (plan_metrics, *partition),
     )))
 }

@@ -13,6 +13,9 @@
 //!    over the batch's memory, so that its free is ordered after the compute
 //!    ([`Upload::admit`]).
 //!
+//! The pinned staging of a copy not known to be done is charged to DataFusion's memory pool
+//! (`GpuUpload[p] staging`), as the host batches waiting to go up are (`GpuUpload[p]`).
+//!
 //! The events time both sides: `upload_copy_time` is the copy stream's time on the copies and
 //! `upload_wait_time` the compute stream's time waiting for them; the copy time not waited
 //! for was hidden under compute. The timings are read once their events have completed,
@@ -116,19 +119,29 @@ struct Staged {
     batch: DeviceBatch,
     /// Recorded on the copy stream before and after the copy.
     copy: (Event, Event),
+    /// The bytes of its pinned staging, charged until the copy is done.
+    staged_bytes: usize,
 }
 
-/// The events that time the uploads, until they complete, and the metrics they go to.
+/// The events that time the uploads, until they complete, and the metrics they go to; and
+/// the pinned staging of the copies not known to be done, charged to DataFusion's memory pool.
 struct Timing {
-    /// Per batch: the copy's events, and the compute stream's before and after its wait.
-    pending: VecDeque<[Event; 4]>,
+    /// Per batch: the copy's events, the compute stream's before and after its wait, and the
+    /// bytes of its staging.
+    pending: VecDeque<([Event; 4], usize)>,
     copy_time: Time,
     wait_time: Time,
+    staging: MemoryReservation,
 }
 
 impl Timing {
-    fn new(metrics: &ExecutionPlanMetricsSet, partition: usize) -> Self {
+    fn new(
+        metrics: &ExecutionPlanMetricsSet,
+        partition: usize,
+        staging: MemoryReservation,
+    ) -> Self {
         Timing {
+            staging,
             pending: VecDeque::new(),
             copy_time: MetricBuilder::new(metrics).subset_time(UPLOAD_COPY_TIME, partition),
             wait_time: MetricBuilder::new(metrics).subset_time(UPLOAD_WAIT_TIME, partition),
@@ -138,7 +151,7 @@ impl Timing {
     /// Moves the timings whose events have completed into the metrics, in order, without
     /// waiting for the others.
     fn harvest(&mut self) {
-        while let Some([c0, c1, w0, w1]) = self.pending.front() {
+        while let Some(([c0, c1, w0, w1], staged_bytes)) = self.pending.front() {
             let (Ok(Some(copy)), Ok(Some(wait))) = (c0.try_elapsed_ms(c1), w0.try_elapsed_ms(w1))
             else {
                 return;
@@ -146,6 +159,9 @@ impl Timing {
             let ms = |m: f32| std::time::Duration::from_secs_f64(f64::from(m.max(0.0)) / 1e3);
             self.copy_time.add_duration(ms(copy));
             self.wait_time.add_duration(ms(wait));
+            // The copy is done: its staging buffer is back in the pinned pool.
+            self.staging
+                .shrink((*staged_bytes).min(self.staging.size()));
             self.pending.pop_front();
         }
     }
@@ -265,12 +281,17 @@ impl Upload {
         let schema = group
             .first()
             .map_or_else(|| Arc::clone(&self.schema), RecordBatch::schema);
+        // The pinned staging is host memory the query holds until the copy is done: charged
+        // (it cannot wait for room, the copy needs it now).
+        let staged_bytes: usize = group.iter().map(sliced_bytes).sum();
         let before = copies.record_event()?;
         let batch = upload_batches(copies, &schema, group)?;
         let after = copies.record_event()?;
+        self.timing.staging.grow(staged_bytes);
         Ok(Staged {
             batch,
             copy: (before, after),
+            staged_bytes,
         })
     }
 
@@ -298,7 +319,9 @@ impl Upload {
         let after = self.stream.record_event()?;
         staged.batch.free_on(&self.stream)?;
         let (c0, c1) = staged.copy;
-        self.timing.pending.push_back([c0, c1, before, after]);
+        self.timing
+            .pending
+            .push_back(([c0, c1, before, after], staged.staged_bytes));
         self.timing.harvest();
         Ok(staged.batch)
     }
@@ -400,6 +423,7 @@ pub(super) fn upload_stream(
     stream: Arc<DeviceStream>,
     metrics: TransferMetrics,
     reservation: MemoryReservation,
+    staging: MemoryReservation,
     timed: (&ExecutionPlanMetricsSet, usize),
 ) -> DeviceBatchStream {
     let state = Upload {
@@ -418,7 +442,7 @@ pub(super) fn upload_stream(
         ahead: None,
         unstaged: None,
         failed: None,
-        timing: Timing::new(timed.0, timed.1),
+        timing: Timing::new(timed.0, timed.1, staging),
     };
     Box::pin(futures::stream::unfold(state, |mut s| async move {
         let batch = s.next_batch().await?;
