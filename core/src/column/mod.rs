@@ -38,7 +38,7 @@ pub use download::download_column;
 pub use gather::{Gather, gather_batch, gather_columns, gather_counted};
 #[cfg(test)]
 pub use upload::upload_column;
-pub use upload::{upload_batch, upload_batches};
+pub use upload::{upload_batch, upload_batches, upload_batches_marked};
 
 /// A range of bytes in a shared device allocation (a batch's arena, or an operator's output).
 #[derive(Debug, Clone)]

@@ -48,6 +48,18 @@ pub fn upload_batches(
     schema: &SchemaRef,
     batches: &[RecordBatch],
 ) -> Result<DeviceBatch> {
+    upload_batches_marked(stream, schema, batches, |_| Ok(()))
+}
+
+/// [`upload_batches`], calling `staged` once every byte is staged in pinned memory and before
+/// the first copy is queued: an event it records on `stream` times the copies alone, not the
+/// host's staging (`exec/upload.rs`).
+pub fn upload_batches_marked(
+    stream: &Stream,
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    staged: impl FnOnce(&Stream) -> Result<()>,
+) -> Result<DeviceBatch> {
     let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
     let parts = (0..schema.fields().len())
         .map(|c| {
@@ -93,7 +105,7 @@ pub fn upload_batches(
             },
         })
         .collect();
-    let arena = Arc::new(main.upload(stream, |out| {
+    let main = main.fill(stream, |out| {
         for (p, at) in plans.iter().zip(&placed) {
             if let (Some(s), Some(r)) = (&p.validity, at.validity) {
                 s.write(&mut out[r.0..r.0 + r.1]);
@@ -107,8 +119,8 @@ pub fn upload_batches(
                 }
             }
         }
-    })?);
-    let scratch = scratch.upload(stream, |out| {
+    })?;
+    let scratch = scratch.fill(stream, |out| {
         for (p, at) in plans.iter().zip(&placed) {
             if let Values::Views {
                 views,
@@ -123,6 +135,9 @@ pub fn upload_batches(
             }
         }
     })?;
+    staged(stream)?;
+    let arena = Arc::new(main.send(stream)?);
+    let scratch = scratch.send(stream)?;
     let range = |(o, n): (usize, usize)| DeviceBytes::range(&arena, o, n);
 
     let mut columns = Vec::with_capacity(plans.len());
@@ -276,16 +291,38 @@ impl Arena {
         (at, s.len())
     }
 
-    /// Stages the arena's bytes with `write` and copies them to a new allocation.
-    fn upload(self, stream: &Stream, write: impl FnOnce(&mut [u8])) -> Result<DeviceBuffer<u8>> {
-        let mut arena = stream.alloc::<u8>(self.total)?;
+    /// Stages the arena's bytes with `write` in pinned memory.
+    fn fill(self, stream: &Stream, write: impl FnOnce(&mut [u8])) -> Result<Filled> {
         if self.total == 0 {
-            return Ok(arena);
+            return Ok(Filled {
+                total: 0,
+                staging: None,
+            });
         }
         let mut staging = stream.device().pinned(self.total)?;
         write(staging.as_bytes_mut()?);
-        stream.upload_pinned(&mut staging, &mut arena)?;
-        // Dropping the staging buffer does not wait: it is retired until the copy completes.
+        Ok(Filled {
+            total: self.total,
+            staging: Some(staging),
+        })
+    }
+}
+
+/// An arena's bytes staged in pinned memory, not yet copied.
+struct Filled {
+    total: usize,
+    staging: Option<spate_kernels::PinnedBuffer>,
+}
+
+impl Filled {
+    /// Copies the staged bytes to a new allocation.
+    fn send(self, stream: &Stream) -> Result<DeviceBuffer<u8>> {
+        let mut arena = stream.alloc::<u8>(self.total)?;
+        if let Some(mut staging) = self.staging {
+            stream.upload_pinned(&mut staging, &mut arena)?;
+            // Dropping the staging buffer does not wait: it is retired until the copy
+            // completes.
+        }
         Ok(arena)
     }
 }

@@ -268,6 +268,10 @@ impl Spillable for DeviceTable {
         let Residence::Device(partitions) = &*rows else {
             return Ok(0);
         };
+        // A scan that started since the coordinator looked holds it now.
+        if Arc::strong_count(&self.scans) > 1 {
+            return Ok(0);
+        }
         let stream = self.device.new_stream()?;
         let host = partitions
             .iter()
@@ -508,6 +512,9 @@ impl GpuExec for GpuCachedScanExec {
                 self.table.partition_count
             )));
         }
+        // The stream holds the table in use until it is dropped: taken before the batches, so
+        // that the coordinator never moves a table a scan is about to read.
+        let scan = Arc::clone(&self.table.scans);
         let (batches, reloaded) = self.table.partition(partition).map_err(|e| {
             super::counted::name_operator(DataFusionError::from(e), "GpuCachedScanExec")
         })?;
@@ -518,8 +525,6 @@ impl GpuExec for GpuCachedScanExec {
         }
         let projected: Vec<DFResult<DeviceBatch>> =
             batches.iter().map(|b| self.project(b)).collect();
-        // The stream holds the table in use until it is dropped.
-        let scan = Arc::clone(&self.table.scans);
         Ok(Box::pin(futures::StreamExt::map(
             futures::stream::iter(projected),
             move |b| {

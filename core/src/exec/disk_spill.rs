@@ -11,7 +11,7 @@ use std::fs::File;
 use std::io::BufReader;
 use std::sync::Arc;
 
-use arrow::array::RecordBatch;
+use arrow::array::{Array, ArrayRef, RecordBatch, StringViewArray};
 use arrow::datatypes::SchemaRef;
 use arrow::ipc::reader::StreamReader;
 use arrow::ipc::writer::StreamWriter;
@@ -47,12 +47,23 @@ impl DiskPart {
         })
     }
 
-    /// Appends `batch` (of the file's schema).
+    /// Appends `batch` (of the file's schema). A slice's string views are compacted first:
+    /// Arrow IPC writes a view column's data buffers whole, which for a partition's slice of a
+    /// download would be every partition's strings.
     pub(crate) fn append(&mut self, batch: &RecordBatch) -> Result<()> {
         let writer = self.writer.as_mut().ok_or_else(|| SpateError::Internal {
             message: "rows appended to a spill file already read back".into(),
         })?;
-        Ok(writer.write(batch)?)
+        let columns = batch
+            .columns()
+            .iter()
+            .map(|c| match c.as_any().downcast_ref::<StringViewArray>() {
+                Some(views) => Arc::new(views.gc()) as ArrayRef,
+                None => Arc::clone(c),
+            })
+            .collect();
+        let compacted = RecordBatch::try_new(batch.schema(), columns)?;
+        Ok(writer.write(&compacted)?)
     }
 
     /// The rows written, in order; the file is deleted when `self` is dropped.

@@ -345,14 +345,18 @@ impl HostPartitions {
     fn take_batches(&mut self, p: usize) -> Result<(Vec<RecordBatch>, Charges)> {
         self.bytes[p] = 0;
         self.rows[p] = 0;
-        let charges = Charges {
-            _held: std::mem::take(&mut self.charges[p]),
-        };
+        let mut held = std::mem::take(&mut self.charges[p]);
         let mut batches = std::mem::take(&mut self.parts[p]);
         if let Some(part) = self.disk[p].take() {
-            batches.extend(part.read_all()?);
+            let read = part.read_all()?;
+            // Back in host memory: charged while held (the pool may go over its limit by
+            // them; the partition cannot be processed without them).
+            let charge = self.reservation.new_empty();
+            charge.grow(read.iter().map(RecordBatch::get_array_memory_size).sum());
+            held.push(Arc::new(charge));
+            batches.extend(read);
         }
-        Ok((batches, charges))
+        Ok((batches, Charges { _held: held }))
     }
 
     /// Partition `p`'s rows uploaded as one device batch (`None` when it has none); the host

@@ -16,7 +16,8 @@
 //! The pinned staging of a copy not known to be done is charged to DataFusion's memory pool
 //! (`GpuUpload[p] staging`), as the host batches waiting to go up are (`GpuUpload[p]`).
 //!
-//! The events time both sides: `upload_copy_time` is the copy stream's time on the copies and
+//! The events time both sides: `upload_copy_time` is the copy stream's time on the copies (from
+//! the moment the host has staged their bytes) and
 //! `upload_wait_time` the compute stream's time waiting for them; the copy time not waited
 //! for was hidden under compute. The timings are read once their events have completed,
 //! without a host synchronisation.
@@ -36,7 +37,7 @@ use futures::{FutureExt, StreamExt};
 use spate_kernels::{Event, Stream as DeviceStream};
 
 use super::{DeviceBatchStream, TransferMetrics, to_df};
-use crate::column::{DeviceBatch, upload_batches};
+use crate::column::{DeviceBatch, upload_batches_marked};
 use crate::error::SpateError;
 
 /// Metric names of the upload's timings (see the module docs).
@@ -284,9 +285,16 @@ impl Upload {
         // The pinned staging is host memory the query holds until the copy is done: charged
         // (it cannot wait for room, the copy needs it now).
         let staged_bytes: usize = group.iter().map(sliced_bytes).sum();
-        let before = copies.record_event()?;
-        let batch = upload_batches(copies, &schema, group)?;
+        // The copy time starts once the host has staged the bytes: the event goes in then.
+        let mut before = None;
+        let batch = upload_batches_marked(copies, &schema, group, |s| {
+            before = Some(s.record_event()?);
+            Ok(())
+        })?;
         let after = copies.record_event()?;
+        let before = before.ok_or_else(|| SpateError::Internal {
+            message: "an upload staged nothing".into(),
+        })?;
         self.timing.staging.grow(staged_bytes);
         Ok(Staged {
             batch,

@@ -758,6 +758,7 @@ impl GpuExec for GpuHashJoinExec {
                         Ok(None) => continue,
                         Err(e) => {
                             s.chunks = None;
+                            s.split_left.clear();
                             return Some((Err(to_df(e)), (s, None, probe, true, None, spill)));
                         }
                     }
