@@ -214,3 +214,32 @@ async fn a_join_probe_that_runs_out_retries_on_halves() {
     }
     assert!(retried > 0, "no probe allocation of {total} was retried");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_that_runs_out_asks_the_coordinator_for_room() {
+    let (gpu, cpu) = engines().await;
+    for e in [&gpu, &cpu] {
+        e.register_batches("c", table(3000, 5)).unwrap();
+    }
+    let device = gpu.gpu().unwrap().device().clone();
+    let sql = "SELECT k, v FROM c WHERE v % 3 = 0";
+    // The cached tables are idle: the upload's first allocation fails once, the coordinator
+    // moves one to the host, and the upload goes through.
+    device.inject_alloc_failure(1);
+    let plan = run(&gpu, &cpu, sql).await;
+    device.inject_alloc_failure(0);
+    assert!(metric(&plan, "Gpu", "evicted_bytes") > 0, "{plan}");
+    // With nothing to move, the same failure fails the query, typed.
+    for t in ["a", "b"] {
+        gpu.uncache_table(t).unwrap();
+    }
+    device.inject_alloc_failure(1);
+    let outcome = gpu.collect(sql).await;
+    device.inject_alloc_failure(0);
+    match outcome {
+        Err(spate::SpateError::ResourcesExhausted { message }) => {
+            assert!(message.contains("GPU out of memory"), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+}

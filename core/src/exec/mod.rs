@@ -547,6 +547,7 @@ pub(crate) fn device_input(
         reservation,
         staging,
         (plan_metrics, *partition),
+        gpu_context(context)?,
     )))
 }
 

@@ -11,6 +11,9 @@
 //!    the operator's CPU twin (DataFusion's own expressions), and uploaded again for the GPU
 //!    operator above. So does a piece too short of memory even for its halves' offsets.
 //!
+//! An upload that runs out (`exec/upload.rs`) only asks the coordinator for room and tries once
+//! more: its host batches are already as small as a device batch.
+//!
 //! Only the device's out-of-memory error is retried; any other error, and an out-of-memory
 //! error of an input operator (which already carries that operator's name), fails as before.
 //! `EXPLAIN ANALYZE` shows `oom_splits`, `cpu_fallbacks` and `evicted_bytes` on an operator
@@ -132,6 +135,14 @@ impl Retry {
         Ok(out)
     }
 
+    /// Asks the spill coordinator to free about `want` device bytes; the bytes it let go of,
+    /// counted in `evicted_bytes`.
+    pub(crate) fn relieve(&self, want: usize) -> usize {
+        let freed = self.gpu.relieve_memory(want);
+        self.counts().evicted.add(freed);
+        freed
+    }
+
     /// `piece` ran out of device memory after `splits` splits: the spill coordinator frees
     /// what it can, and the piece comes back as its two halves, or `None` when it may not be
     /// split again (past [`MAX_SPLITS`], a single row, or too short of memory even for its
@@ -141,10 +152,8 @@ impl Retry {
         piece: &DeviceBatch,
         splits: u32,
     ) -> DFResult<Option<(DeviceBatch, DeviceBatch)>> {
+        self.relieve(piece.held_bytes().max(1));
         let counts = self.counts();
-        counts
-            .evicted
-            .add(self.gpu.relieve_memory(piece.held_bytes().max(1)));
         if splits >= MAX_SPLITS {
             return Ok(None);
         }

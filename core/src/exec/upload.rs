@@ -36,6 +36,7 @@ use datafusion::physical_plan::stream::{RecordBatchReceiverStream, RecordBatchSt
 use futures::{FutureExt, StreamExt};
 use spate_kernels::{Event, Stream as DeviceStream};
 
+use super::retry::Retry;
 use super::{DeviceBatchStream, TransferMetrics, to_df};
 use crate::column::{DeviceBatch, upload_batches_marked};
 use crate::error::SpateError;
@@ -113,6 +114,8 @@ struct Upload {
     /// An error from staging ahead, returned after the batch before it.
     failed: Option<datafusion::error::DataFusionError>,
     timing: Timing,
+    /// Asks the spill coordinator for room when a group that is due does not fit.
+    retry: Retry,
 }
 
 /// A batch whose copy is queued on the copy stream.
@@ -303,6 +306,23 @@ impl Upload {
         })
     }
 
+    /// [`Upload::stage`]; out of device memory, once more after the spill coordinator has
+    /// freed what it can (`exec/coordinator.rs`).
+    fn stage_relieved(&mut self, group: &[RecordBatch]) -> crate::error::Result<Staged> {
+        match self.stage(group) {
+            Err(SpateError::ResourcesExhausted { message })
+                if message.starts_with(super::counted::GPU_OOM) =>
+            {
+                let want = group.iter().map(sliced_bytes).sum::<usize>().max(1);
+                if self.retry.relieve(want) == 0 {
+                    return Err(SpateError::ResourcesExhausted { message });
+                }
+                self.stage(group)
+            }
+            other => other,
+        }
+    }
+
     /// Stages the next group while the batch before it is computed on, when its host
     /// batches are ready now: it does not wait for the input. Out of device memory, the
     /// group waits as host batches until it is due; another error waits for the next poll.
@@ -346,7 +366,7 @@ impl Upload {
                     Ok(group) => group,
                     Err(e) => return Some(Err(e)),
                 };
-                match self.stage(&group) {
+                match self.stage_relieved(&group) {
                     Ok(staged) => staged,
                     Err(e) => return Some(Err(to_df(e))),
                 }
@@ -433,7 +453,9 @@ pub(super) fn upload_stream(
     reservation: MemoryReservation,
     staging: MemoryReservation,
     timed: (&ExecutionPlanMetricsSet, usize),
+    gpu: Arc<crate::device::GpuContext>,
 ) -> DeviceBatchStream {
+    let retry = Retry::new(gpu, Arc::clone(&stream), timed.0, timed.1);
     let state = Upload {
         schema,
         host,
@@ -451,6 +473,7 @@ pub(super) fn upload_stream(
         unstaged: None,
         failed: None,
         timing: Timing::new(timed.0, timed.1, staging),
+        retry,
     };
     Box::pin(futures::stream::unfold(state, |mut s| async move {
         let batch = s.next_batch().await?;
