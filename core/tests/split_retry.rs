@@ -47,10 +47,15 @@ fn table(rows: i64, seed: i64) -> Vec<RecordBatch> {
 /// An emulated engine and a CPU one, with tables `a` and `b` cached (in device memory on the
 /// emulated engine), so that a query's first device allocation is its own operators'.
 async fn engines() -> (Engine, Engine) {
+    engines_in(1).await
+}
+
+/// [`engines`], with `partitions` target partitions.
+async fn engines_in(partitions: usize) -> (Engine, Engine) {
     let build = |backend| {
         let engine = Engine::builder()
             .backend(backend)
-            .target_partitions(1)
+            .target_partitions(partitions)
             .build()
             .unwrap();
         engine.register_batches("a", table(6000, 0)).unwrap();
@@ -242,4 +247,51 @@ async fn an_upload_that_runs_out_asks_the_coordinator_for_room() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partial_aggregation_that_runs_out_retries_on_halves() {
+    // Two partitions: the aggregation runs as partial states per batch, then a final merge.
+    let (gpu, cpu) = engines_in(2).await;
+    gpu.collect("SET spate.gpu.one_partition = false")
+        .await
+        .unwrap();
+    let device = gpu.gpu().unwrap().device().clone();
+    let sql = "SELECT k, count(*), sum(v), min(v) FROM a GROUP BY k";
+    let plan = run(&gpu, &cpu, sql).await;
+    assert!(plan.contains("mode=Partial"), "{plan}");
+    let want = sorted(&cpu.collect(sql).await.unwrap());
+    let before = device.counters().allocations;
+    run(&gpu, &cpu, sql).await;
+    let total = device.counters().allocations - before;
+    let mut retried = 0;
+    for n in 1..=total {
+        device.inject_alloc_failure(n);
+        let frame = gpu.sql(sql).await.unwrap();
+        let context = Arc::new(frame.task_ctx());
+        let plan = frame.create_physical_plan().await.unwrap();
+        let outcome = datafusion::physical_plan::collect(Arc::clone(&plan), context).await;
+        device.inject_alloc_failure(0);
+        match outcome {
+            Ok(batches) => {
+                assert_eq!(sorted(&batches), want, "allocation {n}");
+                let shown = DisplayableExecutionPlan::with_metrics(plan.as_ref())
+                    .indent(true)
+                    .to_string();
+                let partial = shown
+                    .lines()
+                    .filter(|l| l.contains("mode=Partial"))
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                if metric(&partial, "GpuAggregateExec", "oom_splits") > 0 {
+                    retried += 1;
+                }
+            }
+            Err(e) => assert!(e.to_string().contains("GPU out of memory"), "{e}"),
+        }
+    }
+    assert!(
+        retried > 0,
+        "no partial aggregation allocation of {total} was retried"
+    );
 }

@@ -1,6 +1,9 @@
 //! Split-and-retry: a GPU operator that works batch by batch and runs out of device memory on a
 //! batch does not fail the query at once.
 //!
+//! (Filters and projections; join probes and partial aggregations split the same way, but a
+//! piece of theirs that still runs out fails: they have no CPU twin here.)
+//!
 //! 1. It asks the device's spill coordinator ([`crate::device::GpuContext::relieve_memory`])
 //!    to free what it can: cached tables not in use, least recently used first, move to the
 //!    host until a scan needs them again.
@@ -109,23 +112,43 @@ impl Retry {
         batch: &DeviceBatch,
         work: &mut dyn FnMut(&DeviceBatch, Where) -> DFResult<T>,
     ) -> DFResult<Vec<T>> {
+        self.pieces(batch, work, true)
+    }
+
+    /// [`Retry::run`] for work that has no CPU twin (a partial aggregation's states): a piece
+    /// that runs out after [`MAX_SPLITS`] splits fails with its out-of-memory error.
+    pub(crate) fn run_on_gpu<T>(
+        &self,
+        batch: &DeviceBatch,
+        work: &mut dyn FnMut(&DeviceBatch) -> DFResult<T>,
+    ) -> DFResult<Vec<T>> {
+        self.pieces(batch, &mut |piece, _| work(piece), false)
+    }
+
+    fn pieces<T>(
+        &self,
+        batch: &DeviceBatch,
+        work: &mut dyn FnMut(&DeviceBatch, Where) -> DFResult<T>,
+        on_cpu: bool,
+    ) -> DFResult<Vec<T>> {
         let mut out = Vec::with_capacity(1);
         // A stack: the first half is taken first, so results keep the rows' order.
         let mut pieces = vec![(batch.clone(), 0u32)];
         while let Some((piece, splits)) = pieces.pop() {
-            match work(&piece, Where::Gpu) {
+            let error = match work(&piece, Where::Gpu) {
                 Ok(t) => {
                     out.push(t);
                     continue;
                 }
-                Err(e) if is_device_oom(&e) => {}
+                Err(e) if is_device_oom(&e) => e,
                 Err(e) => return Err(e),
-            }
+            };
             match self.split(&piece, splits)? {
                 Some((first, second)) => {
                     pieces.push((second, splits + 1));
                     pieces.push((first, splits + 1));
                 }
+                None if !on_cpu => return Err(error),
                 None => {
                     self.counts().fallbacks.add(1);
                     out.push(work(&piece, Where::Cpu)?);

@@ -71,6 +71,7 @@ use spate_kernels::{DeviceBuffer, KernelArg, Stream as DeviceStream};
 use self::codegen::SlotKind;
 use super::batching::KeepsCounts;
 use super::hash_table::{Kernels, group_rows, launch};
+use super::retry::Retry;
 use super::sort::Sorter;
 use super::{
     DeviceBatchStream, GpuExec, TransferMetrics, collected_input, device_input, gpu_context,
@@ -511,18 +512,24 @@ impl GpuExec for GpuAggregateExec {
             let (seen, last) = (Arc::clone(&produced), Arc::clone(&stream));
             let (last_kernels, last_plan, last_schema) =
                 (Arc::clone(&kernels), Arc::clone(&plan), Arc::clone(&schema));
+            // States of a batch that runs out of device memory come from its halves: partial
+            // states of one group in two batches merge downstream as any others do.
+            let retry = Retry::new(gpu, Arc::clone(&stream), &self.metrics, partition);
             let out = input.map(move |batch| {
                 let batch = batch?;
                 let _timer = baseline.elapsed_compute().timer();
-                let out =
-                    aggregate_batch(&stream, &kernels, &plan, &schema, &batch).map_err(to_df)?;
-                let out = ordered(&stream, out).map_err(to_df)?;
-                baseline.record_output(out.bound());
-                if out.bound() > 0 {
-                    seen.store(true, std::sync::atomic::Ordering::Relaxed);
-                }
-                Ok(out)
+                retry.run_on_gpu(&batch, &mut |piece| {
+                    let out =
+                        aggregate_batch(&stream, &kernels, &plan, &schema, piece).map_err(to_df)?;
+                    let out = ordered(&stream, out).map_err(to_df)?;
+                    baseline.record_output(out.bound());
+                    if out.bound() > 0 {
+                        seen.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    Ok(out)
+                })
             });
+            let out = crate::exec::retry::flatten(out);
             let empty_sets = futures::stream::once(async move {
                 if produced.load(std::sync::atomic::Ordering::Relaxed) {
                     return Ok(None);
