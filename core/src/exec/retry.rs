@@ -1,8 +1,6 @@
-//! Split-and-retry: a GPU operator that works batch by batch and runs out of device memory on a
-//! batch does not fail the query at once.
-//!
-//! (Filters and projections; join probes and partial aggregations split the same way, but a
-//! piece of theirs that still runs out fails: they have no CPU twin here.)
+//! Split-and-retry: a GPU operator that works batch by batch (a filter, a projection, a join's
+//! probe, a partial aggregation) and runs out of device memory on a batch does not fail the
+//! query at once.
 //!
 //! 1. It asks the device's spill coordinator ([`crate::device::GpuContext::relieve_memory`])
 //!    to free what it can: cached tables not in use, least recently used first, move to the
@@ -12,7 +10,8 @@
 //!    of the batch: three splits.
 //! 3. A piece that still runs out after three splits runs on the CPU: downloaded, computed by
 //!    the operator's CPU twin (DataFusion's own expressions), and uploaded again for the GPU
-//!    operator above. So does a piece too short of memory even for its halves' offsets.
+//!    operator above. So does a piece too short of memory even for its halves' offsets. A
+//!    probe's or a partial aggregation's piece fails instead: they have no CPU twin here.
 //!
 //! An upload that runs out (`exec/upload.rs`) only asks the coordinator for room and tries once
 //! more: its host batches are already as small as a device batch.
