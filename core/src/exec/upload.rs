@@ -99,7 +99,8 @@ struct Upload {
     /// The copy stream, a sibling of `stream` opened at the first upload.
     copies: Option<DeviceStream>,
     metrics: TransferMetrics,
-    /// The pending batches' bytes, charged to DataFusion's memory pool.
+    /// The bytes of the batches pending and of the groups taken but not staged yet, charged to
+    /// DataFusion's memory pool.
     reservation: MemoryReservation,
     /// A batch that did not fit the memory limit beside the pending ones: the next group's.
     carry: Option<RecordBatch>,
@@ -179,12 +180,10 @@ impl Drop for Upload {
 }
 
 impl Upload {
-    /// Takes the pending batches as the next group to upload.
+    /// Takes the pending batches as the next group to upload. They stay charged to the memory
+    /// pool until they are staged ([`Upload::stage`]).
     fn take_group(&mut self) -> Vec<RecordBatch> {
         self.pending_bytes = 0;
-        // The batches are the upload's now, staged or dropped whatever happens: the pool's
-        // charge for them ends here.
-        self.reservation.free();
         std::mem::take(&mut self.pending)
     }
 
@@ -298,7 +297,10 @@ impl Upload {
         let before = before.ok_or_else(|| SpateError::Internal {
             message: "an upload staged nothing".into(),
         })?;
+        // The host batches' bytes are in the pinned staging now: their charge moves there.
         self.timing.staging.grow(staged_bytes);
+        self.reservation
+            .shrink(staged_bytes.min(self.reservation.size()));
         Ok(Staged {
             batch,
             copy: (before, after),
