@@ -128,6 +128,15 @@ pub struct SuiteOptions {
     pub workspace_root: PathBuf,
 }
 
+/// `dir` as the logs show it: relative to the current directory when it is under it, so that
+/// result files name no path of the machine they ran on.
+pub fn shown_dir(dir: &Path) -> PathBuf {
+    std::env::current_dir()
+        .ok()
+        .and_then(|cwd| dir.strip_prefix(cwd).ok().map(Path::to_path_buf))
+        .unwrap_or_else(|| dir.to_path_buf())
+}
+
 /// Generates the TPC-H Parquet files in `dir` unless a complete set for `sf` is there.
 pub fn ensure_data(sf: f64, dir: &Path, log: &mut dyn FnMut(&str)) -> Result<(), String> {
     let marker = dir.join(".complete");
@@ -135,13 +144,13 @@ pub fn ensure_data(sf: f64, dir: &Path, log: &mut dyn FnMut(&str)) -> Result<(),
     if std::fs::read_to_string(&marker).is_ok_and(|m| m == want) {
         log(&format!(
             "reusing TPC-H SF {sf} Parquet in {}",
-            dir.display()
+            shown_dir(dir).display()
         ));
         return Ok(());
     }
     log(&format!(
         "generating TPC-H SF {sf} Parquet in {}",
-        dir.display()
+        shown_dir(dir).display()
     ));
     let started = Instant::now();
     spate::tpch::write_parquet(sf, dir, |_| {}).map_err(|e| e.to_string())?;
@@ -578,4 +587,20 @@ fn run_duckdb(
         },
         out,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_folders_under_the_current_directory_show_relative() {
+        let cwd = std::env::current_dir().unwrap_or_default();
+        assert_eq!(
+            shown_dir(&cwd.join("target/spate-bench/tpch-sf1")),
+            PathBuf::from("target/spate-bench/tpch-sf1")
+        );
+        let elsewhere = Path::new("/elsewhere/tpch-sf1");
+        assert_eq!(shown_dir(elsewhere), elsewhere.to_path_buf());
+    }
 }

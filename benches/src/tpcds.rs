@@ -346,13 +346,13 @@ pub fn ensure_data(sf: f64, dir: &Path, log: &mut dyn FnMut(&str)) -> Result<(),
     if std::fs::read_to_string(&marker).is_ok_and(|m| m == want) {
         log(&format!(
             "reusing TPC-DS SF {sf} Parquet in {}",
-            dir.display()
+            crate::suite::shown_dir(dir).display()
         ));
         return Ok(());
     }
     log(&format!(
         "generating TPC-DS SF {sf} Parquet in {}",
-        dir.display()
+        crate::suite::shown_dir(dir).display()
     ));
     let started = Instant::now();
     write_parquet(sf, dir, |_, _| {})?;
