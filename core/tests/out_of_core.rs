@@ -123,26 +123,42 @@ async fn check(gpu: &Engine, cpu: &Engine, sql: &str) -> String {
     .join("\n")
 }
 
-/// The `spilled_rows` the first line naming `operator` in an `EXPLAIN ANALYZE` shows.
-fn spilled_rows(explain: &str, operator: &str) -> usize {
+/// The largest `metric` a line naming `operator` in an `EXPLAIN ANALYZE` shows, read as the
+/// display writes counts (`859`, `859.0 K`, `1.20 M`); 0 when none does.
+fn count(explain: &str, operator: &str, metric: &str) -> f64 {
     explain
         .lines()
         .filter(|l| l.contains(operator))
         .filter_map(|l| {
-            let at = l.find("spilled_rows=")? + "spilled_rows=".len();
-            let digits: String = l[at..]
-                .chars()
-                .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == 'K')
-                .collect();
-            let value: f64 = digits.trim_end_matches('K').parse().ok()?;
-            Some(if digits.ends_with('K') {
-                value * 1e3
-            } else {
-                value
-            } as usize)
+            let at = l.find(&format!("{metric}="))? + metric.len() + 1;
+            let shown = l[at..].split([',', ']']).next()?.trim();
+            let (number, scale) = match shown.split_once(' ') {
+                Some((n, "K")) => (n, 1e3),
+                Some((n, "M")) => (n, 1e6),
+                _ => (shown, 1.0),
+            };
+            Some(number.parse::<f64>().ok()? * scale)
         })
-        .max()
-        .unwrap_or(0)
+        .fold(0.0, f64::max)
+}
+
+/// The `spilled_rows` of `operator` (see [`count`]).
+fn spilled_rows(explain: &str, operator: &str) -> usize {
+    count(explain, operator, "spilled_rows") as usize
+}
+
+/// Creates tables on both engines with `statements`, the GPU engine allowed CPU operators
+/// for it.
+async fn create(gpu: &Engine, cpu: &Engine, statements: &[String]) {
+    gpu.collect("SET spate.gpu.fallback = 'cpu'").await.unwrap();
+    for e in [gpu, cpu] {
+        for sql in statements {
+            e.collect(sql).await.unwrap();
+        }
+    }
+    gpu.collect("SET spate.gpu.fallback = 'error'")
+        .await
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -310,12 +326,7 @@ async fn spills_go_to_disk_when_host_memory_is_short_too() {
         ),
     ] {
         let explain = check(&gpu, &cpu, sql).await;
-        // A count as `EXPLAIN ANALYZE` shows it: `859`, `859.0 K`, `1.2 M`.
-        let on_disk = metric(&explain, operator, "disk_spilled_bytes").unwrap_or("0");
-        let number: f64 = on_disk
-            .trim_end_matches([' ', 'K', 'M'])
-            .parse()
-            .unwrap_or(0.0);
+        let number = count(&explain, operator, "disk_spilled_bytes");
         assert!(number > 0.0, "{sql}: nothing went to disk\n{explain}");
     }
 }
@@ -325,17 +336,8 @@ async fn a_join_key_holding_a_fifth_of_the_build_side_completes() {
     let (gpu, cpu) = engines().await;
     // `h`: every fifth row of `r` on one key, a fifth of the build side: with its hash table,
     // more than the join's 256 KiB share of the budget, and no split can spread it.
-    gpu.collect("SET spate.gpu.fallback = 'cpu'").await.unwrap();
-    for e in [&gpu, &cpu] {
-        e.collect(
-            "CREATE TABLE h AS SELECT CASE WHEN v % 5 = 0 THEN 42 ELSE k END AS k, v, d FROM r",
-        )
-        .await
-        .unwrap();
-    }
-    gpu.collect("SET spate.gpu.fallback = 'error'")
-        .await
-        .unwrap();
+    let h = "CREATE TABLE h AS SELECT CASE WHEN v % 5 = 0 THEN 42 ELSE k END AS k, v, d FROM r";
+    create(&gpu, &cpu, &[h.to_string()]).await;
     let mut chunked = 0;
     for join in [
         "JOIN",
@@ -383,15 +385,7 @@ async fn joins_and_aggregations_on_float_keys_spill_and_match_the_cpu() {
              ELSE k * 1.5 END AS f, CAST(1 AS BIGINT) AS g, v, d FROM {t}"
         )
     };
-    gpu.collect("SET spate.gpu.fallback = 'cpu'").await.unwrap();
-    for e in [&gpu, &cpu] {
-        for t in ["l", "r"] {
-            e.collect(&float(t)).await.unwrap();
-        }
-    }
-    gpu.collect("SET spate.gpu.fallback = 'error'")
-        .await
-        .unwrap();
+    create(&gpu, &cpu, &[float("l"), float("r")]).await;
     // -0.0 joins 0.0: rows of both (there are some) must meet in one partition.
     for sql in [
         "SELECT count(*) FROM fl WHERE 1 / f < 0",
@@ -427,19 +421,13 @@ async fn joins_and_aggregations_on_float_keys_spill_and_match_the_cpu() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn joins_and_aggregations_on_boolean_keys_spill_and_match_the_cpu() {
     let (gpu, cpu) = engines().await;
-    gpu.collect("SET spate.gpu.fallback = 'cpu'").await.unwrap();
-    for e in [&gpu, &cpu] {
-        for (t, m) in [("l", 2), ("r", 3)] {
-            let sql = format!(
-                "CREATE TABLE b{t} AS SELECT k, CASE WHEN v % 13 = 0 THEN NULL \
-                 ELSE v % {m} = 0 END AS b, v, d FROM {t}"
-            );
-            e.collect(&sql).await.unwrap();
-        }
-    }
-    gpu.collect("SET spate.gpu.fallback = 'error'")
-        .await
-        .unwrap();
+    let boolean = |t: &str, m: u32| {
+        format!(
+            "CREATE TABLE b{t} AS SELECT k, CASE WHEN v % 13 = 0 THEN NULL \
+             ELSE v % {m} = 0 END AS b, v, d FROM {t}"
+        )
+    };
+    create(&gpu, &cpu, &[boolean("l", 2), boolean("r", 3)]).await;
     for (sql, operator) in [
         (
             "SELECT bl.k, bl.v, br.d FROM bl JOIN br ON bl.k = br.k AND bl.b = br.b",

@@ -75,21 +75,55 @@ fn sorted(batches: &[RecordBatch]) -> Vec<String> {
     rows
 }
 
+/// Runs `sql` on the GPU engine: its rows, and the executed plan with its metrics.
+async fn execute(gpu: &Engine, sql: &str) -> datafusion::error::Result<(Vec<RecordBatch>, String)> {
+    let frame = gpu.sql(sql).await.unwrap();
+    let context = Arc::new(frame.task_ctx());
+    let plan = frame.create_physical_plan().await.unwrap();
+    let batches = datafusion::physical_plan::collect(Arc::clone(&plan), context).await?;
+    let shown = DisplayableExecutionPlan::with_metrics(plan.as_ref())
+        .indent(true)
+        .to_string();
+    Ok((batches, shown))
+}
+
 /// Runs `sql` on the GPU engine, checks its rows against the CPU's, and returns the executed
 /// plan with its metrics.
 async fn run(gpu: &Engine, cpu: &Engine, sql: &str) -> String {
     let want = sorted(&cpu.collect(sql).await.unwrap());
-    let frame = gpu.sql(sql).await.unwrap();
-    let context = Arc::new(frame.task_ctx());
-    let plan = frame.create_physical_plan().await.unwrap();
-    let got = datafusion::physical_plan::collect(Arc::clone(&plan), context)
+    let (got, shown) = execute(gpu, sql)
         .await
         .unwrap_or_else(|e| panic!("{sql}: {e}"));
     assert!(!want.is_empty(), "{sql}: no rows to compare");
     assert_eq!(sorted(&got), want, "{sql}");
-    DisplayableExecutionPlan::with_metrics(plan.as_ref())
-        .indent(true)
-        .to_string()
+    shown
+}
+
+/// Fails each of `sql`'s device allocations in turn: every run returns the CPU's rows or a
+/// typed out-of-memory error. Returns how many runs split a batch of `operator` (a line of the
+/// plan naming it) and still returned the rows.
+async fn walk(gpu: &Engine, cpu: &Engine, sql: &str, operator: &str) -> usize {
+    let device = gpu.gpu().unwrap().device().clone();
+    let want = sorted(&cpu.collect(sql).await.unwrap());
+    let before = device.counters().allocations;
+    run(gpu, cpu, sql).await;
+    let total = device.counters().allocations - before;
+    let mut retried = 0;
+    for n in 1..=total {
+        device.inject_alloc_failure(n);
+        let outcome = execute(gpu, sql).await;
+        device.inject_alloc_failure(0);
+        match outcome {
+            Ok((batches, shown)) => {
+                assert_eq!(sorted(&batches), want, "allocation {n}");
+                if metric(&shown, operator, "oom_splits") > 0 {
+                    retried += 1;
+                }
+            }
+            Err(e) => assert!(e.to_string().contains("GPU out of memory"), "{e}"),
+        }
+    }
+    retried
 }
 
 /// The sum of `metric=N` over the lines naming `operator`.
@@ -189,35 +223,10 @@ async fn running_out_moves_the_least_recently_used_cached_table_to_the_host() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_join_probe_that_runs_out_retries_on_halves() {
     let (gpu, cpu) = engines().await;
-    let device = gpu.gpu().unwrap().device().clone();
     let sql = "SELECT a.k, a.s, b.v FROM a JOIN b ON a.k = b.k AND a.v < b.v";
-    let want = sorted(&cpu.collect(sql).await.unwrap());
-    let before = device.counters().allocations;
-    run(&gpu, &cpu, sql).await;
-    let total = device.counters().allocations - before;
     // Every allocation fails in turn: the probe's are retried on halves.
-    let mut retried = 0;
-    for n in 1..=total {
-        device.inject_alloc_failure(n);
-        let frame = gpu.sql(sql).await.unwrap();
-        let context = Arc::new(frame.task_ctx());
-        let plan = frame.create_physical_plan().await.unwrap();
-        let outcome = datafusion::physical_plan::collect(Arc::clone(&plan), context).await;
-        device.inject_alloc_failure(0);
-        match outcome {
-            Ok(batches) => {
-                assert_eq!(sorted(&batches), want, "allocation {n}");
-                let shown = DisplayableExecutionPlan::with_metrics(plan.as_ref())
-                    .indent(true)
-                    .to_string();
-                if metric(&shown, "GpuHashJoinExec", "oom_splits") > 0 {
-                    retried += 1;
-                }
-            }
-            Err(e) => assert!(e.to_string().contains("GPU out of memory"), "{e}"),
-        }
-    }
-    assert!(retried > 0, "no probe allocation of {total} was retried");
+    let retried = walk(&gpu, &cpu, sql, "GpuHashJoinExec").await;
+    assert!(retried > 0, "no probe allocation was retried");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -256,42 +265,10 @@ async fn a_partial_aggregation_that_runs_out_retries_on_halves() {
     gpu.collect("SET spate.gpu.one_partition = false")
         .await
         .unwrap();
-    let device = gpu.gpu().unwrap().device().clone();
     let sql = "SELECT k, count(*), sum(v), min(v) FROM a GROUP BY k";
     let plan = run(&gpu, &cpu, sql).await;
-    assert!(plan.contains("mode=Partial"), "{plan}");
-    let want = sorted(&cpu.collect(sql).await.unwrap());
-    let before = device.counters().allocations;
-    run(&gpu, &cpu, sql).await;
-    let total = device.counters().allocations - before;
-    let mut retried = 0;
-    for n in 1..=total {
-        device.inject_alloc_failure(n);
-        let frame = gpu.sql(sql).await.unwrap();
-        let context = Arc::new(frame.task_ctx());
-        let plan = frame.create_physical_plan().await.unwrap();
-        let outcome = datafusion::physical_plan::collect(Arc::clone(&plan), context).await;
-        device.inject_alloc_failure(0);
-        match outcome {
-            Ok(batches) => {
-                assert_eq!(sorted(&batches), want, "allocation {n}");
-                let shown = DisplayableExecutionPlan::with_metrics(plan.as_ref())
-                    .indent(true)
-                    .to_string();
-                let partial = shown
-                    .lines()
-                    .filter(|l| l.contains("mode=Partial"))
-                    .collect::<Vec<_>>()
-                    .join("\n");
-                if metric(&partial, "GpuAggregateExec", "oom_splits") > 0 {
-                    retried += 1;
-                }
-            }
-            Err(e) => assert!(e.to_string().contains("GPU out of memory"), "{e}"),
-        }
-    }
-    assert!(
-        retried > 0,
-        "no partial aggregation allocation of {total} was retried"
-    );
+    let partial = "GpuAggregateExec: mode=Partial,";
+    assert!(plan.contains(partial), "{plan}");
+    let retried = walk(&gpu, &cpu, sql, partial).await;
+    assert!(retried > 0, "no partial aggregation allocation was retried");
 }

@@ -7,7 +7,7 @@
 //! [`crate::reference::NULL_HASH`], so NULL keys group together.
 
 use crate::error::{Result, ensure_arg};
-use crate::gather::{DeviceStrings, OffsetElem};
+use crate::gather::DeviceStrings;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::memory::{DeviceBitmap, DeviceBuffer, DeviceCopy, DeviceSlice};
 use crate::stream::Stream;
@@ -114,37 +114,6 @@ impl<'a> HashColumn<'a> {
     }
 }
 
-fn launch_strings<O: OffsetElem>(
-    stream: &Stream,
-    strings: DeviceStrings<'_, O>,
-    validity: Option<DeviceBitmap<'_>>,
-    previous: Option<&DeviceBuffer<u64>>,
-    seed: u64,
-    out: &DeviceBuffer<u64>,
-) -> Result<()> {
-    let n = strings.rows();
-    let kernel = stream
-        .device()
-        .kernel(&format!("hash_strings_{}", O::SUFFIX))?;
-    // SAFETY: `strings` has n + 1 offsets into its bytes; `out` and `previous` hold n hashes.
-    unsafe {
-        stream.launch(
-            &kernel,
-            LaunchConfig::blocks(stream.device().grid_stride_blocks(n)),
-            &[
-                strings.offsets.into(),
-                strings.bytes.into(),
-                validity.into(),
-                KernelArg::U64(validity.map_or(0, |v| v.offset as u64)),
-                KernelArg::U64(n as u64),
-                previous.into(),
-                KernelArg::U64(seed),
-                out.into(),
-            ],
-        )
-    }
-}
-
 /// Hashes rows over `columns` (all of the same length), left to right, from `seed`.
 pub fn hash_columns(
     stream: &Stream,
@@ -167,64 +136,54 @@ pub fn hash_columns(
     for (i, c) in columns.iter().enumerate() {
         // The first column starts from the seed; later ones fold into `out` in place.
         let previous = (i > 0).then_some(&out);
-        match *c {
+        // The kernels differ only in their leading arguments: the values.
+        let (entry, mut args, validity) = match *c {
             HashColumn::Fixed {
                 entry,
                 address,
                 validity,
                 ..
-            } => {
-                if let Some(v) = validity {
-                    v.check_covers(n, "key validity")?;
-                }
-                let kernel = stream.device().kernel(entry)?;
-                // SAFETY: `address` holds n values of the entry's width; `out` holds n hashes
-                // and may alias `previous` (the kernel reads a row's hash before writing it).
-                unsafe {
-                    stream.launch(
-                        &kernel,
-                        LaunchConfig::blocks(stream.device().grid_stride_blocks(n)),
-                        &[
-                            KernelArg::Ptr(address),
-                            validity.into(),
-                            KernelArg::U64(validity.map_or(0, |v| v.offset as u64)),
-                            KernelArg::U64(n as u64),
-                            previous.into(),
-                            KernelArg::U64(seed),
-                            (&out).into(),
-                        ],
-                    )?;
-                }
-            }
+            } => (entry, vec![KernelArg::Ptr(address)], validity),
             HashColumn::Bits {
                 values, validity, ..
             } => {
                 values.check_covers(n, "boolean key")?;
-                if let Some(v) = validity {
-                    v.check_covers(n, "key validity")?;
-                }
-                let kernel = stream.device().kernel("hash_bits")?;
-                // SAFETY: `values` covers n bits (checked), as does `validity`; `out` holds n
-                // hashes and may alias `previous`.
-                unsafe {
-                    stream.launch(
-                        &kernel,
-                        LaunchConfig::blocks(stream.device().grid_stride_blocks(n)),
-                        &[
-                            Some(values).into(),
-                            KernelArg::U64(values.offset as u64),
-                            validity.into(),
-                            KernelArg::U64(validity.map_or(0, |v| v.offset as u64)),
-                            KernelArg::U64(n as u64),
-                            previous.into(),
-                            KernelArg::U64(seed),
-                            (&out).into(),
-                        ],
-                    )?;
-                }
+                let leading = vec![Some(values).into(), KernelArg::U64(values.offset as u64)];
+                ("hash_bits", leading, validity)
             }
-            HashColumn::Utf8(s, v) => launch_strings(stream, s, v, previous, seed, &out)?,
-            HashColumn::LargeUtf8(s, v) => launch_strings(stream, s, v, previous, seed, &out)?,
+            HashColumn::Utf8(s, v) => (
+                "hash_strings_i32",
+                vec![s.offsets.into(), s.bytes.into()],
+                v,
+            ),
+            HashColumn::LargeUtf8(s, v) => (
+                "hash_strings_i64",
+                vec![s.offsets.into(), s.bytes.into()],
+                v,
+            ),
+        };
+        if let Some(v) = validity {
+            v.check_covers(n, "key validity")?;
+        }
+        args.extend([
+            validity.into(),
+            KernelArg::U64(validity.map_or(0, |v| v.offset as u64)),
+            KernelArg::U64(n as u64),
+            previous.into(),
+            KernelArg::U64(seed),
+            (&out).into(),
+        ]);
+        let kernel = stream.device().kernel(entry)?;
+        // SAFETY: a fixed-width column's address holds n values of its entry's width, a
+        // boolean column's bitmap covers n bits (checked), and a string column has n + 1
+        // offsets into its bytes; the validity covers n bits (checked); `out` holds n hashes
+        // and may alias `previous` (the kernel reads a row's hash before writing it).
+        unsafe {
+            stream.launch(
+                &kernel,
+                LaunchConfig::blocks(stream.device().grid_stride_blocks(n)),
+                &args,
+            )?;
         }
     }
     Ok(out)

@@ -59,6 +59,11 @@ pub(crate) fn is_device_oom(error: &DataFusionError) -> bool {
     matches!(error, DataFusionError::ResourcesExhausted(m) if m.starts_with(GPU_OOM))
 }
 
+/// [`is_device_oom`] for the engine's own error type.
+pub(crate) fn runs_out_of_device(error: &crate::error::SpateError) -> bool {
+    matches!(error, crate::error::SpateError::ResourcesExhausted { message } if message.starts_with(GPU_OOM))
+}
+
 /// The metrics of [`Retry`].
 struct Counts {
     splits: Count,

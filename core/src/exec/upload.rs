@@ -36,7 +36,7 @@ use datafusion::physical_plan::stream::{RecordBatchReceiverStream, RecordBatchSt
 use futures::{FutureExt, StreamExt};
 use spate_kernels::{Event, Stream as DeviceStream};
 
-use super::retry::Retry;
+use super::retry::{Retry, runs_out_of_device};
 use super::{DeviceBatchStream, TransferMetrics, to_df};
 use crate::column::{DeviceBatch, upload_batches_marked};
 use crate::error::SpateError;
@@ -312,12 +312,10 @@ impl Upload {
     /// freed what it can (`exec/coordinator.rs`).
     fn stage_relieved(&mut self, group: &[RecordBatch]) -> crate::error::Result<Staged> {
         match self.stage(group) {
-            Err(SpateError::ResourcesExhausted { message })
-                if message.starts_with(super::counted::GPU_OOM) =>
-            {
+            Err(e) if runs_out_of_device(&e) => {
                 let want = group.iter().map(sliced_bytes).sum::<usize>().max(1);
                 if self.retry.relieve(want) == 0 {
-                    return Err(SpateError::ResourcesExhausted { message });
+                    return Err(e);
                 }
                 self.stage(group)
             }

@@ -21,45 +21,13 @@ __device__ __forceinline__ u64 hash_folded(u64 bits) {
     return xxh64_word(bits == 0x8000000000000000ull ? 0ull : bits, 8);
 }
 
-template <typename T>
-__device__ void hash_floats(const T* __restrict__ bits, const u8* __restrict__ validity, u64 validity_offset, u64 n,
+// Folds each row's hash into the running hashes: `value(i)` for a valid row, SPATE_NULL_HASH
+// for a NULL. Every column kind below differs only in its `value`.
+template <typename Value>
+__device__ void fold_hashes(Value value, const u8* __restrict__ validity, u64 validity_offset, u64 n,
                             const u64* in_hashes, u64 seed, u64* out_hashes) {
     for (u64 i = global_thread_index(); i < n; i += grid_stride()) {
-        u64 h = row_is_valid(validity, validity_offset, i) ? hash_folded(bits[i]) : SPATE_NULL_HASH;
-        u64 prev = in_hashes != nullptr ? in_hashes[i] : seed;
-        out_hashes[i] = hash_combine(prev, h);
-    }
-}
-
-__device__ void hash_bits(const u8* __restrict__ bits, u64 bit_offset, const u8* __restrict__ validity,
-                          u64 validity_offset, u64 n, const u64* in_hashes, u64 seed, u64* out_hashes) {
-    for (u64 i = global_thread_index(); i < n; i += grid_stride()) {
-        u64 h = row_is_valid(validity, validity_offset, i) ? xxh64_word(bit_is_set(bits, bit_offset, i) ? 1 : 0, 1)
-                                                           : SPATE_NULL_HASH;
-        u64 prev = in_hashes != nullptr ? in_hashes[i] : seed;
-        out_hashes[i] = hash_combine(prev, h);
-    }
-}
-
-template <typename T>
-__device__ void hash_fixed(const T* __restrict__ values, const u8* __restrict__ validity, u64 validity_offset, u64 n,
-                           const u64* in_hashes, u64 seed, u64* out_hashes) {
-    for (u64 i = global_thread_index(); i < n; i += grid_stride()) {
-        u64 h = row_is_valid(validity, validity_offset, i) ? hash_value(values[i]) : SPATE_NULL_HASH;
-        u64 prev = in_hashes != nullptr ? in_hashes[i] : seed;
-        out_hashes[i] = hash_combine(prev, h);
-    }
-}
-
-template <typename Off>
-__device__ void hash_strings(const Off* __restrict__ offsets, const u8* __restrict__ bytes, const u8* __restrict__ validity,
-                             u64 validity_offset, u64 n, const u64* in_hashes, u64 seed, u64* out_hashes) {
-    for (u64 i = global_thread_index(); i < n; i += grid_stride()) {
-        u64 h = SPATE_NULL_HASH;
-        if (row_is_valid(validity, validity_offset, i)) {
-            u64 start = (u64)offsets[i];
-            h = xxh64_bytes(bytes + start, (u64)offsets[i + 1] - start);
-        }
+        u64 h = row_is_valid(validity, validity_offset, i) ? value(i) : SPATE_NULL_HASH;
         u64 prev = in_hashes != nullptr ? in_hashes[i] : seed;
         out_hashes[i] = hash_combine(prev, h);
     }
@@ -87,7 +55,8 @@ __device__ void hash_strings(const Off* __restrict__ offsets, const u8* __restri
     extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS)                                       \
         hash_##T(const T* values, const u8* validity, u64 validity_offset, u64 n, const u64* in_hashes,      \
                  u64 seed, u64* out_hashes) {                                                               \
-        spate::hash_fixed<T>(values, validity, validity_offset, n, in_hashes, seed, out_hashes);            \
+        spate::fold_hashes([&](u64 i) { return spate::hash_value(values[i]); }, validity, validity_offset, n,   \
+                           in_hashes, seed, out_hashes);                                                    \
     }                                                                                                       \
     SPATE_EXPORT(hash_##T)
 
@@ -109,7 +78,11 @@ SPATE_HASH_FIXED(u128)
     extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS)                                       \
         hash_strings_##Off(const Off* offsets, const u8* bytes, const u8* validity, u64 validity_offset,     \
                            u64 n, const u64* in_hashes, u64 seed, u64* out_hashes) {                        \
-        spate::hash_strings<Off>(offsets, bytes, validity, validity_offset, n, in_hashes, seed, out_hashes); \
+        auto value = [&](u64 i) {                                                                           \
+            u64 start = (u64)offsets[i];                                                                    \
+            return spate::xxh64_bytes(bytes + start, (u64)offsets[i + 1] - start);                         \
+        };                                                                                                  \
+        spate::fold_hashes(value, validity, validity_offset, n, in_hashes, seed, out_hashes);               \
     }                                                                                                       \
     SPATE_EXPORT(hash_strings_##Off)
 
@@ -127,7 +100,8 @@ SPATE_HASH_STRINGS(i64)
     extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS)                                       \
         hash_##Name##_folded(const Bits* values, const u8* validity, u64 validity_offset, u64 n,           \
                              const u64* in_hashes, u64 seed, u64* out_hashes) {                             \
-        spate::hash_floats<Bits>(values, validity, validity_offset, n, in_hashes, seed, out_hashes);       \
+        spate::fold_hashes([&](u64 i) { return spate::hash_folded(values[i]); }, validity, validity_offset, n,  \
+                           in_hashes, seed, out_hashes);                                                    \
     }                                                                                                       \
     SPATE_EXPORT(hash_##Name##_folded)
 
@@ -146,6 +120,7 @@ SPATE_HASH_FLOATS(f64, u64)
 extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS)
     hash_bits(const u8* bits, u64 bit_offset, const u8* validity, u64 validity_offset, u64 n, const u64* in_hashes,
               u64 seed, u64* out_hashes) {
-    spate::hash_bits(bits, bit_offset, validity, validity_offset, n, in_hashes, seed, out_hashes);
+    auto value = [&](u64 i) { return spate::xxh64_word(spate::bit_is_set(bits, bit_offset, i) ? 1 : 0, 1); };
+    spate::fold_hashes(value, validity, validity_offset, n, in_hashes, seed, out_hashes);
 }
 SPATE_EXPORT(hash_bits)

@@ -630,12 +630,12 @@ impl GpuExec for GpuHashJoinExec {
             keeps_counts.clone(),
         )?;
         let pending = collect_left.then(|| Arc::clone(&self.pending));
-        let retry = Arc::new(Retry::new(
+        let retry = Retry::new(
             Arc::clone(&gpu),
             Arc::clone(&stream),
             &self.metrics,
             partition,
-        ));
+        );
         let state = (
             ProbeState {
                 stream,
@@ -660,7 +660,7 @@ impl GpuExec for GpuHashJoinExec {
                 keeps_counts,
                 pairs_by_build: by_build,
                 totals_read: 0,
-                retry: Some(retry),
+                retry,
                 split_left: Vec::new(),
             },
             Some(Box::pin(build)

@@ -46,7 +46,7 @@ use crate::error::{Result, SpateError};
 use crate::exec::batching::KeepsCounts;
 use crate::exec::device_counts::Settlement;
 use crate::exec::hash_table::{Kernels, launch};
-use crate::exec::retry::Retry;
+use crate::exec::retry::{Retry, runs_out_of_device};
 use crate::expr::{column_args, evaluate_predicate};
 
 /// Candidate pairs of a join: probe rows, build rows, and how many of them are pairs.
@@ -89,7 +89,7 @@ pub(super) struct ProbeState {
     /// layout, so that every output batch stores a column alike.
     pub(super) wide_probe_strings: Vec<bool>,
     /// Split-and-retry for a probe batch that runs out of device memory (`exec/retry.rs`).
-    pub(super) retry: Option<Arc<Retry>>,
+    pub(super) retry: Retry,
     /// The halves of split probe batches still to probe, with their splits, last first.
     pub(super) split_left: Vec<(DeviceBatch, u32)>,
 }
@@ -227,21 +227,13 @@ impl ProbeState {
         splits: u32,
     ) -> Result<Option<DeviceBatch>> {
         match self.probe_once(&batch) {
-            Err(SpateError::ResourcesExhausted { message })
-                if message.starts_with(crate::exec::counted::GPU_OOM) =>
-            {
-                let halves = match &self.retry {
-                    Some(retry) => retry.split(&batch, splits)?,
-                    None => None,
-                };
-                match halves {
-                    Some((first, second)) => {
-                        self.split_left.push((second, splits + 1));
-                        self.probe_piece(first, splits + 1)
-                    }
-                    None => Err(SpateError::ResourcesExhausted { message }),
+            Err(e) if runs_out_of_device(&e) => match self.retry.split(&batch, splits)? {
+                Some((first, second)) => {
+                    self.split_left.push((second, splits + 1));
+                    self.probe_piece(first, splits + 1)
                 }
-            }
+                None => Err(e),
+            },
             other => other,
         }
     }
