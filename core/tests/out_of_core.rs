@@ -204,6 +204,25 @@ async fn joins_past_their_budget_spill_and_match_the_cpu() {
     }
 }
 
+/// Runs `sql` on both engines, checks the GPU's rows come out in the CPU's order, and returns
+/// the GPU's `EXPLAIN ANALYZE`.
+async fn check_ordered(gpu: &Engine, cpu: &Engine, sql: &str) -> String {
+    let want = ordered(&cpu.collect(sql).await.unwrap());
+    let got = ordered(
+        &gpu.collect(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql} on the GPU: {e}")),
+    );
+    assert_eq!(got.len(), want.len(), "{sql}");
+    assert!(got == want, "{sql}: the GPU's order differs from the CPU's");
+    ordered(
+        &gpu.collect(&format!("EXPLAIN ANALYZE {sql}"))
+            .await
+            .unwrap(),
+    )
+    .join("\n")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sorts_past_their_budget_merge_runs_and_match_the_cpu() {
     let (gpu, cpu) = engines().await;
@@ -212,24 +231,26 @@ async fn sorts_past_their_budget_merge_runs_and_match_the_cpu() {
         "SELECT k, s, v, d FROM l ORDER BY d NULLS FIRST, v DESC, k, s",
         "SELECT k, v, d FROM l ORDER BY v + k, k, v, d",
     ] {
-        let want = ordered(&cpu.collect(sql).await.unwrap());
-        let got = ordered(
-            &gpu.collect(sql)
-                .await
-                .unwrap_or_else(|e| panic!("{sql} on the GPU: {e}")),
-        );
-        assert_eq!(got.len(), want.len(), "{sql}");
-        assert!(got == want, "{sql}: the GPU's order differs from the CPU's");
-        let explain = ordered(
-            &gpu.collect(&format!("EXPLAIN ANALYZE {sql}"))
-                .await
-                .unwrap(),
-        )
-        .join("\n");
+        let explain = check_ordered(&gpu, &cpu, sql).await;
         assert!(
             spilled_rows(&explain, "GpuSortExec") > 0,
             "{sql}: did not spill\n{explain}"
         );
+    }
+}
+
+/// A sort's runs that host memory will not take go to disk, and are merged from there a window
+/// at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sorted_runs_go_to_disk_when_host_memory_is_short_too() {
+    let (gpu, cpu) = engines_limited(Some(1 << 20), Some(256 << 10)).await;
+    for sql in [
+        "SELECT k, s, v, d FROM l ORDER BY s DESC NULLS LAST, k, v, d",
+        "SELECT k, v, d FROM l ORDER BY d NULLS FIRST, v DESC, k",
+    ] {
+        let explain = check_ordered(&gpu, &cpu, sql).await;
+        let number = count(&explain, "GpuSortExec", "disk_spilled_bytes");
+        assert!(number > 0.0, "{sql}: nothing went to disk\n{explain}");
     }
 }
 

@@ -3,9 +3,10 @@
 //! `DiskManager` (Arrow IPC stream format), and read back when the partition is processed.
 //!
 //! The file is deleted once dropped, and its bytes count against the disk manager's limit
-//! (`datafusion.runtime.max_temp_directory_size`). Reading back takes the whole partition into
-//! host memory, one partition at a time, with plain blocking file reads: spilled partitions are
-//! read on the task that processes them, as the device work around them blocks it too.
+//! (`datafusion.runtime.max_temp_directory_size`). Reading back takes a hash partition into host
+//! memory whole, one partition at a time, and a sorted run a window at a time
+//! (`external_sort.rs`), with plain blocking file reads: spilled rows are read on the task that
+//! processes them, as the device work around them blocks it too.
 
 use std::fs::File;
 use std::io::BufReader;
@@ -21,9 +22,24 @@ use datafusion::execution::{SpillFile, SpillWriter};
 
 use crate::error::{Result, SpateError};
 
+/// Rows read back from a temporary file, batch by batch.
+pub(crate) struct DiskReader {
+    reader: StreamReader<BufReader<File>>,
+    /// Deleted when the reader is dropped.
+    _file: Arc<dyn SpillFile>,
+}
+
+impl DiskReader {
+    /// The next batch written, or `None` after the last.
+    pub(crate) fn next_batch(&mut self) -> Result<Option<RecordBatch>> {
+        Ok(self.reader.next().transpose()?)
+    }
+}
+
 /// One partition's rows in a temporary file.
 pub(crate) struct DiskPart {
     file: Arc<dyn SpillFile>,
+    schema: SchemaRef,
     /// Open until the rows are read back.
     writer: Option<StreamWriter<Box<dyn SpillWriter>>>,
 }
@@ -43,8 +59,14 @@ impl DiskPart {
         let writer = StreamWriter::try_new(file.open_writer().map_err(SpateError::from)?, schema)?;
         Ok(DiskPart {
             file,
+            schema: Arc::clone(schema),
             writer: Some(writer),
         })
+    }
+
+    /// The schema of the rows.
+    pub(crate) fn schema(&self) -> &SchemaRef {
+        &self.schema
     }
 
     /// Appends `batch` (of the file's schema). A slice's string views are compacted first:
@@ -67,7 +89,18 @@ impl DiskPart {
     }
 
     /// The rows written, in order; the file is deleted when `self` is dropped.
-    pub(crate) fn read_all(mut self) -> Result<Vec<RecordBatch>> {
+    pub(crate) fn read_all(self) -> Result<Vec<RecordBatch>> {
+        let mut reader = self.into_reader()?;
+        let mut batches = Vec::new();
+        while let Some(batch) = reader.next_batch()? {
+            batches.push(batch);
+        }
+        Ok(batches)
+    }
+
+    /// A reader of the rows written, batch by batch in the order they were appended; the file
+    /// is deleted when the reader is dropped.
+    pub(crate) fn into_reader(mut self) -> Result<DiskReader> {
         if let Some(mut writer) = self.writer.take() {
             writer.finish()?;
             writer.into_inner()?.finish().map_err(SpateError::from)?;
@@ -79,6 +112,9 @@ impl DiskPart {
         })?;
         let reader =
             StreamReader::try_new(BufReader::new(File::open(path).map_err(io_error)?), None)?;
-        Ok(reader.collect::<std::result::Result<Vec<_>, _>>()?)
+        Ok(DiskReader {
+            reader,
+            _file: self.file,
+        })
     }
 }

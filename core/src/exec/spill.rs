@@ -136,7 +136,7 @@ impl SpillOptions {
     }
 
     /// Counts `bytes` of host batches written to disk.
-    fn record_disk(&self, bytes: usize) {
+    pub(crate) fn record_disk(&self, bytes: usize) {
         self.disk_bytes
             .get_or_init(|| {
                 MetricBuilder::new(&self.metrics).counter(DISK_SPILLED_BYTES, self.partition)
