@@ -348,8 +348,8 @@ impl GpuContext {
         self.spill.register(entry);
     }
 
-    /// Moves spillable device memory (cached tables, least recently used first) to the host
-    /// until about `want` bytes are let go of; the bytes let go of.
+    /// Moves spillable device memory (cached tables, operators' held input) to the host, least
+    /// recently used first, until about `want` bytes are let go of; the bytes let go of.
     pub(crate) fn relieve_memory(&self, want: usize) -> usize {
         self.spill.relieve(want)
     }

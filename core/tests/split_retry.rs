@@ -1,6 +1,7 @@
-//! Split-and-retry (`exec/retry.rs`): a GPU filter or projection that runs out of device
-//! memory on a batch asks the spill coordinator to move cached tables to the host, retries on
-//! the batch's halves, and after three splits computes the piece on the CPU. Each run's rows
+//! Split-and-retry (`exec/retry.rs`): a GPU filter, projection, join probe or partial
+//! aggregation that runs out of device memory on a batch asks the spill coordinator to move
+//! cached tables and operators' held input to the host, retries on the batch's halves, and
+//! after three splits computes the piece on the CPU (a probe's piece fails instead). Each run's rows
 //! equal the CPU engine's, and `EXPLAIN ANALYZE` counts what happened.
 
 #![allow(
@@ -100,9 +101,22 @@ async fn run(gpu: &Engine, cpu: &Engine, sql: &str) -> String {
 }
 
 /// Fails each of `sql`'s device allocations in turn: every run returns the CPU's rows or a
-/// typed out-of-memory error. Returns how many runs split a batch of `operator` (a line of the
-/// plan naming it) and still returned the rows.
-async fn walk(gpu: &Engine, cpu: &Engine, sql: &str, operator: &str) -> usize {
+/// typed out-of-memory error. Returns how many runs counted `counted` on `operator` (a line of
+/// the plan naming it) and still returned the rows.
+async fn walk(gpu: &Engine, cpu: &Engine, sql: &str, operator: &str, counted: &str) -> usize {
+    walk_until(gpu, cpu, sql, (operator, counted), 1, usize::MAX).await
+}
+
+/// [`walk`] with `in_a_row` allocations failing from each, stopping once `enough` runs counted
+/// `counted` on `operator`.
+async fn walk_until(
+    gpu: &Engine,
+    cpu: &Engine,
+    sql: &str,
+    (operator, counted): (&str, &str),
+    in_a_row: u64,
+    enough: usize,
+) -> usize {
     let device = gpu.gpu().unwrap().device().clone();
     let want = sorted(&cpu.collect(sql).await.unwrap());
     let before = device.counters().allocations;
@@ -110,14 +124,17 @@ async fn walk(gpu: &Engine, cpu: &Engine, sql: &str, operator: &str) -> usize {
     let total = device.counters().allocations - before;
     let mut retried = 0;
     for n in 1..=total {
-        device.inject_alloc_failure(n);
+        device.inject_alloc_failures(n, in_a_row);
         let outcome = execute(gpu, sql).await;
         device.inject_alloc_failure(0);
         match outcome {
             Ok((batches, shown)) => {
                 assert_eq!(sorted(&batches), want, "allocation {n}");
-                if metric(&shown, operator, "oom_splits") > 0 {
+                if metric(&shown, operator, counted) > 0 {
                     retried += 1;
+                    if retried >= enough {
+                        break;
+                    }
                 }
             }
             Err(e) => assert!(e.to_string().contains("GPU out of memory"), "{e}"),
@@ -225,7 +242,7 @@ async fn a_join_probe_that_runs_out_retries_on_halves() {
     let (gpu, cpu) = engines().await;
     let sql = "SELECT a.k, a.s, b.v FROM a JOIN b ON a.k = b.k AND a.v < b.v";
     // Every allocation fails in turn: the probe's are retried on halves.
-    let retried = walk(&gpu, &cpu, sql, "GpuHashJoinExec").await;
+    let retried = walk(&gpu, &cpu, sql, "GpuHashJoinExec", "oom_splits").await;
     assert!(retried > 0, "no probe allocation was retried");
 }
 
@@ -269,6 +286,54 @@ async fn a_partial_aggregation_that_runs_out_retries_on_halves() {
     let plan = run(&gpu, &cpu, sql).await;
     let partial = "GpuAggregateExec: mode=Partial,";
     assert!(plan.contains(partial), "{plan}");
-    let retried = walk(&gpu, &cpu, sql, partial).await;
+    let retried = walk(&gpu, &cpu, sql, partial, "oom_splits").await;
     assert!(retried > 0, "no partial aggregation allocation was retried");
+    // Four failures in a row: a piece that still runs out after three splits gets its states
+    // from DataFusion's partial aggregation.
+    let fell_back = walk_until(&gpu, &cpu, sql, (partial, "cpu_fallbacks"), 4, 1).await;
+    assert!(fell_back > 0, "no partial aggregation piece ran on the CPU");
+}
+
+/// A GPU engine whose uploads go up in batches of 16 KiB, and a CPU engine, with `c` and `d`
+/// registered in both (not cached).
+async fn small_batch_engines() -> (Engine, Engine) {
+    let build = |backend| {
+        let engine = Engine::builder()
+            .backend(backend)
+            .target_partitions(1)
+            .build()
+            .unwrap();
+        let batches = (0..12).flat_map(|i| table(250, 3 + i)).collect();
+        engine.register_batches("c", batches).unwrap();
+        engine.register_batches("d", table(6000, 17)).unwrap();
+        engine
+    };
+    let (gpu, cpu) = (build(Backend::Emulated), build(Backend::Cpu));
+    gpu.collect("SET spate.gpu.batch_bytes = 16384")
+        .await
+        .unwrap();
+    (gpu, cpu)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn running_out_moves_the_input_a_sort_or_join_build_holds_to_the_host() {
+    let (gpu, cpu) = small_batch_engines().await;
+    // A filter (or its upload) below a sort runs out while the sort holds the batches before:
+    // the coordinator moves those to the host, and the sort uploads them again.
+    let sort = "SELECT k, s, v FROM c WHERE v % 3 = 0 ORDER BY v, k";
+    let held = "held_evicted_bytes";
+    let plan = run(&gpu, &cpu, sort).await;
+    assert!(plan.contains("GpuSortExec"), "{plan}");
+    let moved = walk_until(&gpu, &cpu, sort, ("GpuSortExec", held), 1, 1).await;
+    assert!(moved > 0, "no run moved the sort's input");
+    // The same for a join's build side (`c`'s rows, the smaller side).
+    let join = "SELECT c.k, c.v, d.v FROM c JOIN d ON c.k = d.k AND c.v < d.v WHERE c.v % 3 = 0";
+    let plan = run(&gpu, &cpu, join).await;
+    let build = plan
+        .lines()
+        .skip_while(|l| !l.contains("GpuHashJoinExec"))
+        .nth(1);
+    assert!(build.is_some_and(|l| l.contains("GpuFilterExec")), "{plan}");
+    let moved = walk_until(&gpu, &cpu, join, ("GpuHashJoinExec", held), 1, 1).await;
+    assert!(moved > 0, "no run moved the join's build input\n{plan}");
 }

@@ -2,10 +2,15 @@
 //! host when an operator runs out (split-and-retry, `exec/retry.rs`), least recently used
 //! first.
 //!
-//! Today that is the tables cached in device memory (`exec/cache.rs`): a table moved to the
-//! host is uploaded again by its next scan. Operators' own state needs no entry here: past
-//! their share of the budget, aggregations, joins and sorts spill their partitions and runs to
-//! the host themselves (`exec/spill.rs`), before they run out.
+//! Two kinds of holder register here:
+//! - the tables cached in device memory (`exec/cache.rs`): a table moved to the host is
+//!   uploaded again by its next scan;
+//! - the input a sort or a join build holds while its input still runs (`exec/held.rs`): it is
+//!   uploaded again when the operator needs it.
+//!
+//! The rest of operators' state is not moved from outside: past their share of the budget,
+//! aggregations, joins and sorts spill their partitions and runs to the host themselves
+//! (`exec/spill.rs`), before they run out.
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;

@@ -33,7 +33,7 @@ enum Stored {
     /// In host memory, charged to the runs' reservation.
     Memory(RecordBatch),
     /// In a temporary file, in slices of about a batch.
-    Disk(DiskPart),
+    Disk(Box<DiskPart>),
 }
 
 /// Sorted runs in host memory or on disk.
@@ -93,7 +93,7 @@ impl Runs {
             part.append(&host.slice(at, slice_rows.min(rows - at)))?;
         }
         self.spill.record_disk(size);
-        self.runs.push(Stored::Disk(part));
+        self.runs.push(Stored::Disk(Box::new(part)));
         Ok(())
     }
 

@@ -84,6 +84,7 @@ mod disk_spill;
 mod external_sort;
 pub mod filter;
 pub(crate) mod hash_table;
+mod held;
 pub mod join;
 pub mod limit;
 pub(crate) mod memory;

@@ -3,15 +3,17 @@
 //! query at once.
 //!
 //! 1. It asks the device's spill coordinator ([`crate::device::GpuContext::relieve_memory`])
-//!    to free what it can: cached tables not in use, least recently used first, move to the
-//!    host until a scan needs them again.
+//!    to free what it can, least recently used first: cached tables not in use move to the
+//!    host until a scan needs them again, and so does the input sorts and join builds hold
+//!    until they need it (`exec/held.rs`).
 //! 2. It retries on the batch's two halves (`DeviceBatch::slice`: views, but for the rebased
 //!    offsets of string columns), and on their halves if they run out too, down to an eighth
 //!    of the batch: three splits.
 //! 3. A piece that still runs out after three splits runs on the CPU: downloaded, computed by
-//!    the operator's CPU twin (DataFusion's own expressions), and uploaded again for the GPU
-//!    operator above. So does a piece too short of memory even for its halves' offsets. A
-//!    probe's or a partial aggregation's piece fails instead: they have no CPU twin here.
+//!    the operator's CPU twin (DataFusion's own expressions, or its partial aggregation), and
+//!    uploaded again for the GPU operator above. So does a piece too short of memory even for
+//!    its halves' offsets. A probe's piece fails instead: it has no CPU twin here (the build
+//!    side is a hash table on the device).
 //!
 //! An upload that runs out (`exec/upload.rs`) only asks the coordinator for room and tries once
 //! more: its host batches are already as small as a device batch.
@@ -116,43 +118,23 @@ impl Retry {
         batch: &DeviceBatch,
         work: &mut dyn FnMut(&DeviceBatch, Where) -> DFResult<T>,
     ) -> DFResult<Vec<T>> {
-        self.pieces(batch, work, true)
-    }
-
-    /// [`Retry::run`] for work that has no CPU twin (a partial aggregation's states): a piece
-    /// that runs out after [`MAX_SPLITS`] splits fails with its out-of-memory error.
-    pub(crate) fn run_on_gpu<T>(
-        &self,
-        batch: &DeviceBatch,
-        work: &mut dyn FnMut(&DeviceBatch) -> DFResult<T>,
-    ) -> DFResult<Vec<T>> {
-        self.pieces(batch, &mut |piece, _| work(piece), false)
-    }
-
-    fn pieces<T>(
-        &self,
-        batch: &DeviceBatch,
-        work: &mut dyn FnMut(&DeviceBatch, Where) -> DFResult<T>,
-        on_cpu: bool,
-    ) -> DFResult<Vec<T>> {
         let mut out = Vec::with_capacity(1);
         // A stack: the first half is taken first, so results keep the rows' order.
         let mut pieces = vec![(batch.clone(), 0u32)];
         while let Some((piece, splits)) = pieces.pop() {
-            let error = match work(&piece, Where::Gpu) {
+            match work(&piece, Where::Gpu) {
                 Ok(t) => {
                     out.push(t);
                     continue;
                 }
-                Err(e) if is_device_oom(&e) => e,
+                Err(e) if is_device_oom(&e) => {}
                 Err(e) => return Err(e),
-            };
+            }
             match self.split(&piece, splits)? {
                 Some((first, second)) => {
                     pieces.push((second, splits + 1));
                     pieces.push((first, splits + 1));
                 }
-                None if !on_cpu => return Err(error),
                 None => {
                     self.counts().fallbacks.add(1);
                     out.push(work(&piece, Where::Cpu)?);

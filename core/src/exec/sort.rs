@@ -36,6 +36,7 @@ use spate_kernels::{DeviceBuffer, DeviceSlice, Stream as DeviceStream, gather};
 use super::appended::Appended;
 use super::batching::KeepsCounts;
 use super::external_sort::Runs;
+use super::held::HeldBatches;
 use super::top_k;
 use super::{
     DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, collected_input, gpu_context,
@@ -546,6 +547,9 @@ impl GpuExec for GpuSortExec {
         let limit = super::memory::state_limit(&gpu, context.session_config().options());
         let spill =
             super::spill::SpillOptions::new(&context, self.name(), &self.metrics, partition)?;
+        // A sort's input waits on the device, where the coordinator may move it to the host
+        // for an operator below that runs out (`held.rs`); a top-k's candidates stay.
+        let parked = HeldBatches::register(&gpu, Arc::clone(&stream), &spill);
         let sorted = futures::stream::once(async move {
             let mut input = input;
             let mut held: Vec<DeviceBatch> = Vec::new();
@@ -567,13 +571,12 @@ impl GpuExec for GpuSortExec {
                 let Some(top) = top.as_mut() else {
                     held_bytes += batch.device_bytes();
                     held_rows += batch.bound();
-                    held.push(batch);
+                    parked.push(batch);
                     let needed = 2 * held_bytes + SORT_BYTES_PER_ROW * held_rows;
                     if super::memory::should_spill(needed, limit, stream.device()) {
                         let _timer = baseline.elapsed_compute().timer();
-                        let all =
-                            concat_device_batches(&stream, &schema, std::mem::take(&mut held))
-                                .map_err(to_df)?;
+                        let parts = parked.take().map_err(to_df)?;
+                        let all = concat_device_batches(&stream, &schema, parts).map_err(to_df)?;
                         let run = sort_batch(&stream, &all, &keys, None, &null_kernels, &schema)
                             .map_err(to_df)?;
                         drop(all);
@@ -595,6 +598,7 @@ impl GpuExec for GpuSortExec {
                 }
             }
             let _timer = baseline.elapsed_compute().timer();
+            held.extend(parked.take().map_err(to_df)?);
             let all = concat_device_batches(&stream, &schema, held).map_err(to_df)?;
             if runs.is_empty() {
                 let out = sort_batch(&stream, &all, &keys, fetch, &null_kernels, &output)

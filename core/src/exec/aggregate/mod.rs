@@ -52,13 +52,15 @@ use self::staged::{Staged, Stages};
 use std::fmt;
 use std::sync::Arc;
 
+use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::error::Result as DFResult;
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::aggregates::AggregateExec;
-use datafusion::physical_plan::execution_plan::CardinalityEffect;
+use datafusion::physical_plan::execution_plan::{CardinalityEffect, ChildrenPropertiesMode};
 use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet};
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, InputDistributionRequirements, PlanProperties,
@@ -71,7 +73,7 @@ use spate_kernels::{DeviceBuffer, KernelArg, Stream as DeviceStream};
 use self::codegen::SlotKind;
 use super::batching::KeepsCounts;
 use super::hash_table::{Kernels, group_rows, launch};
-use super::retry::Retry;
+use super::retry::{Retry, Where};
 use super::sort::Sorter;
 use super::{
     DeviceBatchStream, GpuExec, TransferMetrics, collected_input, device_input, gpu_context,
@@ -513,14 +515,20 @@ impl GpuExec for GpuAggregateExec {
             let (last_kernels, last_plan, last_schema) =
                 (Arc::clone(&kernels), Arc::clone(&plan), Arc::clone(&schema));
             // States of a batch that runs out of device memory come from its halves: partial
-            // states of one group in two batches merge downstream as any others do.
+            // states of one group in two batches merge downstream as any others do. A piece
+            // that still runs out gets its states from DataFusion's partial aggregation.
             let retry = Retry::new(gpu, Arc::clone(&stream), &self.metrics, partition);
+            let cpu = Arc::clone(&self.cpu);
             let out = input.map(move |batch| {
                 let batch = batch?;
                 let _timer = baseline.elapsed_compute().timer();
-                retry.run_on_gpu(&batch, &mut |piece| {
-                    let out =
-                        aggregate_batch(&stream, &kernels, &plan, &schema, piece).map_err(to_df)?;
+                retry.run(&batch, &mut |piece, at| {
+                    let out = match at {
+                        Where::Gpu => aggregate_batch(&stream, &kernels, &plan, &schema, piece)
+                            .map_err(to_df)?,
+                        Where::Cpu => retry
+                            .on_cpu(piece, &schema, |rows| states_on_cpu(&cpu, &context, rows))?,
+                    };
                     let out = ordered(&stream, out).map_err(to_df)?;
                     baseline.record_output(out.bound());
                     if out.bound() > 0 {
@@ -623,4 +631,25 @@ impl GpuExec for GpuAggregateExec {
             futures::future::ready(!grouped || b.bound() > 0)
         })))
     }
+}
+
+/// A partial aggregation's states for `rows`, computed by its CPU twin (DataFusion's own
+/// `AggregateExec`, over the rows as its only input): split-and-retry's fallback for a piece
+/// that still runs out of device memory. The states have DataFusion's layout, as the GPU's do.
+fn states_on_cpu(
+    cpu: &Arc<AggregateExec>,
+    context: &Arc<TaskContext>,
+    rows: RecordBatch,
+) -> DFResult<RecordBatch> {
+    let source = MemorySourceConfig::try_new_exec(&[vec![rows]], cpu.input().schema(), None)?;
+    // The rows are a slice of the input's partition, with its properties (its order).
+    let twin = Arc::clone(cpu).replace_children(
+        vec![source as Arc<dyn ExecutionPlan>],
+        ReplaceChildrenOptions::new(ChildrenPropertiesMode::Keep),
+    )?;
+    // DataFusion's aggregation over batches in memory never waits on anything outside it.
+    let states = futures::executor::block_on(datafusion::physical_plan::common::collect(
+        twin.execute(0, Arc::clone(context))?,
+    ))?;
+    Ok(arrow::compute::concat_batches(&cpu.schema(), &states)?)
 }

@@ -62,6 +62,7 @@ use crate::column::{
     DeviceBatch, Gather, RowCount, append_device_batches, concat_device_batches, gather_batch,
 };
 use crate::error::{Result, SpateError};
+use crate::exec::held::HeldBatches;
 use crate::exec::retry::Retry;
 use crate::exec::spill::{HostPartitions, SpillOptions, TOP_SHIFT};
 use crate::expr::{DevType, PredicateKernel, Unsupported, predicate_kernel};
@@ -541,6 +542,7 @@ impl GpuExec for GpuHashJoinExec {
         let limit = crate::exec::memory::state_limit(&gpu, context.session_config().options());
         let spill_options = SpillOptions::new(&context, self.name(), &self.metrics, partition)?;
         let build_spill = spill_options.clone();
+        let build_gpu = Arc::clone(&gpu);
         let grace_flags = (track, check_unique, known_unique);
         let build = async move {
             let make = |stream: Arc<DeviceStream>, left_partition: usize| async move {
@@ -553,7 +555,10 @@ impl GpuExec for GpuHashJoinExec {
                     &build_transfer,
                     KeepsCounts::always(),
                 )?;
-                let (mut batches, mut bytes) = (Vec::new(), 0usize);
+                // The build's input waits on the device, where the coordinator may move it
+                // to the host for an operator below that runs out (`held.rs`).
+                let batches = HeldBatches::register(&build_gpu, Arc::clone(&stream), &build_spill);
+                let mut bytes = 0usize;
                 let mut spilled: Option<HostPartitions> = None;
                 while let Some(batch) = input.next().await {
                     let batch = batch?;
@@ -572,7 +577,7 @@ impl GpuExec for GpuHashJoinExec {
                             TOP_SHIFT,
                             &build_spill,
                         );
-                        for b in batches.drain(..) {
+                        for b in batches.take().map_err(to_df)? {
                             parts.spill(&stream, &b).map_err(to_df)?;
                         }
                         spilled = Some(parts);
@@ -581,7 +586,8 @@ impl GpuExec for GpuHashJoinExec {
                 if let Some(parts) = spilled {
                     return DFResult::Ok(Built::Spilled(Box::new(parts)));
                 }
-                let all = build_input(&stream, &left_schema, batches).map_err(to_df)?;
+                let all = build_input(&stream, &left_schema, batches.take().map_err(to_df)?)
+                    .map_err(to_df)?;
                 let side = build_side(
                     &stream,
                     &build_kernels,
