@@ -466,3 +466,45 @@ async fn joins_and_aggregations_on_boolean_keys_spill_and_match_the_cpu() {
         );
     }
 }
+
+/// COUNT(DISTINCT), whose partial state is a list, cannot run in stages: past its budget the
+/// aggregation's rows spill by group key and each partition is aggregated whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn count_distinct_past_its_budget_spills_rows_by_group() {
+    let (gpu, cpu) = engines().await;
+    // One partition: single-stage aggregations, where COUNT(DISTINCT) runs on the GPU.
+    for e in [&gpu, &cpu] {
+        e.collect("SET datafusion.execution.target_partitions = 1")
+            .await
+            .unwrap();
+    }
+    for sql in [
+        "SELECT k, count(DISTINCT v), count(*), sum(d) FROM l GROUP BY k",
+        "SELECT s, count(DISTINCT k) FROM l GROUP BY s",
+    ] {
+        let explain = check(&gpu, &cpu, sql).await;
+        assert!(
+            spilled_rows(&explain, "GpuAggregateExec") > 0,
+            "{sql}: did not spill\n{explain}"
+        );
+    }
+}
+
+/// A window whose input passes its budget is windowed in chunks of whole partitions, as its
+/// input comes sorted on the partition keys; without PARTITION BY it is held whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn windows_past_their_budget_run_in_chunks_of_whole_partitions() {
+    let (gpu, cpu) = engines().await;
+    let partitioned = "SELECT k, s, v, d, \
+         rank() OVER (PARTITION BY k ORDER BY v) AS r, \
+         sum(v) OVER (PARTITION BY k) AS total, \
+         count(d) OVER (PARTITION BY k ORDER BY v) AS running \
+         FROM l";
+    let explain = check(&gpu, &cpu, partitioned).await;
+    assert!(
+        count(&explain, "WindowAggExec", "window_chunks") > 0.0,
+        "not windowed in chunks\n{explain}"
+    );
+    let whole = "SELECT k, v, rank() OVER (ORDER BY v) AS r FROM l WHERE k < 100";
+    check(&gpu, &cpu, whole).await;
+}

@@ -2,9 +2,10 @@
 //! the device runs out of memory (`exec/retry.rs`).
 //!
 //! Fixed-width values and bitmaps are views at an offset: no copy. A string column's offsets
-//! must start at 0 (see [`DeviceValues::Utf8`]), so a range that does not start at row 0 gets
-//! its offsets copied and rebased by a small kernel, after reading back where they start; its
-//! bytes are a view from there.
+//! must start at 0 and its bytes end at its last offset (see [`DeviceValues::Utf8`]; a
+//! concatenation relies on both), so a range reads back where its offsets start and end (one
+//! readback per string column), its bytes are a view of exactly that span, and its offsets
+//! are a view too when they start at 0, else copied and rebased by a small kernel.
 
 use std::sync::Arc;
 
@@ -23,7 +24,11 @@ impl DeviceColumn {
                 message: format!("rows {start}..+{rows} of a {}-row device column", self.len),
             });
         }
-        if start == 0 {
+        let strings = matches!(
+            self.values,
+            DeviceValues::Utf8 { .. } | DeviceValues::LargeUtf8 { .. }
+        );
+        if start == 0 && !strings {
             return self.prefix(rows);
         }
         let values = match &self.values {
@@ -62,7 +67,7 @@ impl DeviceColumn {
     }
 }
 
-/// Offsets `start..=start + rows` rebased to start at 0, and the bytes from where they started.
+/// Offsets `start..=start + rows` rebased to start at 0, and exactly the bytes they span.
 fn rebased<O>(
     stream: &Stream,
     offsets: &DeviceBytes,
@@ -79,22 +84,39 @@ where
 {
     let all = offsets.typed::<O>()?;
     let own = all.slice(start..start + rows + 1)?;
-    let first: O = stream.to_vec(own.slice(0..1)?)?[0];
-    let base: usize = first.try_into().map_err(|_| SpateError::Internal {
-        message: "a negative string offset on the device".into(),
-    })?;
-    let delta = O::try_from(base).map_err(|_| SpateError::Internal {
-        message: "a string offset past its type".into(),
-    })?;
-    let mut out = stream.alloc::<O>(rows + 1)?;
-    add_offsets(stream, own, -delta, &mut out, 0)?;
-    if base > bytes.len() {
+    // Where the rows' bytes start and end, in one readback.
+    let mut ends = stream.alloc::<O>(2)?;
+    stream.copy_device(own.slice(0..1)?, &mut ends, 0)?;
+    stream.copy_device(own.slice(rows..rows + 1)?, &mut ends, 1)?;
+    let ends = stream.to_vec(ends.as_slice())?;
+    let offset = |o: O| -> Result<usize> {
+        o.try_into().map_err(|_| SpateError::Internal {
+            message: "a negative string offset on the device".into(),
+        })
+    };
+    let (base, end) = (offset(ends[0])?, offset(ends[1])?);
+    if base > end || end > bytes.len() {
         return Err(SpateError::Internal {
-            message: format!("string offsets from {base} into {} bytes", bytes.len()),
+            message: format!("string offsets {base}..{end} into {} bytes", bytes.len()),
         });
     }
-    let bytes = DeviceBytes::range(&bytes.buffer, bytes.offset + base, bytes.len() - base);
-    Ok((DeviceBytes::new(out.into_bytes()), bytes))
+    let width = size_of::<O>();
+    let offsets = if base == 0 {
+        DeviceBytes::range(
+            &offsets.buffer,
+            offsets.offset + start * width,
+            (rows + 1) * width,
+        )
+    } else {
+        let delta = O::try_from(base).map_err(|_| SpateError::Internal {
+            message: "a string offset past its type".into(),
+        })?;
+        let mut out = stream.alloc::<O>(rows + 1)?;
+        add_offsets(stream, own, -delta, &mut out, 0)?;
+        DeviceBytes::new(out.into_bytes())
+    };
+    let bytes = DeviceBytes::range(&bytes.buffer, bytes.offset + base, end - base);
+    Ok((offsets, bytes))
 }
 
 impl DeviceBatch {

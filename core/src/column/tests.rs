@@ -535,3 +535,24 @@ fn utf8_views_cross_the_bus_as_views_and_buffers() {
     let back = download_batch(&stream, &device).unwrap();
     assert_eq!(back.column(0).as_ref(), slice.as_ref());
 }
+
+/// A device batch cut into row ranges (`DeviceBatch::slice`) and concatenated again is the
+/// batch: each range's string bytes are exactly its rows', so no range's last string runs into
+/// the next range's bytes.
+#[test]
+fn device_slices_concatenate_back_to_the_batch() {
+    let stream = stream();
+    let full = arrays(300, 41);
+    let host = batch_of(full);
+    let device = upload_batch(&stream, &host).unwrap();
+    let cuts = [(0usize, 90usize), (90, 0), (90, 1), (91, 150), (241, 59)];
+    let parts: Vec<DeviceBatch> = cuts
+        .iter()
+        .map(|&(o, n)| device.slice(&stream, o, n).unwrap())
+        .collect();
+    let joined = concat_device_batches(&stream, device.schema(), parts).unwrap();
+    let back = download_batch(&stream, &joined).unwrap();
+    for (k, (a, b)) in host.columns().iter().zip(back.columns()).enumerate() {
+        assert_eq!(a.as_ref(), b.as_ref(), "column {k} ({})", a.data_type());
+    }
+}

@@ -38,6 +38,7 @@
 //! and only forgoes the pruning.
 
 pub(crate) mod codegen;
+mod partitioned;
 mod plan;
 mod segments;
 mod sets;
@@ -45,6 +46,7 @@ mod staged;
 
 pub(crate) use segments::SegmentAggregate;
 
+use self::partitioned::Partitioned;
 use self::plan::{AggPlan, analyze};
 use self::sets::{empty_sets_batch, expand_sets};
 use self::staged::{Staged, Stages};
@@ -73,6 +75,7 @@ use spate_kernels::{DeviceBuffer, KernelArg, Stream as DeviceStream};
 use self::codegen::SlotKind;
 use super::batching::KeepsCounts;
 use super::hash_table::{Kernels, group_rows, launch};
+use super::held::HeldBatches;
 use super::retry::{Retry, Where};
 use super::sort::Sorter;
 use super::{
@@ -556,15 +559,18 @@ impl GpuExec for GpuAggregateExec {
         let spill =
             crate::exec::spill::SpillOptions::new(&context, self.name(), &self.metrics, partition)?;
         let (stages, cpu) = (Arc::clone(&self.stages), Arc::clone(&self.cpu));
+        // The collected input waits on the device, where the coordinator may move it to the
+        // host for an operator below that runs out (`held.rs`).
+        let batches = HeldBatches::register(&gpu, Arc::clone(&stream), &spill);
         let once = futures::stream::once(async move {
             let mut input = input;
-            let (mut batches, mut bytes) = (Vec::new(), 0usize);
-            let mut staged: Option<Staged> = None;
+            let mut bytes = 0usize;
+            let mut outgrown: Option<Outgrown> = None;
             while let Some(batch) = input.next().await {
                 let batch = batch?;
                 let _timer = baseline.elapsed_compute().timer();
-                if let Some(staged) = &mut staged {
-                    staged.push(&batch).map_err(to_df)?;
+                if let Some(outgrown) = &mut outgrown {
+                    outgrown.push(&batch).map_err(to_df)?;
                     continue;
                 }
                 bytes += crate::exec::memory::with_table(&batch);
@@ -572,26 +578,41 @@ impl GpuExec for GpuAggregateExec {
                 if !crate::exec::memory::should_spill(bytes, limit, stream.device()) {
                     continue;
                 }
-                if let Some(stages) = stages.get_or_init(|| Stages::of(&cpu, &plan).map(Arc::new)) {
-                    // Past the operator's share of the budget: aggregate in stages.
-                    let mut s = Staged::new(
-                        Arc::clone(stages),
-                        &gpu,
+                // Past the operator's share of the budget: aggregate in stages, or partition
+                // by partition where stages do not apply.
+                let mut taken = if let Some(stages) =
+                    stages.get_or_init(|| Stages::of(&cpu, &plan).map(Arc::new))
+                {
+                    Outgrown::Staged(Box::new(
+                        Staged::new(
+                            Arc::clone(stages),
+                            &gpu,
+                            Arc::clone(&stream),
+                            limit,
+                            spill.clone(),
+                        )
+                        .map_err(to_df)?,
+                    ))
+                } else if partitioned::applies(&plan) {
+                    Outgrown::Partitioned(Box::new(Partitioned::new(
+                        (Arc::clone(&plan), Arc::clone(&kernels)),
                         Arc::clone(&stream),
+                        (Arc::clone(&input_schema), Arc::clone(&schema)),
                         limit,
                         spill.clone(),
-                    )
-                    .map_err(to_df)?;
-                    for b in batches.drain(..) {
-                        s.push(&b).map_err(to_df)?;
-                    }
-                    staged = Some(s);
+                    )))
+                } else {
+                    continue;
+                };
+                for b in batches.take().map_err(to_df)? {
+                    taken.push(&b).map_err(to_df)?;
                 }
+                outgrown = Some(taken);
             }
-            if let Some(staged) = staged {
+            if let Some(outgrown) = outgrown {
                 let finishing = {
                     let _timer = baseline.elapsed_compute().timer();
-                    staged.finish().map_err(to_df)?
+                    outgrown.finish().map_err(to_df)?
                 };
                 let out = futures::stream::unfold(Some(finishing), move |state| {
                     let baseline = baseline.clone();
@@ -611,6 +632,7 @@ impl GpuExec for GpuAggregateExec {
                 return Ok::<DeviceBatchStream, datafusion::error::DataFusionError>(Box::pin(out));
             }
             let _timer = baseline.elapsed_compute().timer();
+            let batches = batches.take().map_err(to_df)?;
             let all = concat_device_batches(&stream, &input_schema, batches).map_err(to_df)?;
             let out = aggregate_batch(&stream, &kernels, &plan, &schema, &all).map_err(to_df)?;
             let out = match out.bound() {
@@ -630,6 +652,43 @@ impl GpuExec for GpuAggregateExec {
         Ok(Box::pin(once.try_filter(move |b| {
             futures::future::ready(!grouped || b.bound() > 0)
         })))
+    }
+}
+
+/// An aggregation past its share of the budget: in stages, or partition by partition.
+enum Outgrown {
+    Staged(Box<Staged>),
+    Partitioned(Box<Partitioned>),
+}
+
+impl Outgrown {
+    fn push(&mut self, batch: &DeviceBatch) -> Result<()> {
+        match self {
+            Outgrown::Staged(s) => s.push(batch),
+            Outgrown::Partitioned(p) => p.push(batch),
+        }
+    }
+
+    fn finish(self) -> Result<Finishing> {
+        Ok(match self {
+            Outgrown::Staged(s) => Finishing::Staged(Box::new(s.finish()?)),
+            Outgrown::Partitioned(p) => Finishing::Partitioned(Box::new(p.finish())),
+        })
+    }
+}
+
+/// The output of an [`Outgrown`] aggregation, batch by batch.
+enum Finishing {
+    Staged(Box<staged::Finishing>),
+    Partitioned(Box<partitioned::Finishing>),
+}
+
+impl Finishing {
+    fn next_batch(&mut self) -> Result<Option<DeviceBatch>> {
+        match self {
+            Finishing::Staged(f) => f.next_batch(),
+            Finishing::Partitioned(f) => f.next_batch(),
+        }
     }
 }
 

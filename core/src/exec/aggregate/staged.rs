@@ -262,24 +262,14 @@ impl Staged {
         Ok(())
     }
 
-    /// The input rows of `batch` with their group key values appended, as partitions spill
-    /// them.
+    /// The input rows of `batch` with their group key values appended (see [`keyed_rows`]).
     fn keyed_rows(&self, batch: &DeviceBatch) -> Result<DeviceBatch> {
-        let plan = &self.stages.partial.plan;
-        let (keys, _) = plan.operands(&self.stream, &self.kernels[0], batch)?;
-        let mut fields: Vec<arrow::datatypes::FieldRef> =
-            batch.schema().fields().iter().cloned().collect();
-        let mut columns = batch.columns().to_vec();
-        for (i, key) in keys.into_iter().enumerate() {
-            fields.push(Arc::new(arrow::datatypes::Field::new(
-                format!("__spate_group_key_{i}"),
-                key.data_type().clone(),
-                true,
-            )));
-            columns.push(key);
-        }
-        let schema = Arc::new(arrow::datatypes::Schema::new(fields));
-        DeviceBatch::try_new(schema, columns, batch.bound())
+        keyed_rows(
+            &self.stream,
+            &self.stages.partial.plan,
+            &self.kernels[0],
+            batch,
+        )
     }
 
     /// Empty partitions for input rows keyed as `batch`'s are (see [`Staged::keyed_rows`]).
@@ -381,6 +371,30 @@ impl Staged {
             states,
         )
     }
+}
+
+/// The input rows of `batch` with the values of `plan`'s group keys appended, as partitions
+/// spill them: rows are partitioned by these last columns.
+pub(super) fn keyed_rows(
+    stream: &DeviceStream,
+    plan: &AggPlan,
+    kernels: &Kernels,
+    batch: &DeviceBatch,
+) -> Result<DeviceBatch> {
+    let (keys, _) = plan.operands(stream, kernels, batch)?;
+    let mut fields: Vec<arrow::datatypes::FieldRef> =
+        batch.schema().fields().iter().cloned().collect();
+    let mut columns = batch.columns().to_vec();
+    for (i, key) in keys.into_iter().enumerate() {
+        fields.push(Arc::new(arrow::datatypes::Field::new(
+            format!("__spate_group_key_{i}"),
+            key.data_type().clone(),
+            true,
+        )));
+        columns.push(key);
+    }
+    let schema = Arc::new(arrow::datatypes::Schema::new(fields));
+    DeviceBatch::try_new(schema, columns, batch.bound())
 }
 
 /// One level of spilled partitions: states, and input rows when they spilled too, split by

@@ -28,6 +28,7 @@
 //! lag/lead with a default, IGNORE NULLS, FILTER and DISTINCT window
 //! aggregates, float MIN/MAX and float sums over RANGE frames stay on the CPU, with the reason.
 
+mod chunks;
 mod codegen;
 mod functions;
 
@@ -45,28 +46,30 @@ use datafusion::physical_expr::expressions::{Column, Literal};
 use datafusion::physical_expr::window::{
     PlainAggregateWindowExpr, SlidingAggregateWindowExpr, StandardWindowExpr, WindowExpr,
 };
-use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet};
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricBuilder};
 use datafusion::physical_plan::windows::{BoundedWindowAggExec, WindowAggExec, WindowUDFExpr};
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, InputDistributionRequirements, InputOrderMode,
     PlanProperties, ReplaceChildrenOptions,
 };
 use futures::TryStreamExt;
-use spate_kernels::{KernelArg, Stream as DeviceStream};
+use spate_kernels::{DeviceBuffer, KernelArg, Stream as DeviceStream};
 
+use self::chunks::{Chunks, WINDOW_CHUNKS};
 use self::codegen::{Running, RunningKind};
 use self::functions::{Starts, edge, ntile, shift};
 use super::aggregate::SegmentAggregate;
 use super::appended::Appended;
 use super::batching::KeepsCounts;
 use super::hash_table::{Kernels, launch};
+use super::held::HeldBatches;
+use super::spill::SpillOptions;
 use super::{
     DeviceBatchStream, GpuExec, TransferMetrics, check_input_types, collected_input, gpu_context,
     to_df,
 };
 use crate::column::{
-    DeviceBatch, DeviceBytes, DeviceColumn, DeviceValidity, DeviceValues, Gather,
-    concat_device_batches, gather_columns,
+    DeviceBatch, DeviceBytes, DeviceColumn, DeviceValidity, DeviceValues, Gather, gather_columns,
 };
 use crate::error::{Result, SpateError};
 use crate::expr::{DevType, Unsupported, column_args};
@@ -524,37 +527,14 @@ fn window_batch(
             message: format!("a GPU window over one partition of {n} rows (the limit is 2^32 - 2)"),
         });
     }
-    let mut args = Vec::with_capacity((plan.partition.len() + plan.order.len()) * 5 + 3);
-    for &k in plan.partition.iter().chain(&plan.order) {
-        column_args(&batch.columns()[k], &mut args);
-    }
-    let np = stream.alloc::<u32>(n)?;
-    let nq = stream.alloc::<u32>(n)?;
-    args.extend([KernelArg::U64(n as u64), (&np).into(), (&nq).into()]);
-    launch(stream, kernels.get("bounds")?, n, &args)?;
-    let (pe, partitions) = spate_kernels::scan::exclusive_sum_with_total(stream, np.as_slice())?;
-    let partitions = partitions as usize;
-    let qe = spate_kernels::scan::exclusive_sum(stream, nq.as_slice())?;
-    let pid = stream.alloc::<u32>(n)?;
-    let qid = stream.alloc::<u32>(n)?;
-    let pstart = stream.alloc::<u32>(partitions.max(1))?;
-    let qstart = stream.alloc::<u32>(n)?;
-    launch(
-        stream,
-        kernels.get("starts")?,
-        n,
-        &[
-            (&np).into(),
-            (&nq).into(),
-            (&pe).into(),
-            (&qe).into(),
-            KernelArg::U64(n as u64),
-            (&pid).into(),
-            (&qid).into(),
-            (&pstart).into(),
-            (&qstart).into(),
-        ],
-    )?;
+    let Bounds {
+        nq,
+        pid,
+        qid,
+        pstart,
+        qstart,
+        partitions,
+    } = bounds(stream, kernels, plan, batch)?;
     // Aggregates over whole partitions: each row takes its partition's values.
     let per_partition = match (&plan.aggregates, aggregate_kernels) {
         (Some(aggregates), Some(k)) => aggregates.evaluate(stream, k, batch, &pid, partitions)?,
@@ -595,15 +575,97 @@ fn window_batch(
     DeviceBatch::try_new(Arc::clone(schema), columns, n)
 }
 
+/// Where `batch`'s window partitions and peer runs start (one readback: the number of
+/// partitions).
+struct Bounds {
+    /// 1 where a run of peers starts.
+    nq: DeviceBuffer<u32>,
+    /// Each row's partition and peer run.
+    pid: DeviceBuffer<u32>,
+    qid: DeviceBuffer<u32>,
+    /// The row each partition and each peer run starts at.
+    pstart: DeviceBuffer<u32>,
+    qstart: DeviceBuffer<u32>,
+    partitions: usize,
+}
+
+/// The [`Bounds`] of a batch of at least one row.
+fn bounds(
+    stream: &DeviceStream,
+    kernels: &Kernels,
+    plan: &WindowPlan,
+    batch: &DeviceBatch,
+) -> Result<Bounds> {
+    let n = batch.bound();
+    let mut args = Vec::with_capacity((plan.partition.len() + plan.order.len()) * 5 + 3);
+    for &k in plan.partition.iter().chain(&plan.order) {
+        column_args(&batch.columns()[k], &mut args);
+    }
+    let np = stream.alloc::<u32>(n)?;
+    let nq = stream.alloc::<u32>(n)?;
+    args.extend([KernelArg::U64(n as u64), (&np).into(), (&nq).into()]);
+    launch(stream, kernels.get("bounds")?, n, &args)?;
+    let (pe, partitions) = spate_kernels::scan::exclusive_sum_with_total(stream, np.as_slice())?;
+    let partitions = partitions as usize;
+    let qe = spate_kernels::scan::exclusive_sum(stream, nq.as_slice())?;
+    let pid = stream.alloc::<u32>(n)?;
+    let qid = stream.alloc::<u32>(n)?;
+    let pstart = stream.alloc::<u32>(partitions.max(1))?;
+    let qstart = stream.alloc::<u32>(n)?;
+    launch(
+        stream,
+        kernels.get("starts")?,
+        n,
+        &[
+            (&np).into(),
+            (&nq).into(),
+            (&pe).into(),
+            (&qe).into(),
+            KernelArg::U64(n as u64),
+            (&pid).into(),
+            (&qid).into(),
+            (&pstart).into(),
+            (&qstart).into(),
+        ],
+    )?;
+    Ok(Bounds {
+        nq,
+        pid,
+        qid,
+        pstart,
+        qstart,
+        partitions,
+    })
+}
+
+/// The row the last window partition of `batch` (at least one row) starts at: the rows before
+/// it are whole partitions, when the input is sorted on the partition keys.
+fn last_partition_start(
+    stream: &DeviceStream,
+    kernels: &Kernels,
+    plan: &WindowPlan,
+    batch: &DeviceBatch,
+) -> Result<usize> {
+    let b = bounds(stream, kernels, plan, batch)?;
+    let mut start = [0u32];
+    stream.copy_to_host(
+        b.pstart
+            .as_slice()
+            .slice(b.partitions.saturating_sub(1)..b.partitions.max(1))?,
+        &mut start,
+    )?;
+    Ok(start[0] as usize)
+}
+
 /// The running aggregates' columns over `batch` (one `running` launch for all of them).
 fn running_columns(
     stream: &DeviceStream,
     kernels: &Kernels,
     plan: &WindowPlan,
     batch: &DeviceBatch,
-    pstart: &spate_kernels::DeviceBuffer<u32>,
+    pstart: &DeviceBuffer<u32>,
     partitions: usize,
-    nq: &spate_kernels::DeviceBuffer<u32>,
+    nq: &DeviceBuffer<u32>,
 ) -> Result<Vec<DeviceColumn>> {
     if plan.running.is_empty() {
         return Ok(Vec::new());
@@ -738,31 +800,94 @@ impl GpuExec for GpuWindowExec {
             KeepsCounts::never(),
         )?;
         let baseline = BaselineMetrics::new(&self.metrics, partition);
-        let (schema, input_schema) = (self.schema(), self.input().schema());
-        let out = futures::stream::once(async move {
-            let batches: Vec<DeviceBatch> = input.try_collect().await?;
-            let _timer = baseline.elapsed_compute().timer();
-            let all = concat_device_batches(&stream, &input_schema, batches)
-                .and_then(|b| b.resolve(&stream))
-                .and_then(|b| match (&plan.computed, &keys_kernel) {
-                    (Some(c), Some(kernel)) => c.append(&stream, kernel, b),
-                    _ => Ok(b),
-                })
-                .map_err(to_df)?;
-            let out = window_batch(
-                &stream,
-                &kernels,
-                aggregate_kernels.as_ref(),
-                &plan,
-                &schema,
-                &all,
-            )
-            .map_err(to_df)?;
-            baseline.record_output(out.bound());
-            Ok(out)
+        let input_schema = self.input().schema();
+        // The held rows: the input's, with computed keys appended to each batch.
+        let wide = plan
+            .computed
+            .as_ref()
+            .map_or(input_schema, |c| Arc::clone(c.wide()));
+        let limit = crate::exec::memory::state_limit(&gpu, context.session_config().options());
+        let spill = SpillOptions::new(&context, self.name(), &self.metrics, partition)?;
+        // The held input waits on the device, where the coordinator may move it to the host
+        // for an operator below that runs out (`held.rs`).
+        let held = HeldBatches::register(&gpu, Arc::clone(&stream), &spill);
+        let cuts = MetricBuilder::new(&self.metrics).counter(WINDOW_CHUNKS, partition);
+        let run = Run {
+            input,
+            chunks: Chunks::new(held, wide, &plan, limit, cuts),
+            stream,
+            kernels,
+            aggregate_kernels,
+            keys_kernel,
+            plan,
+            schema: self.schema(),
+            baseline,
+        };
+        let out = futures::stream::unfold(Some(run), |run| async move {
+            let mut run = run?;
+            loop {
+                let batch = match run.input.try_next().await {
+                    Ok(batch) => batch,
+                    Err(e) => return Some((Err(e), None)),
+                };
+                let elapsed = run.baseline.elapsed_compute().clone();
+                let _timer = elapsed.timer();
+                let (rows, last) = match run.rows(batch) {
+                    Ok(Some(rows)) => rows,
+                    Ok(None) => continue,
+                    Err(e) => return Some((Err(to_df(e)), None)),
+                };
+                let out = window_batch(
+                    &run.stream,
+                    &run.kernels,
+                    run.aggregate_kernels.as_ref(),
+                    &run.plan,
+                    &run.schema,
+                    &rows,
+                )
+                .map_err(to_df);
+                drop(rows);
+                if let Ok(out) = &out {
+                    run.baseline.record_output(out.bound());
+                }
+                let next = (!last && out.is_ok()).then_some(run);
+                return Some((out, next));
+            }
         });
         Ok(Box::pin(
             out.try_filter(|b| futures::future::ready(b.bound() > 0)),
         ))
+    }
+}
+
+/// A window partition running: its input, what it holds, and how it computes.
+struct Run {
+    input: DeviceBatchStream,
+    chunks: Chunks,
+    stream: Arc<DeviceStream>,
+    kernels: Kernels,
+    aggregate_kernels: Option<Kernels>,
+    keys_kernel: Option<spate_kernels::Kernel>,
+    plan: Arc<WindowPlan>,
+    schema: SchemaRef,
+    baseline: BaselineMetrics,
+}
+
+impl Run {
+    /// Takes the next input batch (`None` at the end): the rows to window now, and whether
+    /// they are the last, or `None` while the window holds them.
+    fn rows(&mut self, batch: Option<DeviceBatch>) -> Result<Option<(DeviceBatch, bool)>> {
+        let Some(batch) = batch else {
+            return Ok(Some((self.chunks.take(&self.stream)?, true)));
+        };
+        let batch = batch.resolve(&self.stream)?;
+        let batch = match (&self.plan.computed, &self.keys_kernel) {
+            (Some(c), Some(kernel)) => c.append(&self.stream, kernel, batch)?,
+            _ => batch,
+        };
+        let whole = self
+            .chunks
+            .push(&self.stream, (&self.kernels, &self.plan), batch)?;
+        Ok(whole.map(|rows| (rows, false)))
     }
 }
