@@ -21,8 +21,9 @@
 //!
 //! Not staged (they keep the one pass over the collected input): aggregations without group
 //! keys (they fold batch by batch already), those whose output keeps an order (their groups
-//! would come out partition by partition), and those DataFusion cannot split in two phases (COUNT(DISTINCT),
-//! whose partial state is a list).
+//! would come out partition by partition), and those DataFusion cannot split in two phases
+//! (COUNT(DISTINCT), whose partial state is a list): those spill their rows by group key and
+//! finish partition by partition instead (`partitioned.rs`).
 
 use std::sync::Arc;
 

@@ -3,7 +3,8 @@
 //!
 //! The input arrives sorted on the partition keys, then on the ORDER BY keys (DataFusion sorts
 //! it below, on the GPU too). A partition's device batches are concatenated (keys that are
-//! expressions computed into columns appended to it), then:
+//! expressions computed into columns appended to each), or, past the window's share of the
+//! budget, its whole window partitions so far (`chunks.rs`), then:
 //! 1. a generated kernel flags each row that starts a window partition (its partition keys
 //!    differ from the previous row's) and each that starts a run of peers (its ORDER BY keys
 //!    differ too). Keys compare as DataFusion's partitioning compares them: NULL equals NULL,
