@@ -507,4 +507,17 @@ async fn windows_past_their_budget_run_in_chunks_of_whole_partitions() {
     );
     let whole = "SELECT k, v, rank() OVER (ORDER BY v) AS r FROM l WHERE k < 100";
     check(&gpu, &cpu, whole).await;
+    // In the window's order: rows equal on (k, v) are equal in every column shown, so the
+    // order is fixed.
+    let in_order = "SELECT k, v, rank() OVER (PARTITION BY k ORDER BY v) AS r, \
+         sum(v) OVER (PARTITION BY k) AS total FROM l ORDER BY k, v";
+    check_ordered(&gpu, &cpu, in_order).await;
+    // No rows at all.
+    check_ordered(
+        &gpu,
+        &cpu,
+        "SELECT k, rank() OVER (PARTITION BY k ORDER BY v) AS r FROM l WHERE v > 1000000000 \
+         ORDER BY k",
+    )
+    .await;
 }

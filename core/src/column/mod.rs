@@ -910,29 +910,47 @@ impl DeviceBatch {
     /// Device bytes the batch keeps allocated: the whole of every allocation its columns are
     /// views of (a filter's output cut to its count, an uploaded batch's arena), each once.
     pub fn held_bytes(&self) -> usize {
-        let mut seen: Vec<*const DeviceBuffer<u8>> = Vec::new();
-        let mut held = 0;
+        self.allocations().iter().map(|(b, _)| b.len()).sum()
+    }
+
+    /// The part of [`DeviceBatch::held_bytes`] only this batch views: what dropping it frees.
+    /// An allocation something else views too (a cached table's batch, an operator's other
+    /// output) is left out.
+    pub fn unshared_bytes(&self) -> usize {
+        self.allocations()
+            .iter()
+            .filter(|(b, views)| Arc::strong_count(b) == *views)
+            .map(|(b, _)| b.len())
+            .sum()
+    }
+
+    /// Each allocation the batch's columns are views of, once, with the number of its views
+    /// the batch holds.
+    fn allocations(&self) -> Vec<(&Arc<DeviceBuffer<u8>>, usize)> {
+        let mut seen: Vec<(&Arc<DeviceBuffer<u8>>, usize)> = Vec::new();
         for c in &self.columns {
-            let mut add = |b: &DeviceBytes| {
-                let at = Arc::as_ptr(&b.buffer);
-                if !seen.contains(&at) {
-                    seen.push(at);
-                    held += b.buffer.len();
-                }
-            };
+            let mut views: Vec<&DeviceBytes> = Vec::with_capacity(3);
             match &c.values {
-                DeviceValues::Fixed { bytes, .. } | DeviceValues::Bits { bytes, .. } => add(bytes),
+                DeviceValues::Fixed { bytes, .. } | DeviceValues::Bits { bytes, .. } => {
+                    views.push(bytes);
+                }
                 DeviceValues::Utf8 { offsets, bytes }
                 | DeviceValues::LargeUtf8 { offsets, bytes } => {
-                    add(offsets);
-                    add(bytes);
+                    views.push(offsets);
+                    views.push(bytes);
                 }
             }
             if let Some(v) = &c.validity {
-                add(&v.bytes);
+                views.push(&v.bytes);
+            }
+            for view in views {
+                match seen.iter_mut().find(|(b, _)| Arc::ptr_eq(b, &view.buffer)) {
+                    Some((_, n)) => *n += 1,
+                    None => seen.push((&view.buffer, 1)),
+                }
             }
         }
-        held
+        seen
     }
 
     /// The device bytes of the batch's rows as a function of their count: what its first `r`

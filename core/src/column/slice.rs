@@ -16,8 +16,8 @@ use super::{DeviceBatch, DeviceBytes, DeviceColumn, DeviceValidity, DeviceValues
 use crate::error::{Result, SpateError};
 
 impl DeviceColumn {
-    /// Rows `start..start + rows`: a view, except a string column's offsets past row 0 (see
-    /// the module docs). The nulls are counted again when needed.
+    /// Rows `start..start + rows`: a view, but for a string column's offsets that do not start
+    /// at 0 (see the module docs). The nulls are counted again when needed.
     pub fn slice(&self, stream: &Stream, start: usize, rows: usize) -> Result<DeviceColumn> {
         if start.checked_add(rows).is_none_or(|end| end > self.len) {
             return Err(SpateError::Internal {
@@ -82,6 +82,12 @@ where
         + TryFrom<usize>
         + std::ops::Neg<Output = O>,
 {
+    if rows == 0 {
+        // No bytes, and the one offset 0.
+        let zero = stream.alloc_zeroed::<O>(1)?;
+        let none = DeviceBytes::range(&bytes.buffer, bytes.offset, 0);
+        return Ok((DeviceBytes::new(zero.into_bytes()), none));
+    }
     let all = offsets.typed::<O>()?;
     let own = all.slice(start..start + rows + 1)?;
     // Where the rows' bytes start and end, in one readback.

@@ -556,3 +556,20 @@ fn device_slices_concatenate_back_to_the_batch() {
         assert_eq!(a.as_ref(), b.as_ref(), "column {k} ({})", a.data_type());
     }
 }
+
+/// What dropping a batch frees: its allocations, unless something else views them too.
+#[test]
+fn unshared_bytes_leave_out_allocations_viewed_elsewhere() {
+    let stream = stream();
+    let batch = upload_batch(&stream, &batch_of(arrays(50, 7))).unwrap();
+    assert!(batch.held_bytes() > 0);
+    assert_eq!(batch.unshared_bytes(), batch.held_bytes());
+    let other = batch.clone();
+    assert_eq!(batch.unshared_bytes(), 0);
+    drop(other);
+    let part = batch.slice(&stream, 10, 20).unwrap();
+    // The slice's fixed-width columns view the batch's arena.
+    assert!(batch.unshared_bytes() < batch.held_bytes());
+    drop(part);
+    assert_eq!(batch.unshared_bytes(), batch.held_bytes());
+}

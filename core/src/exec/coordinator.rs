@@ -5,8 +5,8 @@
 //! Two kinds of holder register here:
 //! - the tables cached in device memory (`exec/cache.rs`): a table moved to the host is
 //!   uploaded again by its next scan;
-//! - the input a sort or a join build holds while its input still runs (`exec/held.rs`): it is
-//!   uploaded again when the operator needs it.
+//! - the input a sort, a join build, a final aggregation or a window holds while its input
+//!   still runs (`exec/held.rs`): it is uploaded again when the operator needs it.
 //!
 //! The rest of operators' state is not moved from outside: past their share of the budget,
 //! aggregations, joins and sorts spill their partitions and runs to the host themselves
@@ -36,7 +36,9 @@ pub(crate) struct SpillCoordinator {
 impl SpillCoordinator {
     /// Adds `entry`, forgotten once it is dropped.
     pub(crate) fn register(&self, entry: Weak<dyn Spillable>) {
-        self.lock().push(entry);
+        let mut entries = self.lock();
+        entries.retain(|e| e.strong_count() > 0);
+        entries.push(entry);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Weak<dyn Spillable>>> {

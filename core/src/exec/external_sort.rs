@@ -1,7 +1,8 @@
 //! A sort larger than its share of the device budget: its input sorted in runs on the device,
 //! each run moved to host memory, and the runs merged back through the device in rounds. A run
 //! that DataFusion's memory pool will not take goes to a temporary file of its `DiskManager`
-//! instead (`disk_spill.rs`), and is read back a window at a time as the merge reaches it.
+//! instead (`disk_spill.rs`), and is read back a window at a time as the merge reaches it:
+//! the round's rows of the run, and at most one slice of a sixteenth of a batch more.
 //!
 //! Each round takes a slice from the front of every run, bounded so that no row left behind
 //! in any run can sort before a row taken: the round's frontier is the smallest of the last
@@ -28,11 +29,14 @@ use super::spill::SpillOptions;
 use crate::column::{DeviceBatch, download_batch, upload_batches};
 use crate::error::{Result, SpateError};
 
+/// A run on disk is written in slices of this fraction of a batch (see [`Runs::push`]).
+const DISK_SLICES: usize = 16;
+
 /// A sorted run as it is kept until the merge.
 enum Stored {
     /// In host memory, charged to the runs' reservation.
     Memory(RecordBatch),
-    /// In a temporary file, in slices of about a batch.
+    /// In a temporary file, in slices of a sixteenth of a batch.
     Disk(Box<DiskPart>),
 }
 
@@ -88,7 +92,10 @@ impl Runs {
             return Ok(());
         }
         let mut part = DiskPart::create(&self.spill.context, &host.schema(), &self.spill.name)?;
-        let slice_rows = (self.spill.batch_bytes / size.div_ceil(rows).max(1)).max(1);
+        // Slices of a sixteenth of a batch: the merge holds a round's rows of each run and at
+        // most one slice more, however many runs there are (up to sixteen, about two batches).
+        let slice_bytes = (self.spill.batch_bytes / DISK_SLICES).max(1);
+        let slice_rows = (slice_bytes / size.div_ceil(rows).max(1)).max(1);
         for at in (0..rows).step_by(slice_rows) {
             part.append(&host.slice(at, slice_rows.min(rows - at)))?;
         }

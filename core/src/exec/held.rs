@@ -1,13 +1,16 @@
 //! Device batches an operator holds while its input still runs (a sort's input, a hash join's
-//! build side), registered with the spill coordinator (`coordinator.rs`): an operator that
-//! runs out of device memory meanwhile may have them moved to host memory (split-and-retry,
-//! `retry.rs`), and the holder uploads them again when it needs them.
+//! build side, a final aggregation's or a window's collected input), registered with the spill
+//! coordinator (`coordinator.rs`): an operator that runs out of device memory meanwhile may
+//! have them moved to host memory (split-and-retry, `retry.rs`), and the holder uploads them
+//! again when it needs them, one at a time where it uses them one at a time.
 //!
 //! A move takes the batches in the order they came, downloads each on the holder's stream and
 //! charges its host bytes to DataFusion's memory pool; it stops at the first the pool will not
-//! take. A holder busy with its batches (pushing or taking them) is passed over: the
-//! coordinator never waits for one. `EXPLAIN ANALYZE` shows `held_evicted_bytes` on a holder
-//! that was moved.
+//! take, and passes over batches whose allocations something else views too (a cached table's
+//! batches): moving those would free nothing. The holder's stream is synchronized after a move,
+//! so the memory let go of is free for any stream. A holder busy with its batches (pushing or
+//! taking them) is passed over: the coordinator never waits for one. `EXPLAIN ANALYZE` shows
+//! `held_evicted_bytes` on a holder that was moved.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
@@ -84,17 +87,43 @@ impl HeldBatches {
 
     /// Every held batch, in order, those on the host uploaded again; the holder is empty after.
     pub(crate) fn take(&self) -> Result<Vec<DeviceBatch>> {
-        let mut slots = self.lock();
-        let taken = std::mem::take(&mut slots.slots);
-        let mut batches = Vec::with_capacity(taken.len());
-        for slot in taken {
-            batches.push(match slot {
-                Slot::Device(batch) => batch,
-                Slot::Host(host) => upload_batches(&self.stream, &host.schema(), &[host])?,
-            });
-        }
-        slots.reservation.free();
+        let mut batches = Vec::new();
+        self.drain(|batch| {
+            batches.push(batch);
+            Ok(())
+        })?;
         Ok(batches)
+    }
+
+    /// Hands every held batch to `f`, in order, each on the host uploaded again just before;
+    /// the holder is empty after, whatever `f` returns.
+    pub(crate) fn drain(&self, mut f: impl FnMut(DeviceBatch) -> Result<()>) -> Result<()> {
+        let taken = std::mem::take(&mut self.lock().slots);
+        let mut outcome = Ok(());
+        for slot in taken {
+            let batch = match slot {
+                Slot::Device(batch) => batch,
+                Slot::Host(host) => {
+                    let size = host.get_array_memory_size();
+                    let uploaded = upload_batches(&self.stream, &host.schema(), &[host]);
+                    self.lock().reservation.shrink(size);
+                    match uploaded {
+                        Ok(batch) => batch,
+                        Err(e) => {
+                            outcome = Err(e);
+                            break;
+                        }
+                    }
+                }
+            };
+            if let Err(e) = f(batch) {
+                outcome = Err(e);
+                break;
+            }
+        }
+        // Those not handed over are dropped: nothing stays charged.
+        self.lock().reservation.free();
+        outcome
     }
 }
 
@@ -111,32 +140,50 @@ impl Spillable for HeldBatches {
             .slots
             .iter()
             .map(|slot| match slot {
-                Slot::Device(batch) => batch.held_bytes(),
+                Slot::Device(batch) => batch.unshared_bytes(),
                 Slot::Host(_) => 0,
             })
             .sum()
     }
 
-    /// Downloads the device batches, in order, until the memory pool refuses one; the device
-    /// bytes let go of (freed once nothing else holds them).
+    /// Downloads the device batches only they view, in order, until the memory pool refuses
+    /// one; the device bytes let go of.
     fn spill(&self) -> Result<usize> {
         let Ok(mut slots) = self.slots.try_lock() else {
             return Ok(0);
         };
         let Slots { slots, reservation } = &mut *slots;
         let mut freed = 0;
+        let mut failed = None;
         for slot in slots.iter_mut() {
             let Slot::Device(batch) = slot else {
                 continue;
             };
-            let host = download_batch(&self.stream, batch)?;
+            let bytes = batch.unshared_bytes();
+            if bytes == 0 {
+                continue;
+            }
+            let host = match download_batch(&self.stream, batch) {
+                Ok(host) => host,
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            };
             if reservation.try_grow(host.get_array_memory_size()).is_err() {
                 break;
             }
-            freed += batch.held_bytes();
+            freed += bytes;
             *slot = Slot::Host(host);
         }
-        self.evicted.add(freed);
-        Ok(freed)
+        if freed > 0 {
+            self.evicted.add(freed);
+            // The frees are ordered on this stream: done, the memory is free for any.
+            self.stream.synchronize()?;
+        }
+        match failed {
+            Some(e) if freed == 0 => Err(e),
+            _ => Ok(freed),
+        }
     }
 }

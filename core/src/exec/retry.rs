@@ -4,8 +4,8 @@
 //!
 //! 1. It asks the device's spill coordinator ([`crate::device::GpuContext::relieve_memory`])
 //!    to free what it can, least recently used first: cached tables not in use move to the
-//!    host until a scan needs them again, and so does the input sorts and join builds hold
-//!    until they need it (`exec/held.rs`).
+//!    host until a scan needs them again, and so does the input sorts, join builds, final
+//!    aggregations and windows hold until they need it (`exec/held.rs`).
 //! 2. It retries on the batch's two halves (`DeviceBatch::slice`: views, but for the rebased
 //!    offsets of string columns), and on their halves if they run out too, down to an eighth
 //!    of the batch: three splits.

@@ -38,6 +38,8 @@
 //! and only forgoes the pruning.
 
 pub(crate) mod codegen;
+mod fallback;
+mod outgrown;
 mod partitioned;
 mod plan;
 mod segments;
@@ -46,6 +48,8 @@ mod staged;
 
 pub(crate) use segments::SegmentAggregate;
 
+use self::fallback::states_on_cpu;
+use self::outgrown::Outgrown;
 use self::partitioned::Partitioned;
 use self::plan::{AggPlan, analyze};
 use self::sets::{empty_sets_batch, expand_sets};
@@ -54,15 +58,13 @@ use self::staged::{Staged, Stages};
 use std::fmt;
 use std::sync::Arc;
 
-use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::error::Result as DFResult;
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::aggregates::AggregateExec;
-use datafusion::physical_plan::execution_plan::{CardinalityEffect, ChildrenPropertiesMode};
+use datafusion::physical_plan::execution_plan::CardinalityEffect;
 use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet};
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, InputDistributionRequirements, PlanProperties,
@@ -604,9 +606,7 @@ impl GpuExec for GpuAggregateExec {
                 } else {
                     continue;
                 };
-                for b in batches.take().map_err(to_df)? {
-                    taken.push(&b).map_err(to_df)?;
-                }
+                batches.drain(|b| taken.push(&b)).map_err(to_df)?;
                 outgrown = Some(taken);
             }
             if let Some(outgrown) = outgrown {
@@ -653,62 +653,4 @@ impl GpuExec for GpuAggregateExec {
             futures::future::ready(!grouped || b.bound() > 0)
         })))
     }
-}
-
-/// An aggregation past its share of the budget: in stages, or partition by partition.
-enum Outgrown {
-    Staged(Box<Staged>),
-    Partitioned(Box<Partitioned>),
-}
-
-impl Outgrown {
-    fn push(&mut self, batch: &DeviceBatch) -> Result<()> {
-        match self {
-            Outgrown::Staged(s) => s.push(batch),
-            Outgrown::Partitioned(p) => p.push(batch),
-        }
-    }
-
-    fn finish(self) -> Result<Finishing> {
-        Ok(match self {
-            Outgrown::Staged(s) => Finishing::Staged(Box::new(s.finish()?)),
-            Outgrown::Partitioned(p) => Finishing::Partitioned(Box::new(p.finish())),
-        })
-    }
-}
-
-/// The output of an [`Outgrown`] aggregation, batch by batch.
-enum Finishing {
-    Staged(Box<staged::Finishing>),
-    Partitioned(Box<partitioned::Finishing>),
-}
-
-impl Finishing {
-    fn next_batch(&mut self) -> Result<Option<DeviceBatch>> {
-        match self {
-            Finishing::Staged(f) => f.next_batch(),
-            Finishing::Partitioned(f) => f.next_batch(),
-        }
-    }
-}
-
-/// A partial aggregation's states for `rows`, computed by its CPU twin (DataFusion's own
-/// `AggregateExec`, over the rows as its only input): split-and-retry's fallback for a piece
-/// that still runs out of device memory. The states have DataFusion's layout, as the GPU's do.
-fn states_on_cpu(
-    cpu: &Arc<AggregateExec>,
-    context: &Arc<TaskContext>,
-    rows: RecordBatch,
-) -> DFResult<RecordBatch> {
-    let source = MemorySourceConfig::try_new_exec(&[vec![rows]], cpu.input().schema(), None)?;
-    // The rows are a slice of the input's partition, with its properties (its order).
-    let twin = Arc::clone(cpu).replace_children(
-        vec![source as Arc<dyn ExecutionPlan>],
-        ReplaceChildrenOptions::new(ChildrenPropertiesMode::Keep),
-    )?;
-    // DataFusion's aggregation over batches in memory never waits on anything outside it.
-    let states = futures::executor::block_on(datafusion::physical_plan::common::collect(
-        twin.execute(0, Arc::clone(context))?,
-    ))?;
-    Ok(arrow::compute::concat_batches(&cpu.schema(), &states)?)
 }

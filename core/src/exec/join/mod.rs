@@ -577,9 +577,7 @@ impl GpuExec for GpuHashJoinExec {
                             TOP_SHIFT,
                             &build_spill,
                         );
-                        for b in batches.take().map_err(to_df)? {
-                            parts.spill(&stream, &b).map_err(to_df)?;
-                        }
+                        batches.drain(|b| parts.spill(&stream, &b)).map_err(to_df)?;
                         spilled = Some(parts);
                     }
                 }

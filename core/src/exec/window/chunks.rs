@@ -4,11 +4,11 @@
 //! The input arrives sorted on the partition keys, so each window partition is a run of
 //! consecutive rows. Once what the window holds passes its share, the rows before the last
 //! partition start are whole partitions: they are windowed and emitted, and the last
-//! partition, which may go on in the next batch, is held with the batches that follow. The
-//! output keeps the input's order, as a single pass would. A partition larger than the share
-//! (and a window without PARTITION BY, one partition) is held whole: after a cut that found one
-//! partition, the window waits for twice as much before trying again. `window_chunks` in
-//! `EXPLAIN ANALYZE` counts the cuts.
+//! partition, which may go on in the next batch, is copied out and held with the batches that
+//! follow (the rows before it are freed with the output). The output keeps the input's order,
+//! as a single pass would. A partition larger than the share (and a window without PARTITION
+//! BY, one partition) is held whole: after a cut that found one partition, the window holds
+//! twice as much before it tries again. `window_chunks` in `EXPLAIN ANALYZE` counts the cuts.
 
 use std::sync::Arc;
 
@@ -17,7 +17,7 @@ use datafusion::physical_plan::metrics::Count;
 use spate_kernels::Stream as DeviceStream;
 
 use super::{Kernels, WindowPlan, last_partition_start};
-use crate::column::{DeviceBatch, concat_device_batches};
+use crate::column::{DeviceBatch, concat_device_batches, copy_device_batch};
 use crate::error::Result;
 use crate::exec::held::HeldBatches;
 
@@ -33,8 +33,11 @@ pub(super) struct Chunks {
     /// The held rows' device bytes and rows.
     bytes: usize,
     rows: usize,
-    /// What the held rows must take before the next cut is tried.
-    threshold: usize,
+    /// The window's share of the budget.
+    limit: usize,
+    /// What the held rows must take before the next cut is tried: 0 after a cut that found
+    /// whole partitions, twice what was held after one that found a single partition.
+    next_try: usize,
     /// The batches' schema (the input's, with computed keys appended).
     schema: SchemaRef,
     /// Whether cuts may be made: the window has partition keys.
@@ -54,7 +57,8 @@ impl Chunks {
             held,
             bytes: 0,
             rows: 0,
-            threshold: limit,
+            limit,
+            next_try: 0,
             schema,
             cuts: !plan.partition.is_empty(),
             chunks,
@@ -73,7 +77,9 @@ impl Chunks {
         self.rows += batch.bound();
         self.held.push(batch);
         let needed = 2 * self.bytes + BYTES_PER_ROW * self.rows;
-        if !self.cuts || !crate::exec::memory::should_spill(needed, self.threshold, stream.device())
+        if !self.cuts
+            || needed < self.next_try
+            || !crate::exec::memory::should_spill(needed, self.limit, stream.device())
         {
             return Ok(None);
         }
@@ -86,13 +92,17 @@ impl Chunks {
         };
         if start == 0 {
             // One partition so far: held whole until it has doubled.
-            self.threshold = self.threshold.max(needed.saturating_mul(2));
+            self.next_try = needed.saturating_mul(2);
             self.hold(all);
             return Ok(None);
         }
         self.chunks.add(1);
+        self.next_try = 0;
         let whole = all.slice(stream, 0, start)?;
-        self.hold(all.slice(stream, start, n - start)?);
+        // A copy: a view would keep all the rows allocated while the last partition is held.
+        let last = copy_device_batch(stream, &all.slice(stream, start, n - start)?)?;
+        drop(all);
+        self.hold(last);
         Ok(Some(whole))
     }
 
