@@ -244,6 +244,18 @@ async fn a_join_probe_that_runs_out_retries_on_halves() {
     // Every allocation fails in turn: the probe's are retried on halves.
     let retried = walk(&gpu, &cpu, sql, "GpuHashJoinExec", "oom_splits").await;
     assert!(retried > 0, "no probe allocation was retried");
+    // Two failures in a row: a probe batch that runs out, and then so do its halves' string
+    // offsets, is joined by DataFusion's hash join, for joins that decide on probe rows alone.
+    let join = ("GpuHashJoinExec", "cpu_fallbacks");
+    for sql in [
+        sql,
+        // A right join on the GPU: `b`, the smaller, is built.
+        "SELECT a.k, a.s, b.v FROM a LEFT JOIN b ON a.k = b.k AND a.v < b.v",
+        "SELECT b.k, b.s FROM b WHERE b.k IN (SELECT k FROM a WHERE v < 500)",
+    ] {
+        let fell_back = walk_until(&gpu, &cpu, sql, join, 2, 1).await;
+        assert!(fell_back > 0, "{sql}: no probe piece ran on the CPU");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -78,6 +78,7 @@ pub mod coalesce;
 pub mod column_facts;
 pub(crate) mod coordinator;
 pub mod counted;
+mod cpu_twin;
 pub mod cross_join;
 pub(crate) mod device_counts;
 mod disk_spill;

@@ -10,10 +10,11 @@
 //!    offsets of string columns), and on their halves if they run out too, down to an eighth
 //!    of the batch: three splits.
 //! 3. A piece that still runs out after three splits runs on the CPU: downloaded, computed by
-//!    the operator's CPU twin (DataFusion's own expressions, or its partial aggregation), and
-//!    uploaded again for the GPU operator above. So does a piece too short of memory even for
-//!    its halves' offsets. A probe's piece fails instead: it has no CPU twin here (the build
-//!    side is a hash table on the device).
+//!    the operator's CPU twin (DataFusion's own expressions, partial aggregation or hash join;
+//!    `cpu_twin.rs`), and uploaded again for the GPU operator above. So does a piece too short
+//!    of memory even for its halves' offsets. A probe piece of a join that records on the
+//!    device which build rows matched (left, full, left semi, anti and mark joins) fails
+//!    instead (`join/fallback.rs`).
 //!
 //! An upload that runs out (`exec/upload.rs`) only asks the coordinator for room and tries once
 //! more: its host batches are already as small as a device batch.
@@ -142,6 +143,11 @@ impl Retry {
             }
         }
         Ok(out)
+    }
+
+    /// Counts a piece computed on the CPU by a caller that splits on its own (a probe).
+    pub(crate) fn fell_back(&self) {
+        self.counts().fallbacks.add(1);
     }
 
     /// Asks the spill coordinator to free about `want` device bytes; the bytes it let go of,

@@ -24,6 +24,7 @@
 
 mod build;
 mod codegen;
+mod fallback;
 mod grace;
 mod mark;
 mod probe;
@@ -50,6 +51,7 @@ use spate_kernels::{DeviceSlice, Stream as DeviceStream};
 
 use self::build::{BuildSide, build_side};
 use self::codegen::JoinProgram;
+use self::fallback::CpuProbe;
 use self::grace::{Grace, Step};
 use self::probe::ProbeState;
 use super::batching::KeepsCounts;
@@ -666,6 +668,11 @@ impl GpuExec for GpuHashJoinExec {
                 totals_read: 0,
                 retry,
                 split_left: Vec::new(),
+                cpu: Some(CpuProbe {
+                    twin: Arc::clone(&self.cpu),
+                    context: Arc::clone(&context),
+                    build: None,
+                }),
             },
             Some(Box::pin(build)
                 as std::pin::Pin<

@@ -36,6 +36,7 @@ use spate_kernels::compact::{self, Mask};
 use spate_kernels::{DeviceBuffer, DeviceSlice, KernelArg, Stream as DeviceStream};
 
 use super::build::BuildSide;
+use super::fallback::CpuProbe;
 use super::mark::{marked_batch, marks_build_rows, probe_range, wants_matches};
 use super::{JoinPlan, Once, assemble, assemble_counted};
 use crate::column::{
@@ -92,6 +93,8 @@ pub(super) struct ProbeState {
     pub(super) retry: Retry,
     /// The halves of split probe batches still to probe, with their splits, last first.
     pub(super) split_left: Vec<(DeviceBatch, u32)>,
+    /// Joins a piece that still runs out on the CPU (`fallback.rs`).
+    pub(super) cpu: Option<CpuProbe>,
 }
 
 /// One probe batch's matches, emitted a chunk of whole probe rows at a time.
@@ -147,6 +150,9 @@ impl ProbeState {
     /// Takes the build side, once it is ready, before the first probe batch.
     pub(super) fn set_build(&mut self, side: Arc<BuildSide>) {
         self.build = Some(side);
+        if let Some(cpu) = self.cpu.as_mut() {
+            cpu.build = None;
+        }
         self.keeps_counts
             .set(self.probes_unique() || self.pairs_by_build);
     }
@@ -214,8 +220,8 @@ impl ProbeState {
     /// Looks a probe batch up; returns its first output batch (the rest comes from
     /// [`ProbeState::next_chunk`]). Out of device memory, the batch is split in halves: the
     /// first is probed now, the second waits in [`ProbeState::take_split`] (down to an eighth;
-    /// a piece that runs out then fails the query, as a probe has no CPU twin without its
-    /// build side on the host).
+    /// a piece that runs out then is joined on the CPU where the join type allows it, see
+    /// `fallback.rs`, and fails the query where it does not).
     pub(super) fn probe(&mut self, batch: &DeviceBatch) -> Result<Option<DeviceBatch>> {
         self.probe_piece(batch.clone(), 0)
     }
@@ -232,7 +238,10 @@ impl ProbeState {
                     self.split_left.push((second, splits + 1));
                     self.probe_piece(first, splits + 1)
                 }
-                None => Err(e),
+                None => match self.probe_on_cpu(&batch)? {
+                    Some(out) => Ok(Some(out)),
+                    None => Err(e),
+                },
             },
             other => other,
         }
