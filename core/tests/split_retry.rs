@@ -246,6 +246,10 @@ async fn a_join_probe_that_runs_out_retries_on_halves() {
     assert!(retried > 0, "no probe allocation was retried");
     // Two failures in a row: a probe batch that runs out, and then so do its halves' string
     // offsets, is joined by DataFusion's hash join, for joins that decide on probe rows alone.
+    // Output batches of 64 KiB: a piece's CPU output goes up in several.
+    gpu.collect("SET spate.gpu.batch_bytes = 65536")
+        .await
+        .unwrap();
     let join = ("GpuHashJoinExec", "cpu_fallbacks");
     for sql in [
         sql,

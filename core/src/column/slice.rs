@@ -85,7 +85,7 @@ where
     if rows == 0 {
         // No bytes, and the one offset 0.
         let zero = stream.alloc_zeroed::<O>(1)?;
-        let none = DeviceBytes::range(&bytes.buffer, bytes.offset, 0);
+        let none = DeviceBytes::new(stream.alloc::<u8>(0)?);
         return Ok((DeviceBytes::new(zero.into_bytes()), none));
     }
     let all = offsets.typed::<O>()?;

@@ -17,14 +17,23 @@ pub(crate) fn rows_input(rows: RecordBatch, schema: SchemaRef) -> DFResult<Arc<d
 }
 
 /// The rows of `plan`'s partition 0, whose inputs are rows in memory ([`rows_input`]), in one
-/// batch. It runs on this thread, which waits for it: DataFusion's operators over rows in
-/// memory wait on nothing outside them, but its memory source yields when the tokio task's
-/// budget runs out, and the task cannot yield here, so it runs without a budget.
+/// batch (see [`run_batches`]).
 pub(crate) fn run(
     plan: &Arc<dyn ExecutionPlan>,
     context: &Arc<TaskContext>,
 ) -> DFResult<RecordBatch> {
-    let rows = datafusion::physical_plan::common::collect(plan.execute(0, Arc::clone(context))?);
-    let batches = futures::executor::block_on(tokio::task::coop::unconstrained(rows))?;
+    let batches = run_batches(plan, context)?;
     Ok(arrow::compute::concat_batches(&plan.schema(), &batches)?)
+}
+
+/// The batches of `plan`'s partition 0, whose inputs are rows in memory ([`rows_input`]). It
+/// runs on this thread, which waits for it: DataFusion's operators over rows in memory wait on
+/// nothing outside them, but its memory source yields when the tokio task's budget runs out,
+/// and the task cannot yield here, so it runs without a budget.
+pub(crate) fn run_batches(
+    plan: &Arc<dyn ExecutionPlan>,
+    context: &Arc<TaskContext>,
+) -> DFResult<Vec<RecordBatch>> {
+    let rows = datafusion::physical_plan::common::collect(plan.execute(0, Arc::clone(context))?);
+    futures::executor::block_on(tokio::task::coop::unconstrained(rows))
 }

@@ -1,6 +1,8 @@
 //! The CPU half of split-and-retry for a join's probe (`exec/retry.rs`): a probe piece that
 //! still runs out of device memory after three splits is joined by DataFusion's own hash join,
-//! against the build side downloaded (once per build side), and the result is uploaded again.
+//! against the build side downloaded (once per build side and probe partition; DataFusion
+//! builds its hash table again for each piece). The output goes up a batch of about the batch
+//! size at a time, as the GPU probe's chunks do, each when it is emitted.
 //!
 //! Only for joins that decide on probe rows alone (inner, right outer, right semi, anti and
 //! mark): a piece's output needs nothing from the other pieces. Left, full, left semi, anti
@@ -26,6 +28,8 @@ pub(super) struct CpuProbe {
     pub(super) context: Arc<datafusion::execution::TaskContext>,
     /// The current build side's rows on the host, once a piece needed them.
     pub(super) build: Option<arrow::array::RecordBatch>,
+    /// The rest of a piece's output, still on the host, in batches of about the batch size.
+    pub(super) out: std::collections::VecDeque<arrow::array::RecordBatch>,
 }
 
 /// Whether a join of `join_type` may probe a piece on the CPU (see the module docs).
@@ -79,8 +83,32 @@ impl ProbeState {
             .reset_state()
             .recompute_properties()
             .build_exec()?;
-        let rows = cpu_twin::run(&join, &cpu.context)?;
+        let batches = cpu_twin::run_batches(&join, &cpu.context)?;
         self.retry.fell_back();
+        let batch_bytes = self.batch_bytes.max(1);
+        if let Some(cpu) = self.cpu.as_mut() {
+            for batch in batches {
+                let rows = batch.num_rows();
+                let row_bytes = crate::exec::upload::sliced_bytes(&batch).div_ceil(rows.max(1));
+                let step = (batch_bytes / row_bytes.max(1)).max(1);
+                for at in (0..rows).step_by(step) {
+                    cpu.out.push_back(batch.slice(at, step.min(rows - at)));
+                }
+            }
+        }
+        self.next_cpu_chunk()
+    }
+
+    /// The next batch of a piece's output joined on the CPU, uploaded; `None` when none is left.
+    pub(super) fn next_cpu_chunk(&mut self) -> Result<Option<DeviceBatch>> {
+        let Some(rows) = self.cpu.as_mut().and_then(|cpu| cpu.out.pop_front()) else {
+            return Ok(None);
+        };
         Ok(Some(upload_batches(&self.stream, &self.schema, &[rows])?))
+    }
+
+    /// Whether a piece joined on the CPU has output left.
+    pub(super) fn has_cpu_chunks(&self) -> bool {
+        self.cpu.as_ref().is_some_and(|cpu| !cpu.out.is_empty())
     }
 }

@@ -672,6 +672,7 @@ impl GpuExec for GpuHashJoinExec {
                     twin: Arc::clone(&self.cpu),
                     context: Arc::clone(&context),
                     build: None,
+                    out: std::collections::VecDeque::new(),
                 }),
             },
             Some(Box::pin(build)
@@ -770,6 +771,9 @@ impl GpuExec for GpuHashJoinExec {
                         Err(e) => {
                             s.chunks = None;
                             s.split_left.clear();
+                            if let Some(cpu) = s.cpu.as_mut() {
+                                cpu.out.clear();
+                            }
                             return Some((Err(to_df(e)), (s, None, probe, true, None, spill)));
                         }
                     }

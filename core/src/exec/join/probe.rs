@@ -212,9 +212,9 @@ impl ProbeState {
         })
     }
 
-    /// True while the current probe batch has output left.
+    /// True while the current probe batch (or a piece of it joined on the CPU) has output left.
     pub(super) fn has_chunks(&self) -> bool {
-        self.chunks.is_some()
+        self.chunks.is_some() || self.has_cpu_chunks()
     }
 
     /// Looks a probe batch up; returns its first output batch (the rest comes from
@@ -449,7 +449,7 @@ impl ProbeState {
     fn next_chunk_timed(&mut self) -> Result<Option<DeviceBatch>> {
         loop {
             let Some(mut chunks) = self.chunks.take() else {
-                return Ok(None);
+                return self.next_cpu_chunk();
             };
             if chunks.next + 1 >= chunks.bounds.len() {
                 return Ok(None);

@@ -99,8 +99,14 @@ impl Chunks {
         self.chunks.add(1);
         self.next_try = 0;
         let whole = all.slice(stream, 0, start)?;
-        // A copy: a view would keep all the rows allocated while the last partition is held.
-        let last = copy_device_batch(stream, &all.slice(stream, start, n - start)?)?;
+        // A copy: a view would keep all the rows allocated while the last partition is held
+        // (but a view where the copy does not fit).
+        let tail = all.slice(stream, start, n - start)?;
+        let last = match copy_device_batch(stream, &tail) {
+            Ok(copy) => copy,
+            Err(e) if crate::exec::retry::runs_out_of_device(&e) => tail,
+            Err(e) => return Err(e),
+        };
         drop(all);
         self.hold(last);
         Ok(Some(whole))
