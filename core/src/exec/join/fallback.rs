@@ -46,54 +46,48 @@ pub(super) fn decides_on_probe_rows(join_type: JoinType, null_aware: bool) -> bo
 }
 
 impl ProbeState {
-    /// `piece` joined on the CPU, uploaded; `None` where the join does not allow it.
+    /// `piece` joined on the CPU, its first output batch uploaded (the rest waits in
+    /// [`ProbeState::next_cpu_chunk`]); `None` where the join does not allow it.
     pub(super) fn probe_on_cpu(&mut self, piece: &DeviceBatch) -> Result<Option<DeviceBatch>> {
-        if self.cpu.is_none() || !decides_on_probe_rows(self.join_type, self.null_aware) {
+        if !decides_on_probe_rows(self.join_type, self.null_aware) {
             return Ok(None);
         }
-        let build = match self.cpu.as_ref().and_then(|c| c.build.clone()) {
-            Some(rows) => rows,
+        let build = match &self.cpu.build {
+            Some(rows) => rows.clone(),
             None => {
                 let rows = download_batch(&self.stream, &self.build()?.batch)?;
-                if let Some(cpu) = self.cpu.as_mut() {
-                    cpu.build = Some(rows.clone());
-                }
+                self.cpu.build = Some(rows.clone());
                 rows
             }
         };
-        let Some(cpu) = self.cpu.as_ref() else {
-            return Ok(None);
-        };
-        let exec = cpu
+        let exec = self
+            .cpu
             .twin
             .downcast_ref::<HashJoinExec>()
             .ok_or_else(|| SpateError::Internal {
                 message: "a GPU hash join whose CPU twin is not a hash join".into(),
             })?;
         let probe = download_batch(&self.stream, piece)?;
-        let (left, right) = (exec.left().schema(), exec.right().schema());
         let join = exec
             .builder()
             .with_new_children(vec![
-                cpu_twin::rows_input(build, left)?,
-                cpu_twin::rows_input(probe, right)?,
+                cpu_twin::rows_input(build, exec.left().schema())?,
+                cpu_twin::rows_input(probe, exec.right().schema())?,
             ])?
             .with_partition_mode(PartitionMode::CollectLeft)
             .with_fetch(None)
             .reset_state()
             .recompute_properties()
             .build_exec()?;
-        let batches = cpu_twin::run_batches(&join, &cpu.context)?;
+        let batches = cpu_twin::run_batches(&join, &self.cpu.context)?;
         self.retry.fell_back();
         let batch_bytes = self.batch_bytes.max(1);
-        if let Some(cpu) = self.cpu.as_mut() {
-            for batch in batches {
-                let rows = batch.num_rows();
-                let row_bytes = crate::exec::upload::sliced_bytes(&batch).div_ceil(rows.max(1));
-                let step = (batch_bytes / row_bytes.max(1)).max(1);
-                for at in (0..rows).step_by(step) {
-                    cpu.out.push_back(batch.slice(at, step.min(rows - at)));
-                }
+        for batch in batches {
+            let rows = batch.num_rows();
+            let row_bytes = crate::exec::upload::sliced_bytes(&batch).div_ceil(rows.max(1));
+            let step = (batch_bytes / row_bytes.max(1)).max(1);
+            for at in (0..rows).step_by(step) {
+                self.cpu.out.push_back(batch.slice(at, step.min(rows - at)));
             }
         }
         self.next_cpu_chunk()
@@ -101,7 +95,7 @@ impl ProbeState {
 
     /// The next batch of a piece's output joined on the CPU, uploaded; `None` when none is left.
     pub(super) fn next_cpu_chunk(&mut self) -> Result<Option<DeviceBatch>> {
-        let Some(rows) = self.cpu.as_mut().and_then(|cpu| cpu.out.pop_front()) else {
+        let Some(rows) = self.cpu.out.pop_front() else {
             return Ok(None);
         };
         Ok(Some(upload_batches(&self.stream, &self.schema, &[rows])?))
@@ -109,6 +103,6 @@ impl ProbeState {
 
     /// Whether a piece joined on the CPU has output left.
     pub(super) fn has_cpu_chunks(&self) -> bool {
-        self.cpu.as_ref().is_some_and(|cpu| !cpu.out.is_empty())
+        !self.cpu.out.is_empty()
     }
 }

@@ -668,12 +668,12 @@ impl GpuExec for GpuHashJoinExec {
                 totals_read: 0,
                 retry,
                 split_left: Vec::new(),
-                cpu: Some(CpuProbe {
+                cpu: CpuProbe {
                     twin: Arc::clone(&self.cpu),
                     context: Arc::clone(&context),
                     build: None,
                     out: std::collections::VecDeque::new(),
-                }),
+                },
             },
             Some(Box::pin(build)
                 as std::pin::Pin<
@@ -771,9 +771,7 @@ impl GpuExec for GpuHashJoinExec {
                         Err(e) => {
                             s.chunks = None;
                             s.split_left.clear();
-                            if let Some(cpu) = s.cpu.as_mut() {
-                                cpu.out.clear();
-                            }
+                            s.cpu.out.clear();
                             return Some((Err(to_df(e)), (s, None, probe, true, None, spill)));
                         }
                     }

@@ -94,7 +94,7 @@ pub(super) struct ProbeState {
     /// The halves of split probe batches still to probe, with their splits, last first.
     pub(super) split_left: Vec<(DeviceBatch, u32)>,
     /// Joins a piece that still runs out on the CPU (`fallback.rs`).
-    pub(super) cpu: Option<CpuProbe>,
+    pub(super) cpu: CpuProbe,
 }
 
 /// One probe batch's matches, emitted a chunk of whole probe rows at a time.
@@ -150,9 +150,7 @@ impl ProbeState {
     /// Takes the build side, once it is ready, before the first probe batch.
     pub(super) fn set_build(&mut self, side: Arc<BuildSide>) {
         self.build = Some(side);
-        if let Some(cpu) = self.cpu.as_mut() {
-            cpu.build = None;
-        }
+        self.cpu.build = None;
         self.keeps_counts
             .set(self.probes_unique() || self.pairs_by_build);
     }
