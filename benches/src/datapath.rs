@@ -31,7 +31,21 @@ pub struct DataPath {
     /// The Arrow size of the result, bytes.
     pub result_bytes: u64,
     /// The modeled H200 time, milliseconds ([`spate::ModelInputs`]): a model, not a measurement.
+    /// With several devices, the slowest device's (each device's own launches, syncs, bus
+    /// bytes, the exchanges' included, and device bytes; see [`DataPath::of`]).
     pub modeled_h200_ms: f64,
+    /// Devices the run used.
+    #[serde(default = "one")]
+    pub devices: usize,
+    /// Each device's modeled H200 time, milliseconds (one entry per device).
+    #[serde(default)]
+    pub device_modeled_ms: Vec<f64>,
+    /// Bytes the exchanges between devices moved to another device.
+    #[serde(default)]
+    pub exchange_bytes: u64,
+    /// Bytes the exchanges moved through the host back to the device they were on.
+    #[serde(default)]
+    pub exchange_local_bytes: u64,
     /// Milliseconds the copy streams spent uploading CPU operators' output (measured: device
     /// time on `cuda`, host time on the emulator).
     #[serde(default)]
@@ -42,19 +56,55 @@ pub struct DataPath {
     pub upload_wait_ms: f64,
 }
 
+fn one() -> usize {
+    1
+}
+
 impl DataPath {
     /// The data path of `run`, which ran on a GPU backend.
+    ///
+    /// With several devices each one's time is modeled from its own counts (launches, syncs,
+    /// bus bytes, device bytes of the operator partitions it ran), and the query's is the
+    /// slowest device's: the devices work at once. An exchange between devices goes through
+    /// the host today, so its bytes are in the two devices' bus bytes, at PCIe's 50 GB/s each
+    /// way (a peer copy over NVLink would be modeled at 400 GB/s; none is made yet).
     pub fn of(run: &QueryRun) -> DataPath {
         let traffic = run.device_traffic();
         let device_bytes = traffic.read_bytes + traffic.write_bytes;
         let r = run.runtime;
-        let modeled = ModelInputs {
-            device_bytes,
-            bus_bytes: r.bus_bytes(),
-            host_syncs: r.host_syncs,
-            launches: r.launches,
-        }
-        .modeled_h200();
+        let devices = run.per_device.len().max(1);
+        let per_device_bytes = run.device_bytes_per_device(devices);
+        let device_modeled_ms: Vec<f64> = if run.per_device.is_empty() {
+            vec![
+                ModelInputs {
+                    device_bytes,
+                    bus_bytes: r.bus_bytes(),
+                    host_syncs: r.host_syncs,
+                    launches: r.launches,
+                }
+                .modeled_h200()
+                .as_secs_f64()
+                    * 1e3,
+            ]
+        } else {
+            run.per_device
+                .iter()
+                .zip(&per_device_bytes)
+                .map(|(c, &bytes)| {
+                    ModelInputs {
+                        device_bytes: bytes,
+                        bus_bytes: c.bus_bytes(),
+                        host_syncs: c.host_syncs,
+                        launches: c.launches,
+                    }
+                    .modeled_h200()
+                    .as_secs_f64()
+                        * 1e3
+                })
+                .collect()
+        };
+        let modeled_ms = device_modeled_ms.iter().copied().fold(0.0, f64::max);
+        let (exchange_bytes, exchange_local_bytes) = run.exchange_bytes();
         DataPath {
             launches: r.launches,
             host_syncs: r.host_syncs,
@@ -65,7 +115,11 @@ impl DataPath {
             peak_device_bytes: run.peak_device_bytes,
             host_exchanges: run.placement.host_exchanges.len() as u64,
             result_bytes: run.result_bytes(),
-            modeled_h200_ms: modeled.as_secs_f64() * 1e3,
+            modeled_h200_ms: modeled_ms,
+            devices,
+            device_modeled_ms,
+            exchange_bytes,
+            exchange_local_bytes,
             upload_copy_ms: traffic.upload_copy.as_secs_f64() * 1e3,
             upload_wait_ms: traffic.upload_wait.as_secs_f64() * 1e3,
         }

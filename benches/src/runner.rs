@@ -30,10 +30,14 @@ pub struct QueryRun {
     pub compile: CompileStats,
     /// The executed plan, with its metrics.
     pub plan: Arc<dyn ExecutionPlan>,
-    /// The device's runtime calls during the execution, counted by the kernel runtime (zero on
-    /// `cpu`). Another query running on the engine at the same time would be counted too.
+    /// The devices' runtime calls during the execution, counted by the kernel runtime, summed
+    /// over the devices (zero on `cpu`). Another query running on the engine at the same time
+    /// would be counted too.
     pub runtime: CounterSnapshot,
-    /// The most device memory in use during the execution (zero on `cpu`).
+    /// The same, per device, in the engine's device order (empty on `cpu`).
+    pub per_device: Vec<CounterSnapshot>,
+    /// The most device memory in use during the execution, the largest of the devices' (zero on
+    /// `cpu`).
     pub peak_device_bytes: u64,
 }
 
@@ -69,6 +73,52 @@ impl QueryRun {
         let mut traffic = DeviceTraffic::default();
         add_traffic(self.plan.as_ref(), &mut traffic);
         traffic
+    }
+
+    /// [`QueryRun::device_traffic`]'s read and written bytes per device, for `devices`
+    /// devices: an operator partition `p` ran on device `p % devices` (`spate::plan::devices`).
+    pub fn device_bytes_per_device(&self, devices: usize) -> Vec<u64> {
+        let mut bytes = vec![0u64; devices.max(1)];
+        add_device_bytes(self.plan.as_ref(), &mut bytes);
+        bytes
+    }
+
+    /// Bytes the exchanges between devices moved to another device, and through the host back
+    /// to the device they were on (`exchange_bytes`, `exchange_local_bytes`).
+    pub fn exchange_bytes(&self) -> (u64, u64) {
+        let mut moved = (0, 0);
+        add_exchange_bytes(self.plan.as_ref(), &mut moved);
+        moved
+    }
+}
+
+fn add_device_bytes(plan: &dyn ExecutionPlan, bytes: &mut [u64]) {
+    if let Some(metrics) = plan.metrics() {
+        for metric in metrics.iter() {
+            let name = metric.value().name();
+            if name != spate::metrics::DEV_READ_BYTES && name != spate::metrics::DEV_WRITE_BYTES {
+                continue;
+            }
+            let device = metric.partition().unwrap_or(0) % bytes.len();
+            bytes[device] += metric.value().as_usize() as u64;
+        }
+    }
+    for child in plan.children() {
+        add_device_bytes(child.as_ref(), bytes);
+    }
+}
+
+fn add_exchange_bytes(plan: &dyn ExecutionPlan, moved: &mut (u64, u64)) {
+    if let Some(metrics) = plan.metrics() {
+        let count = |name| match metrics.sum_by_name(name) {
+            Some(MetricValue::Count { count, .. }) => count.value() as u64,
+            _ => 0,
+        };
+        moved.0 += count(spate::metrics::EXCHANGE_BYTES);
+        moved.1 += count(spate::metrics::EXCHANGE_LOCAL_BYTES);
+    }
+    for child in plan.children() {
+        add_exchange_bytes(child.as_ref(), moved);
     }
 }
 
@@ -121,18 +171,33 @@ pub async fn run_query(engine: &Engine, sql: &str) -> Result<QueryRun, SpateErro
     let plan_time = started.elapsed();
     let placement = placement(&plan);
     let compiled_before = engine.gpu().map(|g| g.compile_stats()).unwrap_or_default();
-    let device = engine.gpu().map(|g| g.device().clone());
-    let counted_before = device.as_ref().map(|d| {
-        d.reset_memory_peak();
-        d.counters()
-    });
+    let devices: Vec<_> = engine
+        .gpu()
+        .map(|g| g.devices().to_vec())
+        .unwrap_or_default();
+    let counted_before: Vec<CounterSnapshot> = devices
+        .iter()
+        .map(|d| {
+            d.reset_memory_peak();
+            d.counters()
+        })
+        .collect();
     let started = Instant::now();
     let batches = collect(Arc::clone(&plan), engine.context().task_ctx()).await?;
     let execute_time = started.elapsed();
-    let (runtime, peak_device_bytes) = match (&device, counted_before) {
-        (Some(d), Some(before)) => (d.counters() - before, d.memory_stats().peak_bytes as u64),
-        _ => (CounterSnapshot::default(), 0),
-    };
+    let per_device: Vec<CounterSnapshot> = devices
+        .iter()
+        .zip(counted_before)
+        .map(|(d, before)| d.counters() - before)
+        .collect();
+    let runtime = per_device
+        .iter()
+        .fold(CounterSnapshot::default(), |sum, d| sum + *d);
+    let peak_device_bytes = devices
+        .iter()
+        .map(|d| d.memory_stats().peak_bytes as u64)
+        .max()
+        .unwrap_or(0);
     let compile = engine
         .gpu()
         .map(|g| g.compile_stats().since(&compiled_before))
@@ -145,6 +210,7 @@ pub async fn run_query(engine: &Engine, sql: &str) -> Result<QueryRun, SpateErro
         compile,
         plan,
         runtime,
+        per_device,
         peak_device_bytes,
     })
 }

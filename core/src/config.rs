@@ -44,6 +44,105 @@ impl Backend {
     }
 }
 
+/// Which devices a session runs on: `--devices 4`, `--devices cuda:0,1,3`.
+///
+/// A count on the emulator opens that many emulated devices, each with its own memory budget,
+/// streams and memory. On `cuda` it takes the first devices; past the devices the machine has
+/// it opens logical devices on them in turn (two on one GPU share it, each with its own pool),
+/// so the multi-device code paths run on a machine with one GPU too. A list names the CUDA
+/// ordinals; on the emulator it only names the devices.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Devices {
+    /// This many devices.
+    Count(usize),
+    /// These ordinals, in this order.
+    Ordinals(Vec<usize>),
+}
+
+impl Default for Devices {
+    fn default() -> Self {
+        Devices::Count(1)
+    }
+}
+
+impl Devices {
+    /// How many devices.
+    pub fn len(&self) -> usize {
+        match self {
+            Devices::Count(n) => *n,
+            Devices::Ordinals(o) => o.len(),
+        }
+    }
+
+    /// Always false: a spec names at least one device (parsing refuses none).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The ordinal of each device, given how many the machine has (`available`, at least one):
+    /// a count past them wraps round, one logical device more on each in turn.
+    pub fn ordinals(&self, available: usize) -> Vec<usize> {
+        match self {
+            Devices::Count(n) => (0..*n).map(|i| i % available.max(1)).collect(),
+            Devices::Ordinals(o) => o.clone(),
+        }
+    }
+}
+
+impl fmt::Display for Devices {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Devices::Count(n) => write!(f, "{n}"),
+            Devices::Ordinals(o) => {
+                let list: Vec<String> = o.iter().map(usize::to_string).collect();
+                write!(f, "cuda:{}", list.join(","))
+            }
+        }
+    }
+}
+
+/// The most devices a session may use: an exchange splits rows into 16 hash groups.
+pub const MAX_DEVICES: usize = 16;
+
+impl FromStr for Devices {
+    type Err = SpateError;
+
+    /// `4` (a count), or `cuda:0,1,3` / `0,1,3` (ordinals; `cuda:2` is the one device 2).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = |why: &str| SpateError::Config {
+            message: format!(
+                "devices '{s}': {why}; expected a count such as 4 or a list such as cuda:0,1,3"
+            ),
+        };
+        let text = s.trim();
+        let (list, named) = match text.strip_prefix("cuda:") {
+            Some(rest) => (rest, true),
+            None => (text, text.contains(',')),
+        };
+        let numbers = list
+            .split(',')
+            .map(|n| n.trim().parse::<usize>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| bad("not a number"))?;
+        let devices = if named {
+            let mut seen = numbers.clone();
+            seen.sort_unstable();
+            seen.dedup();
+            if seen.len() != numbers.len() {
+                return Err(bad("a device is listed twice"));
+            }
+            Devices::Ordinals(numbers)
+        } else {
+            Devices::Count(numbers[0])
+        };
+        match devices.len() {
+            0 => Err(bad("at least one device is needed")),
+            n if n > MAX_DEVICES => Err(bad(&format!("at most {MAX_DEVICES} devices"))),
+            _ => Ok(devices),
+        }
+    }
+}
+
 impl fmt::Display for Backend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -280,6 +379,33 @@ mod tests {
         }
         let err = "gpu".parse::<Backend>().unwrap_err().to_string();
         assert!(err.contains("unknown backend 'gpu'"), "{err}");
+    }
+
+    #[test]
+    fn devices_are_a_count_or_a_list_of_ordinals() {
+        assert_eq!("4".parse::<Devices>().unwrap(), Devices::Count(4));
+        assert_eq!(
+            "cuda:0,1,3".parse::<Devices>().unwrap(),
+            Devices::Ordinals(vec![0, 1, 3])
+        );
+        assert_eq!(
+            "2,5".parse::<Devices>().unwrap(),
+            Devices::Ordinals(vec![2, 5])
+        );
+        assert_eq!(
+            "cuda:2".parse::<Devices>().unwrap(),
+            Devices::Ordinals(vec![2])
+        );
+        assert_eq!(Devices::Count(3).ordinals(1), vec![0, 0, 0]);
+        assert_eq!(Devices::Count(3).ordinals(2), vec![0, 1, 0]);
+        assert_eq!(
+            "cuda:0,1,3".parse::<Devices>().unwrap().to_string(),
+            "cuda:0,1,3"
+        );
+        for bad in ["0", "x", "cuda:1,1", "17", ""] {
+            let err = bad.parse::<Devices>().unwrap_err().to_string();
+            assert!(err.contains("expected a count"), "{bad}: {err}");
+        }
     }
 
     #[test]

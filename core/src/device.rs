@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 pub use spate_kernels::probe::DeviceInfo;
 use spate_kernels::{BackendKind, Device, DeviceOptions, Kernel, KernelArg, LaunchConfig};
 
-use crate::config::Backend;
+use crate::config::{Backend, Devices};
 use crate::error::{Result, SpateError};
 use crate::exec::coordinator::{SpillCoordinator, Spillable};
 
@@ -224,11 +224,14 @@ extern "C" __global__ void spate_smoke(u64 n, u32* out) {
 SPATE_EXPORT(spate_smoke)
 "#;
 
-/// A session's GPU: the device operators run on, the generated kernels compiled for it, and
-/// counters. Stored in the session config (`SessionConfig::with_extension`) and read by GPU
+/// A session's GPUs: the devices operators run on, the generated kernels compiled for each,
+/// and counters. Stored in the session config (`SessionConfig::with_extension`) and read by GPU
 /// operators in `execute`; the offload rule holds it too, to count fallbacks.
 pub struct GpuContext {
-    device: Device,
+    /// At least one. A GPU subtree's partition `p` runs on device `p % len` (see
+    /// `plan/devices.rs`); one partition runs on the first.
+    devices: Vec<Device>,
+    /// Generated kernels by entry, each loaded by every device.
     generated: Mutex<HashMap<String, Kernel>>,
     /// `(name, source)` of every generated program compiled, in order.
     sources: Mutex<Vec<(String, String)>>,
@@ -302,16 +305,23 @@ const BANDWIDTH_RUNS: usize = 5;
 impl fmt::Debug for GpuContext {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GpuContext")
-            .field("device", self.device.description())
+            .field("device", self.device().description())
+            .field("devices", &self.devices.len())
             .field("fallbacks", &self.fallbacks())
             .finish()
     }
 }
 
 impl GpuContext {
-    /// Opens the device of a GPU backend (`Cuda` or `Emulated`) with a memory pool of
-    /// `budget`.
-    pub fn open(backend: Backend, budget: spate_kernels::MemoryBudget) -> Result<Arc<Self>> {
+    /// Opens the devices of a GPU backend (`Cuda` or `Emulated`), each with a memory pool of
+    /// `budget`: `devices` resolved against the `available` devices the machine has (see
+    /// [`Devices::ordinals`]).
+    pub fn open(
+        backend: Backend,
+        budget: spate_kernels::MemoryBudget,
+        devices: &Devices,
+        available: usize,
+    ) -> Result<Arc<Self>> {
         spate_kernels::wait::set_blocking_hook(wait_off_the_runtime);
         let kind = match backend {
             Backend::Cuda => BackendKind::Cuda,
@@ -322,15 +332,38 @@ impl GpuContext {
                 });
             }
         };
-        let device = Device::open(
-            kind,
-            DeviceOptions {
-                memory_budget: budget,
-                ..DeviceOptions::default()
+        let ordinals = match kind {
+            BackendKind::Emulated => match devices {
+                Devices::Count(n) => (0..*n).collect(),
+                Devices::Ordinals(o) => o.clone(),
             },
-        )?;
+            BackendKind::Cuda => devices.ordinals(available),
+        };
+        if kind == BackendKind::Cuda
+            && let Some(missing) = ordinals.iter().find(|&&o| o >= available)
+        {
+            return Err(SpateError::Config {
+                message: format!(
+                    "devices {devices}: there is no CUDA device {missing} (this machine has \
+                     {available})"
+                ),
+            });
+        }
+        let devices = ordinals
+            .into_iter()
+            .map(|ordinal| {
+                Device::open(
+                    kind,
+                    DeviceOptions {
+                        ordinal,
+                        memory_budget: budget,
+                        ..DeviceOptions::default()
+                    },
+                )
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()?;
         Ok(Arc::new(GpuContext {
-            device,
+            devices,
             generated: Mutex::new(HashMap::new()),
             sources: Mutex::new(Vec::new()),
             fallbacks: AtomicU64::new(0),
@@ -354,30 +387,37 @@ impl GpuContext {
         self.spill.relieve(want)
     }
 
-    /// The device.
+    /// The first device: the one a single-partition GPU subtree runs on.
     pub fn device(&self) -> &Device {
-        &self.device
+        &self.devices[0]
     }
 
-    /// A generated kernel, compiled once per session (and cached on disk across sessions).
+    /// Every device, in the order partitions are placed on them.
+    pub fn devices(&self) -> &[Device] {
+        &self.devices
+    }
+
+    /// Fails with the first device's fault once any device is unhealthy.
+    pub fn check_health(&self) -> spate_kernels::Result<()> {
+        self.devices.iter().try_for_each(Device::check_health)
+    }
+
+    /// The device partition `partition` of a GPU subtree runs on.
+    pub fn device_for(&self, partition: usize) -> &Device {
+        &self.devices[partition % self.devices.len()]
+    }
+
+    /// A generated kernel, compiled once per session for every device (and cached on disk
+    /// across sessions): a launch picks the one its stream's device loaded.
     pub fn generated_kernel(&self, source: &str, entry: &str) -> Result<Kernel> {
-        let mut cache = self.generated.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(k) = cache.get(entry) {
-            return Ok(k.clone());
-        }
-        let started = std::time::Instant::now();
-        let compiled = self.device.compile_generated(entry, source, &[entry]);
-        self.record_compile(started);
-        let kernel = compiled?.pop().ok_or_else(|| SpateError::Internal {
+        let mut kernels = self.generated_kernels(source, &[entry])?;
+        kernels.pop().ok_or_else(|| SpateError::Internal {
             message: format!("compiling {entry} returned no kernel"),
-        })?;
-        cache.insert(entry.to_string(), kernel.clone());
-        self.record_source(entry, source);
-        Ok(kernel)
+        })
     }
 
-    /// The kernels `entries` of one generated program, compiled once per session (and cached on
-    /// disk across sessions).
+    /// The kernels `entries` of one generated program, compiled once per session for every
+    /// device (and cached on disk across sessions).
     pub fn generated_kernels(&self, source: &str, entries: &[&str]) -> Result<Vec<Kernel>> {
         let Some(first) = entries.first() else {
             return Ok(Vec::new());
@@ -390,20 +430,34 @@ impl GpuContext {
                 .collect());
         }
         let started = std::time::Instant::now();
-        let compiled = self.device.compile_generated(first, source, entries);
-        self.record_compile(started);
-        let kernels = compiled?;
-        if kernels.len() != entries.len() {
-            return Err(SpateError::Internal {
-                message: format!(
-                    "compiling {first} returned {} of {} kernels",
-                    kernels.len(),
-                    entries.len()
-                ),
-            });
+        // Per device, the entry points in `entries`' order.
+        let mut loaded: Vec<std::vec::IntoIter<Kernel>> = Vec::with_capacity(self.devices.len());
+        for device in &self.devices {
+            let compiled = device.compile_generated(first, source, entries);
+            if compiled.is_err() {
+                self.record_compile(started);
+            }
+            let kernels = compiled?;
+            if kernels.len() != entries.len() {
+                return Err(SpateError::Internal {
+                    message: format!(
+                        "compiling {first} returned {} of {} kernels",
+                        kernels.len(),
+                        entries.len()
+                    ),
+                });
+            }
+            loaded.push(kernels.into_iter());
         }
-        for (entry, kernel) in entries.iter().zip(&kernels) {
+        self.record_compile(started);
+        let mut kernels = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let per_device: Vec<Kernel> = loaded.iter_mut().filter_map(Iterator::next).collect();
+            let kernel = Kernel::on_devices(per_device).ok_or_else(|| SpateError::Internal {
+                message: format!("compiling {entry} returned no kernel"),
+            })?;
             cache.insert((*entry).to_string(), kernel.clone());
+            kernels.push(kernel);
         }
         self.record_source(first, source);
         Ok(kernels)
@@ -442,17 +496,17 @@ impl GpuContext {
         if let Some(b) = cached.as_ref() {
             return Ok(b.clone());
         }
-        let most = match self.device.kind() {
+        let most = match self.device().kind() {
             BackendKind::Cuda => BANDWIDTH_BYTES_CUDA,
             BackendKind::Emulated => BANDWIDTH_BYTES_EMULATED,
         };
         // A quarter of what is free at most (the copy needs twice its bytes), so a nearly full
         // device or a small budget still measures.
-        let free = self.device.memory_stats().free_bytes();
+        let free = self.device().memory_stats().free_bytes();
         let bytes = most.min(free / 4).max(64 << 10);
-        let m = spate_kernels::throughput::copy_bandwidth(&self.device, bytes, BANDWIDTH_RUNS)?;
+        let m = spate_kernels::throughput::copy_bandwidth(self.device(), bytes, BANDWIDTH_RUNS)?;
         let measured = Bandwidth {
-            backend: self.device.kind().to_string(),
+            backend: self.device().kind().to_string(),
             bytes: m.bytes,
             median_ms: m.median_ms,
         };
@@ -495,16 +549,21 @@ impl GpuContext {
         self.fallbacks.load(Ordering::Relaxed)
     }
 
-    /// Runs one small kernel and checks its result: a device that opens but cannot run kernels
-    /// (a broken driver, a missing NVRTC) is caught when the session starts, not mid-query.
+    /// Runs one small kernel on each device and checks its result: a device that opens but
+    /// cannot run kernels (a broken driver, a missing NVRTC) is caught when the session starts,
+    /// not mid-query.
     pub fn smoke_test(&self) -> Result<()> {
-        let stream = self.device.new_stream()?;
+        self.devices.iter().try_for_each(|d| self.smoke_test_on(d))
+    }
+
+    fn smoke_test_on(&self, device: &Device) -> Result<()> {
+        let stream = device.new_stream()?;
         let input = stream.from_host(&[3u32, 1, 4, 1, 5])?;
         let sums = spate_kernels::scan::exclusive_sum(&stream, input.as_slice())?;
         let got = stream.to_vec(&sums)?;
         let wrong = |what: String| SpateError::BackendUnavailable {
-            backend: self.device.kind().to_string(),
-            reason: what,
+            backend: device.kind().to_string(),
+            reason: format!("device {}: {what}", device.ordinal()),
         };
         if got != [0, 3, 4, 8, 9] {
             return Err(wrong(format!(
@@ -514,7 +573,7 @@ impl GpuContext {
         // The run-time compile path (NVRTC, or the host compiler on the emulator) too.
         let kernel = self.generated_kernel(SMOKE_SOURCE, "spate_smoke")?;
         let out = stream.alloc::<u32>(1000)?;
-        let cfg = LaunchConfig::blocks(self.device.grid_stride_blocks(1000));
+        let cfg = LaunchConfig::blocks(device.grid_stride_blocks(1000));
         // SAFETY: spate_smoke takes (u64 n, u32* out) and writes n values into `out`.
         unsafe { stream.launch(&kernel, cfg, &[KernelArg::U64(1000), (&out).into()])? };
         let got = stream.to_vec(&out)?;

@@ -32,8 +32,8 @@ use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
 use datafusion::sql::sqlparser::dialect::dialect_from_str;
 
 use crate::cache::{CacheLocation, CachedTable, HostCachedTableProvider, original_provider};
-use crate::config::Backend;
 use crate::config::SpateOptions;
+use crate::config::{Backend, Devices};
 use crate::device::{BackendSelection, GpuContext};
 use crate::error::{Location, Result, SpateError};
 use crate::plan::GpuOffloadRule;
@@ -48,6 +48,7 @@ pub struct EngineBuilder {
     batch_size: Option<usize>,
     memory_limit_bytes: Option<usize>,
     gpu_memory_limit_bytes: Option<usize>,
+    devices: Devices,
     options: Vec<(String, String)>,
     offload_rule: Option<PhysicalRule>,
 }
@@ -85,6 +86,14 @@ impl EngineBuilder {
         self
     }
 
+    /// The devices a GPU backend runs on (default: one). With several, each GPU subtree runs
+    /// one partition per device, with exchanges between devices (see `plan/devices.rs`); each
+    /// device has a memory pool of [`EngineBuilder::gpu_memory_limit`].
+    pub fn devices(mut self, devices: Devices) -> Self {
+        self.devices = devices;
+        self
+    }
+
     /// Sets any DataFusion configuration key, e.g. `datafusion.execution.batch_size`.
     pub fn option(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.options.push((key.into(), value.into()));
@@ -105,7 +114,11 @@ impl EngineBuilder {
                 Some(bytes) => spate_kernels::MemoryBudget::Bytes(bytes),
                 None => spate_kernels::MemoryBudget::default(),
             };
-            match GpuContext::open(selection.resolved, budget)
+            let available = selection
+                .inventory
+                .as_ref()
+                .map_or(1, |i| i.devices.len().max(1));
+            match GpuContext::open(selection.resolved, budget, &self.devices, available)
                 .and_then(|g| g.smoke_test().map(|()| g))
             {
                 Ok(g) => Some(g),

@@ -50,7 +50,7 @@ mod source;
 pub mod tpch;
 
 pub use cache::{CacheLocation, CachedTable};
-pub use config::{Backend, parse_byte_size};
+pub use config::{Backend, Devices, parse_byte_size};
 pub use device::{BackendSelection, CompileStats, GpuInventory};
 pub use engine::{Engine, EngineBuilder};
 pub use error::{Location, Result, SpateError};
@@ -65,6 +65,7 @@ pub mod placement {
 
 /// The names of the metrics GPU operators report, beyond DataFusion's.
 pub mod metrics {
+    pub use crate::exec::exchange::{EXCHANGE_BYTES, EXCHANGE_LOCAL_BYTES};
     pub use crate::exec::{
         CACHE_RELOADS, CPU_FALLBACKS, DEV_READ_BYTES, DEV_WRITE_BYTES, DISK_SPILLED_BYTES,
         EVICTED_BYTES, OOM_SPLITS, UPLOAD_COPY_TIME, UPLOAD_WAIT_TIME,

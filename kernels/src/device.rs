@@ -65,7 +65,7 @@ impl Default for MemoryBudget {
 /// Options for opening a device.
 #[derive(Debug, Clone, Default)]
 pub struct DeviceOptions {
-    /// CUDA device ordinal (ignored by the emulator).
+    /// CUDA device ordinal; the emulator only records it, to name the device.
     pub ordinal: usize,
     /// The memory budget of the device's pool.
     pub memory_budget: MemoryBudget,
@@ -133,6 +133,8 @@ pub(crate) struct DeviceInner {
     pub(crate) grid_blocks: u32,
     /// Injected faults (tests, and the emulator's environment).
     pub(crate) faults: Faults,
+    /// The ordinal it was opened with ([`DeviceOptions::ordinal`]).
+    pub(crate) ordinal: usize,
 }
 
 /// A device: a CUDA GPU or the emulator. Cheap to clone (shared handle).
@@ -219,8 +221,21 @@ impl Device {
                     BackendKind::Emulated => Faults::from_env(),
                     BackendKind::Cuda => Faults::default(),
                 },
+                ordinal: options.ordinal,
             }),
         })
+    }
+
+    /// A number that tells this device apart from every other one open in the process (two
+    /// handles to one device have the same).
+    pub fn id(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
+    /// The ordinal it was opened with: the CUDA device's, or the emulated device's number
+    /// among a session's devices. Logical devices on one GPU share its ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.inner.ordinal
     }
 
     /// The backend.
@@ -345,7 +360,7 @@ impl Device {
         {
             return Ok(k.clone());
         }
-        let kernel = self.inner.backend.load_fixed(entry)?;
+        let kernel = self.inner.backend.load_fixed(entry)?.owned_by(self.id());
         self.inner
             .kernels
             .lock()
@@ -366,7 +381,13 @@ impl Device {
         entries: &[&str],
     ) -> Result<Vec<Kernel>> {
         self.check_health()?;
-        let kernels = self.inner.backend.load_generated(name, source, entries)?;
+        let kernels: Vec<Kernel> = self
+            .inner
+            .backend
+            .load_generated(name, source, entries)?
+            .into_iter()
+            .map(|k| k.owned_by(self.id()))
+            .collect();
         // Only programs that compiled are recorded: the NVRTC pass over the recording checks
         // that what the host compiler accepted, NVRTC accepts too.
         crate::compile::record_generated(name, source);

@@ -167,6 +167,11 @@ pub struct Kernel {
     pub(crate) imp: Arc<dyn KernelBackend>,
     /// Dynamic shared memory launches may use beyond the default, once opted in.
     opt_in_shared_bytes: Arc<AtomicU32>,
+    /// The device that loaded it ([`crate::Device::id`]); 0 until a device claims it. A CUDA
+    /// module belongs to one context, so a kernel launches only on its own device's streams.
+    pub(crate) device: usize,
+    /// The same entry point loaded by other devices (see [`Kernel::on_devices`]).
+    peers: Arc<[Kernel]>,
 }
 
 impl std::fmt::Debug for Kernel {
@@ -185,7 +190,34 @@ impl Kernel {
             backend,
             imp,
             opt_in_shared_bytes: Arc::new(AtomicU32::new(0)),
+            device: 0,
+            peers: Arc::from(Vec::new()),
         }
+    }
+
+    /// One kernel for several devices: `loaded[i]` is the entry point as device `i` loaded it.
+    /// A launch picks the one of the stream's device. `None` when `loaded` is empty.
+    pub fn on_devices(mut loaded: Vec<Kernel>) -> Option<Kernel> {
+        if loaded.is_empty() {
+            return None;
+        }
+        let mut first = loaded.remove(0);
+        first.peers = Arc::from(loaded);
+        Some(first)
+    }
+
+    /// The kernel as device `device` ([`crate::Device::id`]) loaded it, if it did.
+    pub(crate) fn for_device(&self, device: usize) -> Option<&Kernel> {
+        if self.device == 0 || self.device == device {
+            return Some(self);
+        }
+        self.peers.iter().find(|k| k.device == device)
+    }
+
+    /// The kernel, as loaded by device `device` ([`crate::Device::id`]).
+    pub(crate) fn owned_by(mut self, device: usize) -> Self {
+        self.device = device;
+        self
     }
 
     /// The entry point's name.
@@ -215,6 +247,9 @@ impl Kernel {
     pub fn set_max_dynamic_shared_bytes(&self, bytes: u32) -> crate::Result<()> {
         self.imp.set_max_dynamic_shared_bytes(bytes)?;
         self.opt_in_shared_bytes.store(bytes, Ordering::Release);
+        for peer in self.peers.iter() {
+            peer.set_max_dynamic_shared_bytes(bytes)?;
+        }
         Ok(())
     }
 

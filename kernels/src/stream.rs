@@ -395,6 +395,15 @@ impl Stream {
                 ),
             });
         }
+        let Some(kernel) = kernel.for_device(self.device.id()) else {
+            return Err(KernelError::Internal {
+                message: format!(
+                    "kernel `{}` was loaded by another device than the stream's: a module \
+                     belongs to one device's context",
+                    kernel.name()
+                ),
+            });
+        };
         check_args(kernel, args)?;
         kernel.check_launch(&cfg, &self.device.inner.limits)?;
         if cfg.num_blocks() == 0 {

@@ -208,3 +208,48 @@ fn a_memory_peak_can_be_restarted() {
     assert_eq!(device.memory_stats().peak_bytes, 100);
     drop(held);
 }
+
+#[test]
+fn one_device_cannot_use_another_devices_memory_or_kernels() {
+    let a = small_device(1 << 20);
+    let b = small_device(1 << 20);
+    assert_ne!(a.id(), b.id());
+    let on_a = a.new_stream().unwrap();
+    let on_b = b.new_stream().unwrap();
+    let keys = on_a.from_host(&reference::random_u64(1000, 3)).unwrap();
+    // A kernel on b passed a's buffer: refused before anything is queued, naming both.
+    let err = sort::sort_pairs(&on_b, keys.as_slice(), None, 64).unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, KernelError::Internal { .. }), "{text}");
+    assert!(text.contains("belongs to emulated device"), "{text}");
+    // A copy between the devices' buffers is refused the same way.
+    let mut there = on_b.alloc::<u64>(1000).unwrap();
+    let err = on_b
+        .copy_device(keys.as_slice(), &mut there, 0)
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("belongs to emulated device"),
+        "{err}"
+    );
+    // A kernel a loaded launches only on a's streams.
+    let kernel = a.kernel("scan_tile_sums_u32").unwrap();
+    let n = on_b.from_host(&[1u32, 2, 3]).unwrap();
+    let mut out = on_b.alloc::<u32>(3).unwrap();
+    let err = unsafe {
+        on_b.launch(
+            &kernel,
+            spate_kernels::LaunchConfig::blocks(1),
+            &[
+                spate_kernels::KernelArg::from(&n),
+                spate_kernels::KernelArg::U64(3),
+                spate_kernels::KernelArg::from(&mut out),
+            ],
+        )
+    }
+    .unwrap_err();
+    assert!(err.to_string().contains("another device"), "{err}");
+    // Both devices stay healthy, and each still works on its own memory.
+    a.check_health().unwrap();
+    b.check_health().unwrap();
+    sort::sort_pairs(&on_a, keys.as_slice(), None, 64).unwrap();
+}

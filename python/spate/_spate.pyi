@@ -27,6 +27,7 @@ class Session:
         target_partitions: int | None = None,
         batch_size: int | None = None,
         options: Mapping[str, str] | None = None,
+        devices: int | str | None = None,
     ) -> None: ...
     @property
     def backend(self) -> str:

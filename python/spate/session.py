@@ -40,7 +40,8 @@ class Session:
     ``gpu_memory_limit`` and ``memory_limit`` are byte counts or sizes such as ``"4G"``.
     ``fallback`` says what a GPU backend does with an operator it cannot run: ``"cpu"`` runs it
     on the CPU, ``"warn"`` also logs why, ``"error"`` fails the query. ``options`` sets any
-    DataFusion or Spate setting by key.
+    DataFusion or Spate setting by key. ``devices`` is how many GPU devices to run on (``4``)
+    or which (``"cuda:0,1,3"``); each gets ``gpu_memory_limit``.
 
     >>> s = Session(backend="cpu")
     >>> s.sql("select 1 as x").to_pandas()
@@ -58,6 +59,7 @@ class Session:
         target_partitions: int | None = None,
         batch_size: int | None = None,
         options: Mapping[str, str] | None = None,
+        devices: int | str | None = None,
     ) -> None:
         self._inner = _spate.Session(
             backend,
@@ -67,6 +69,7 @@ class Session:
             target_partitions,
             batch_size,
             dict(options) if options else None,
+            devices,
         )
         self._names = itertools.count(1)
         self._lock = threading.Lock()

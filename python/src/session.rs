@@ -120,7 +120,9 @@ impl PySession {
         target_partitions = None,
         batch_size = None,
         options = None,
+        devices = None,
     ))]
+    #[expect(clippy::too_many_arguments, reason = "Python keyword arguments")]
     fn new(
         py: Python<'_>,
         backend: &str,
@@ -130,6 +132,7 @@ impl PySession {
         target_partitions: Option<usize>,
         batch_size: Option<usize>,
         options: Option<HashMap<String, String>>,
+        devices: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let backend = backend.parse::<Backend>().py(Origin::Frame)?;
         let mut builder = Engine::builder()
@@ -149,6 +152,18 @@ impl PySession {
         }
         for (key, value) in options.unwrap_or_default() {
             builder = builder.option(key, value);
+        }
+        if let Some(devices) = devices {
+            // A count (4) or a list such as "cuda:0,1,3".
+            let text = match devices.extract::<usize>() {
+                Ok(n) => n.to_string(),
+                Err(_) => devices.extract::<String>().map_err(|_| {
+                    pyo3::exceptions::PyTypeError::new_err(
+                        "devices must be a count such as 4 or a string such as 'cuda:0,1,3'",
+                    )
+                })?,
+            };
+            builder = builder.devices(text.parse::<spate::Devices>().py(Origin::Frame)?);
         }
         // Opening a GPU probes the driver and may compile kernels: no GIL needed for that.
         let engine = py.detach(|| builder.build()).py(Origin::Frame)?;

@@ -91,6 +91,11 @@ pub struct TpcdsArgs {
     /// host beyond it.
     #[arg(long, value_name = "SIZE", value_parser = crate::parse_size)]
     gpu_memory_limit: Option<usize>,
+    /// Devices the GPU engine runs on, each with --gpu-memory-limit: one count, or several
+    /// (1,2,4) to run the report once per count and print the modeled scaling efficiency.
+    #[arg(long, value_name = "N,…", value_delimiter = ',', default_value = "1",
+          value_parser = clap::value_parser!(u32).range(1..=16))]
+    devices: Vec<u32>,
     #[command(flatten)]
     benchmark: BenchmarkArgs,
 }
@@ -139,6 +144,11 @@ pub struct TpchArgs {
     /// host beyond it.
     #[arg(long, value_name = "SIZE", value_parser = crate::parse_size)]
     gpu_memory_limit: Option<usize>,
+    /// Devices the GPU engine runs on, each with --gpu-memory-limit: one count, or several
+    /// (1,2,4) to run the report once per count and print the modeled scaling efficiency.
+    #[arg(long, value_name = "N,…", value_delimiter = ',', default_value = "1",
+          value_parser = clap::value_parser!(u32).range(1..=16))]
+    devices: Vec<u32>,
     #[command(flatten)]
     benchmark: BenchmarkArgs,
 }
@@ -308,8 +318,11 @@ fn engine(
     partitions: Option<u32>,
     settings: &[(String, String)],
     gpu_memory_limit: Option<usize>,
+    devices: u32,
 ) -> Result<Engine, String> {
-    let mut builder = Engine::builder().backend(backend);
+    let mut builder = Engine::builder()
+        .backend(backend)
+        .devices(spate::Devices::Count(devices as usize));
     if let Some(p) = partitions {
         builder = builder.target_partitions(p as usize);
     }
@@ -396,6 +409,21 @@ fn print_placement(run: &QueryRun) -> Option<DataPath> {
         p.peak_device_bytes,
         p.modeled_h200_ms
     );
+    if p.devices > 1 {
+        let each: Vec<String> = p
+            .device_modeled_ms
+            .iter()
+            .map(|ms| format!("{ms:.3}"))
+            .collect();
+        println!(
+            "      {} devices: exchanged {} B between devices, {} B back to their own; \
+             modeled per device [{}] ms",
+            p.devices,
+            p.exchange_bytes,
+            p.exchange_local_bytes,
+            each.join(", ")
+        );
+    }
     Some(p)
 }
 
@@ -414,61 +442,57 @@ fn print_upload_overlap(paths: &[DataPath]) {
 
 fn tpch(args: TpchArgs) -> Result<ExitCode, String> {
     let runtime = crate::runtime()?;
-    let under_test = engine(
-        args.backend,
-        args.partitions,
-        &args.settings,
-        args.gpu_memory_limit,
-    )?;
     let reference = args
         .verify
-        .then(|| engine(Backend::Cpu, args.partitions, &args.settings, None))
+        .then(|| engine(Backend::Cpu, args.partitions, &args.settings, None, 1))
         .transpose()?;
-    announce(&under_test, &args.settings);
     let started = Instant::now();
-    spate::tpch::register_tpch(&under_test, args.sf).map_err(|e| e.to_string())?;
     if let Some(reference) = &reference {
         spate::tpch::register_tpch(reference, args.sf).map_err(|e| e.to_string())?;
     }
-    println!(
-        "TPC-H SF {}: generated in {:.1} s",
-        args.sf,
-        started.elapsed().as_secs_f64()
-    );
     let queries: Vec<(String, &str)> = spate_bench::tpch::QUERIES
         .iter()
         .filter(|(n, _)| args.queries.is_empty() || args.queries.iter().any(|q| *q as usize == *n))
         .map(|(n, sql)| (format!("q{n:02}"), *sql))
         .collect();
-    Ok(placement_report(
-        &runtime,
-        &under_test,
-        reference.as_ref(),
-        &queries,
-    ))
+    per_device_count(&args.devices, |devices| {
+        let under_test = engine(
+            args.backend,
+            args.partitions,
+            &args.settings,
+            args.gpu_memory_limit,
+            devices,
+        )?;
+        announce(&under_test, &args.settings);
+        spate::tpch::register_tpch(&under_test, args.sf).map_err(|e| e.to_string())?;
+        println!(
+            "TPC-H SF {}: generated in {:.1} s",
+            args.sf,
+            started.elapsed().as_secs_f64()
+        );
+        Ok(placement_report(
+            &runtime,
+            &under_test,
+            reference.as_ref(),
+            &queries,
+        ))
+    })
 }
 
 fn tpcds(args: TpcdsArgs) -> Result<ExitCode, String> {
     let runtime = crate::runtime()?;
-    let under_test = engine(
-        args.backend,
-        args.partitions,
-        &args.settings,
-        args.gpu_memory_limit,
-    )?;
     let reference = args
         .verify
-        .then(|| engine(Backend::Cpu, args.partitions, &args.settings, None))
+        .then(|| engine(Backend::Cpu, args.partitions, &args.settings, None, 1))
         .transpose()?;
-    announce(&under_test, &args.settings);
     let dir = args.data.clone().unwrap_or_else(|| {
         workspace_root()
             .join("target/spate-bench")
             .join(format!("tpcds-sf{}", args.sf))
     });
     spate_bench::tpcds::ensure_data(args.sf, &dir, &mut |line| println!("{line}"))?;
-    for e in std::iter::once(&under_test).chain(reference.as_ref()) {
-        runtime.block_on(spate_bench::tpcds::register_parquet_dir(e, &dir))?;
+    if let Some(reference) = &reference {
+        runtime.block_on(spate_bench::tpcds::register_parquet_dir(reference, &dir))?;
     }
     let queries: Vec<(String, &str)> = if args.queries.is_empty() {
         spate_bench::tpcds::queries()
@@ -480,12 +504,73 @@ fn tpcds(args: TpcdsArgs) -> Result<ExitCode, String> {
     .into_iter()
     .map(|q| (q.label.to_string(), q.sql))
     .collect();
-    Ok(placement_report(
-        &runtime,
-        &under_test,
-        reference.as_ref(),
-        &queries,
-    ))
+    per_device_count(&args.devices, |devices| {
+        let under_test = engine(
+            args.backend,
+            args.partitions,
+            &args.settings,
+            args.gpu_memory_limit,
+            devices,
+        )?;
+        announce(&under_test, &args.settings);
+        runtime.block_on(spate_bench::tpcds::register_parquet_dir(&under_test, &dir))?;
+        Ok(placement_report(
+            &runtime,
+            &under_test,
+            reference.as_ref(),
+            &queries,
+        ))
+    })
+}
+
+/// Runs `report` once per device count; with several counts, ends with the modeled scaling
+/// efficiency from the first count to each other (the sum of the queries' modeled H200 times:
+/// `T(first) × first / (T(n) × n)`). Fails when any report fails.
+fn per_device_count(
+    counts: &[u32],
+    mut report: impl FnMut(u32) -> Result<Report, String>,
+) -> Result<ExitCode, String> {
+    let mut totals = Vec::with_capacity(counts.len());
+    let mut ok = true;
+    for &devices in counts {
+        if counts.len() > 1 {
+            println!("== {devices} device{}", if devices == 1 { "" } else { "s" });
+        }
+        let done = report(devices)?;
+        ok &= done.ok;
+        let modeled: f64 = done.paths.iter().map(|p| p.modeled_h200_ms).sum();
+        totals.push((devices, modeled, done.paths.len()));
+    }
+    if let [(first, base, _), rest @ ..] = totals.as_slice()
+        && !rest.is_empty()
+    {
+        let mut line = format!(
+            "scaling (modeled H200, sum over the GPU runs): {first} device{} {base:.3} ms",
+            if *first == 1 { "" } else { "s" }
+        );
+        for (devices, total, _) in rest {
+            let efficiency = if *total > 0.0 {
+                base * f64::from(*first) / (total * f64::from(*devices))
+            } else {
+                0.0
+            };
+            line.push_str(&format!(
+                "; {devices} devices {total:.3} ms (efficiency {efficiency:.3})"
+            ));
+        }
+        println!("{line}");
+    }
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// What one placement report found: whether every query passed, and the GPU runs' data paths.
+struct Report {
+    ok: bool,
+    paths: Vec<DataPath>,
 }
 
 /// The backend, and the options every engine runs with.
@@ -503,7 +588,7 @@ fn placement_report(
     engine: &Engine,
     reference: Option<&Engine>,
     queries: &[(String, &str)],
-) -> ExitCode {
+) -> Report {
     let total = queries.len();
     let (mut matched, mut on_gpu, mut failed) = (0usize, 0usize, 0usize);
     let mut paths = Vec::new();
@@ -558,19 +643,12 @@ fn placement_report(
         }
     }
     print_upload_overlap(&paths);
-    if reference.is_some() {
+    let ok = if reference.is_some() {
         println!("verified: {matched}/{total} matched, {on_gpu}/{total} fully on GPU");
-        if matched == total {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::FAILURE
-        }
+        matched == total
     } else {
         println!("ran: {total} queries, {failed} failed, {on_gpu}/{total} fully on GPU");
-        if failed == 0 {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::FAILURE
-        }
-    }
+        failed == 0
+    };
+    Report { ok, paths }
 }

@@ -63,6 +63,10 @@ struct RunArgs {
     /// Partitions (parallel streams) per query; defaults to the number of cores.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
     partitions: Option<u32>,
+    /// GPU devices to run on: a count (4) or CUDA ordinals (cuda:0,1,3); each device gets
+    /// --gpu-memory-limit. The emulator opens that many emulated devices.
+    #[arg(long, value_name = "N|cuda:LIST", default_value = "1", value_parser = parse_devices)]
+    devices: spate::Devices,
     /// Rows shown by the table format (0 shows all); defaults to 100 in the shell, all otherwise.
     #[arg(long, value_name = "N")]
     max_rows: Option<usize>,
@@ -98,6 +102,10 @@ enum Dataset {
         #[arg(long)]
         out: PathBuf,
     },
+}
+
+fn parse_devices(text: &str) -> Result<spate::Devices, String> {
+    text.parse::<spate::Devices>().map_err(|e| e.to_string())
 }
 
 fn parse_backend(text: &str) -> Result<Backend, String> {
@@ -201,6 +209,7 @@ fn run(args: RunArgs) -> Result<ExitCode, String> {
     if let Some(partitions) = args.partitions {
         builder = builder.target_partitions(partitions as usize);
     }
+    builder = builder.devices(args.devices);
     let engine = builder.build().map_err(|e| e.to_string())?;
     if !args.quiet {
         if interactive {

@@ -82,6 +82,7 @@ mod cpu_twin;
 pub mod cross_join;
 pub(crate) mod device_counts;
 mod disk_spill;
+pub mod exchange;
 mod external_sort;
 pub mod filter;
 pub(crate) mod hash_table;
@@ -126,6 +127,7 @@ pub use aggregate::GpuAggregateExec;
 pub use cache::GpuCachedScanExec;
 pub use coalesce::GpuCoalescePartitionsExec;
 pub use cross_join::GpuCrossJoinExec;
+pub use exchange::GpuExchangeExec;
 pub use filter::GpuFilterExec;
 pub use join::GpuHashJoinExec;
 pub use limit::GpuLimitExec;
@@ -206,6 +208,9 @@ pub fn as_gpu_exec(plan: &dyn ExecutionPlan) -> Option<&dyn GpuExec> {
     }
     if let Some(l) = plan.downcast_ref::<GpuLimitExec>() {
         return Some(l);
+    }
+    if let Some(x) = plan.downcast_ref::<GpuExchangeExec>() {
+        return Some(x);
     }
     if let Some(w) = plan.downcast_ref::<GpuWindowExec>() {
         return Some(w);
@@ -628,15 +633,8 @@ pub(crate) fn execute_for_host<P: GpuExec>(
     metrics: &ExecutionPlanMetricsSet,
 ) -> DFResult<SendableRecordBatchStream> {
     let gpu = gpu_context(&context)?;
-    // A session that caps a query's device memory (`spate.gpu.memory_limit`) charges the
-    // region's allocations to a pool of that size too: one per GPU subtree under a CPU
-    // operator, which is one per query unless the plan goes back and forth.
-    let device = gpu.device();
-    let stream = match SpateOptions::gpu_memory_limit(context.session_config().options()) {
-        Some(limit) => device.new_stream_in(Arc::new(spate_kernels::MemoryPool::new(limit))),
-        None => device.new_stream(),
-    };
-    let stream = Arc::new(stream.map_err(|e| to_df(e.into()))?);
+    // Partition `p` of a GPU subtree runs on device `p % devices` (`plan/devices.rs`).
+    let stream = region_stream(gpu.device_for(partition), &context)?;
     let (batches, scope) = execute_device_counted(plan, partition, context, Arc::clone(&stream))?;
     let transfer = TransferMetrics::new(metrics, partition);
     Ok(download_stream(
@@ -646,6 +644,21 @@ pub(crate) fn execute_for_host<P: GpuExec>(
         transfer,
         scope,
     ))
+}
+
+/// A new stream on `device` for a GPU subtree (or an exchange's side of one). A session that
+/// caps a query's device memory (`spate.gpu.memory_limit`) charges the subtree's allocations
+/// to a pool of that size too: one per GPU subtree under a CPU operator and device, which is
+/// one per device and query unless the plan goes back and forth.
+pub(crate) fn region_stream(
+    device: &spate_kernels::Device,
+    context: &TaskContext,
+) -> DFResult<Arc<DeviceStream>> {
+    let stream = match SpateOptions::gpu_memory_limit(context.session_config().options()) {
+        Some(limit) => device.new_stream_in(Arc::new(spate_kernels::MemoryPool::new(limit))),
+        None => device.new_stream(),
+    };
+    Ok(Arc::new(stream.map_err(|e| to_df(e.into()))?))
 }
 
 /// Downloads a GPU operator's device batches for a CPU parent, counting the download in the

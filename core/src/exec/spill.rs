@@ -44,7 +44,10 @@ fn can_partition_by(columns: &[&DeviceColumn]) -> bool {
 
 /// Row hashes over `keys` (NULL keys hash alike, floats with -0.0 folded into +0.0 as the
 /// hash tables fold them), or `None` when a key cannot be hashed ([`can_partition_by`]).
-fn hash_keys(stream: &DeviceStream, keys: &[&DeviceColumn]) -> Result<Option<DeviceBuffer<u64>>> {
+pub(crate) fn hash_keys(
+    stream: &DeviceStream,
+    keys: &[&DeviceColumn],
+) -> Result<Option<DeviceBuffer<u64>>> {
     if !can_partition_by(keys) {
         return Ok(None);
     }

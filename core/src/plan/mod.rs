@@ -7,6 +7,7 @@
 //! boundaries), and before `EnsureCooperative` and `SanityCheckPlan` (so that cooperative
 //! scheduling and requirement checks see the GPU nodes). See `docs/ARCHITECTURE.md`.
 
+pub mod devices;
 pub mod offload;
 pub mod regions;
 pub mod unique;

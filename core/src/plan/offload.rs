@@ -358,7 +358,7 @@ impl PhysicalOptimizerRule for GpuOffloadRule {
         config: &ConfigOptions,
     ) -> DFResult<Arc<dyn ExecutionPlan>> {
         let options = config.extensions.get::<SpateOptions>();
-        if let Err(fault) = self.gpu.device().check_health() {
+        if let Err(fault) = self.gpu.check_health() {
             // The device failed earlier in the session: the query runs on the CPU, or not at
             // all, as `spate.gpu.on_device_error` says.
             return match options.map(|o| o.gpu.on_device_error).unwrap_or_default() {
@@ -465,7 +465,15 @@ impl PhysicalOptimizerRule for GpuOffloadRule {
         })
         .and_then(|t| self.place_projections(t.data, false, policy))
         .and_then(|plan| {
-            if one_partition {
+            let devices = self.gpu.devices().len();
+            if one_partition && devices > 1 {
+                // Spread over the devices where this pass can place the plan; one device
+                // otherwise.
+                match super::devices::across_devices(Arc::clone(&plan), config, devices) {
+                    Some(placed) => Ok(placed),
+                    None => super::regions::one_partition_per_device(plan, config),
+                }
+            } else if one_partition {
                 super::regions::one_partition_per_device(plan, config)
             } else {
                 Ok(plan)

@@ -29,6 +29,7 @@ mod grace;
 mod mark;
 mod probe;
 
+use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -107,8 +108,10 @@ pub struct GpuHashJoinExec {
     build_unique: bool,
     /// The probe keys are unique, as the plan shows: see `pairs_by_unique_probe_keys`.
     probe_unique: bool,
-    /// The build side in `CollectLeft` mode, built once for every probe partition.
-    shared: Arc<tokio::sync::OnceCell<Arc<BuildSide>>>,
+    /// The build side in `CollectLeft` mode, built once for every probe partition: once per
+    /// device that probes it, by [`spate_kernels::Device::id`]: with several devices a
+    /// broadcast build side (`plan/devices.rs`) is built on each, from its copy there.
+    shared: Arc<SharedBuilds>,
     /// Probe partitions of a shared build side still running: the last one to finish emits
     /// the build rows that did (not) match.
     pending: Arc<std::sync::atomic::AtomicUsize>,
@@ -188,7 +191,7 @@ impl GpuHashJoinExec {
             fetch: join.fetch(),
             cpu: Arc::clone(&plan),
             plan: Arc::new(join_plan),
-            shared: Arc::new(tokio::sync::OnceCell::new()),
+            shared: Arc::new(SharedBuilds::default()),
             pending: Arc::new(std::sync::atomic::AtomicUsize::new(
                 join.right()
                     .properties()
@@ -521,7 +524,7 @@ impl GpuExec for GpuHashJoinExec {
         let collect_left = self.collect_left;
         let left = Arc::clone(self.left());
         let left_schema = left.schema();
-        let shared = Arc::clone(&self.shared);
+        let shared = self.shared.on(stream.device());
         let build_plan = Arc::clone(&self.plan);
         let build_kernels = Arc::clone(&kernels);
         let build_context = Arc::clone(&context);
@@ -778,6 +781,27 @@ impl GpuExec for GpuHashJoinExec {
                 }
             },
         )))
+    }
+}
+
+/// A `CollectLeft` join's build sides, one per device that probes it.
+#[derive(Default)]
+struct SharedBuilds(std::sync::Mutex<HashMap<usize, Arc<tokio::sync::OnceCell<Arc<BuildSide>>>>>);
+
+impl fmt::Debug for SharedBuilds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let sides = self.0.lock().map_or(0, |s| s.len());
+        f.debug_struct("SharedBuilds")
+            .field("devices", &sides)
+            .finish()
+    }
+}
+
+impl SharedBuilds {
+    /// The build side of `device`, built by the first probe partition there to ask.
+    fn on(&self, device: &spate_kernels::Device) -> Arc<tokio::sync::OnceCell<Arc<BuildSide>>> {
+        let mut sides = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        Arc::clone(sides.entry(device.id()).or_default())
     }
 }
 

@@ -61,6 +61,8 @@ struct Entry {
     bytes: usize,
     elem: ElemInfo,
     stream: u64,
+    /// The emulated device the buffer belongs to ([`Owner::device`]).
+    device: u32,
     state: State,
 }
 
@@ -117,6 +119,41 @@ fn registry_write() -> std::sync::RwLockWriteGuard<'static, Registry> {
     REGISTRY.write().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Who allocated a buffer: an emulated device (a process-wide number, see
+/// `EmuDevice::open`) and the stream on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Owner {
+    pub(crate) device: u32,
+    pub(crate) stream: u64,
+}
+
+impl Owner {
+    pub(crate) fn new(device: u32, stream: u64) -> Owner {
+        Owner { device, stream }
+    }
+}
+
+/// Checks that the live buffer holding `addr`, if any, belongs to emulated device `device`.
+/// A GPU cannot address another GPU's memory without peer access, which the emulator does not
+/// give: a kernel or copy on one device passed another's buffer is a bug a real machine would
+/// turn into an illegal address (or, worse, another buffer's bytes). Returns what was wrong.
+pub(crate) fn check_device(addr: u64, device: u32, what: &str) -> std::result::Result<(), String> {
+    let reg = registry_read();
+    let Some((_, e)) = lookup(&reg, addr as usize) else {
+        return Ok(());
+    };
+    if e.device == device || e.state != State::Live {
+        return Ok(());
+    }
+    let mut text = String::new();
+    describe_buffer(&mut text, &e);
+    Err(format!(
+        "{what} on emulated device {device} was passed {text}, which belongs to emulated device \
+         {} (devices do not address each other's memory: copy it across first)",
+        e.device
+    ))
+}
+
 /// One live emulated allocation.
 #[derive(Debug)]
 pub(crate) struct Region {
@@ -140,7 +177,7 @@ fn fill(at: usize, len: usize, byte: u8) {
 
 /// Allocates `bytes` (> 0). With `reuse`, a quarantined mapping of the same size is handed
 /// out again at once, whichever stream freed it.
-pub(crate) fn alloc(bytes: usize, elem: ElemInfo, stream: u64, reuse: bool) -> Result<Region> {
+pub(crate) fn alloc(bytes: usize, elem: ElemInfo, owner: Owner, reuse: bool) -> Result<Region> {
     let page = page();
     let data_len = bytes.div_ceil(ALIGN) * ALIGN;
     let inner = data_len.div_ceil(page) * page;
@@ -148,7 +185,7 @@ pub(crate) fn alloc(bytes: usize, elem: ElemInfo, stream: u64, reuse: bool) -> R
     let data_offset = page + inner - data_len;
     let _guard = ALLOCATOR.lock().unwrap_or_else(|p| p.into_inner());
     if MAPPED.load(Ordering::Relaxed) >= mapped_limit() {
-        return heap_alloc(bytes, elem, stream);
+        return heap_alloc(bytes, elem, owner);
     }
     let mut base = None;
     if reuse {
@@ -166,7 +203,7 @@ pub(crate) fn alloc(bytes: usize, elem: ElemInfo, stream: u64, reuse: bool) -> R
         None => match map(map_len) {
             Ok(b) => b,
             // Out of mappings even after the quarantine went back: canaries only.
-            Err(_) => return heap_alloc(bytes, elem, stream),
+            Err(_) => return heap_alloc(bytes, elem, owner),
         },
     };
     let open = || {
@@ -206,7 +243,7 @@ pub(crate) fn alloc(bytes: usize, elem: ElemInfo, stream: u64, reuse: bool) -> R
         data_offset,
         bytes,
         elem,
-        stream,
+        owner,
     ))
 }
 
@@ -218,7 +255,7 @@ fn register(
     data_offset: usize,
     bytes: usize,
     elem: ElemInfo,
-    stream: u64,
+    owner: Owner,
 ) -> Region {
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     registry_write().by_base.insert(
@@ -230,7 +267,8 @@ fn register(
             data_offset,
             bytes,
             elem,
-            stream,
+            stream: owner.stream,
+            device: owner.device,
             state: State::Live,
         },
     );
@@ -244,7 +282,7 @@ fn register(
 /// An allocation from the heap, `HEAP_CANARY` canary bytes on each side: what the emulator
 /// falls back to when guarded mappings run out. Overruns are still found by the canary checks,
 /// but not at the faulting access, and freed memory is poisoned but not quarantined.
-fn heap_alloc(bytes: usize, elem: ElemInfo, stream: u64) -> Result<Region> {
+fn heap_alloc(bytes: usize, elem: ElemInfo, owner: Owner) -> Result<Region> {
     let data_len = bytes.div_ceil(ALIGN) * ALIGN;
     let total = HEAP_CANARY + data_len + HEAP_CANARY;
     let layout = std::alloc::Layout::from_size_align(total, HEAP_CANARY).map_err(|_| {
@@ -268,15 +306,7 @@ fn heap_alloc(bytes: usize, elem: ElemInfo, stream: u64) -> Result<Region> {
         total - HEAP_CANARY - bytes,
         CANARY,
     );
-    Ok(register(
-        base,
-        true,
-        total,
-        HEAP_CANARY,
-        bytes,
-        elem,
-        stream,
-    ))
+    Ok(register(base, true, total, HEAP_CANARY, bytes, elem, owner))
 }
 
 /// A new inaccessible mapping, evicting quarantined ones when the system refuses.
@@ -381,12 +411,13 @@ fn describe_buffer(out: &mut impl std::fmt::Write, e: &Entry) {
     let size = e.elem.size.max(1);
     let _ = write!(
         out,
-        "buffer #{} ({} x {}, {} bytes, allocated on stream {})",
+        "buffer #{} ({} x {}, {} bytes, allocated on stream {} of device {})",
         e.id,
         e.elem.name,
         e.bytes / size,
         e.bytes,
-        e.stream
+        e.stream,
+        e.device
     );
 }
 
@@ -532,7 +563,7 @@ mod tests {
 
     #[test]
     fn new_memory_is_poison_and_ends_at_its_guard() {
-        let r = alloc(40, U32, 1, false).unwrap();
+        let r = alloc(40, U32, Owner::new(0, 1), false).unwrap();
         // SAFETY: 40 live bytes.
         let bytes = unsafe { std::slice::from_raw_parts(r.address() as *const u8, 40) };
         assert!(bytes.iter().all(|b| *b == POISON_NEW));
@@ -552,14 +583,14 @@ mod tests {
 
     #[test]
     fn canaries_catch_small_overruns_and_underruns() {
-        let r = alloc(10, U32, 1, false).unwrap();
+        let r = alloc(10, U32, Owner::new(0, 1), false).unwrap();
         // SAFETY: inside the mapping's accessible pages (the rounding slack).
         unsafe { *(r.address() as *mut u8).add(12) = 1 };
         let msg = check_canaries(r.address()).unwrap();
         assert!(msg.contains("byte offset 12 (element 3)"), "{msg}");
         let msg = free(r, 1).unwrap();
         assert!(msg.contains("guard zone"), "{msg}");
-        let r = alloc(100, U32, 1, false).unwrap();
+        let r = alloc(100, U32, Owner::new(0, 1), false).unwrap();
         // SAFETY: the leading canary, inside the mapping.
         unsafe { *(r.address() as *mut u8).sub(4) = 0 };
         let msg = check_canaries(r.address()).unwrap();
@@ -569,7 +600,7 @@ mod tests {
 
     #[test]
     fn freed_memory_is_described_as_freed() {
-        let r = alloc(64, U32, 3, false).unwrap();
+        let r = alloc(64, U32, Owner::new(0, 3), false).unwrap();
         let addr = r.address();
         free(r, 5);
         let err = check_range(addr, 8, "copy source").unwrap_err();
@@ -590,7 +621,7 @@ mod tests {
 
     #[test]
     fn heap_allocations_keep_their_canaries() {
-        let r = heap_alloc(10, U32, 1).unwrap();
+        let r = heap_alloc(10, U32, Owner::new(0, 1)).unwrap();
         assert!(check_range(r.address(), 10, "copy").is_ok());
         // SAFETY: inside the allocation's tail canary.
         unsafe { *(r.address() as *mut u8).add(10) = 7 };
@@ -606,10 +637,10 @@ mod tests {
     fn reuse_hands_a_freed_mapping_out_again() {
         // An odd size, so that no other test's mapping is the same size.
         let bytes = 5 * page() + 8;
-        let r = alloc(bytes, U32, 1, false).unwrap();
+        let r = alloc(bytes, U32, Owner::new(0, 1), false).unwrap();
         let addr = r.address();
         free(r, 1);
-        let again = alloc(bytes, U32, 2, true).unwrap();
+        let again = alloc(bytes, U32, Owner::new(0, 2), true).unwrap();
         assert_eq!(again.address(), addr, "the pool reuses it at once");
         // SAFETY: live again, and poisoned.
         assert_eq!(unsafe { *(addr as *const u8) }, POISON_NEW);

@@ -113,7 +113,13 @@ pub(crate) struct Shared {
     pub(crate) workers: u32,
     streams: Mutex<Vec<Weak<stream::Queue>>>,
     next_stream: AtomicU64,
+    /// The device's number among every emulated device the process opened: what its buffers
+    /// are tagged with, so that one device's kernels and copies cannot use another's memory.
+    pub(crate) device: u32,
 }
+
+/// Emulated devices opened so far in the process.
+static NEXT_DEVICE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 pub(crate) struct EmuDevice {
     description: DeviceDescription,
@@ -169,6 +175,7 @@ impl EmuDevice {
                 workers,
                 streams: Mutex::new(Vec::new()),
                 next_stream: AtomicU64::new(1),
+                device: NEXT_DEVICE.fetch_add(1, Ordering::Relaxed),
             }),
         }
     }

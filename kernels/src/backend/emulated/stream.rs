@@ -392,6 +392,13 @@ impl EmuStream {
     fn queue(&self) -> &Queue {
         &self.handle.queue
     }
+
+    /// Fails when `addr` lies in another emulated device's buffer (see
+    /// [`memory::check_device`]): a bug in the caller, reported before anything is queued.
+    fn owns(&self, addr: u64, what: &str) -> Result<()> {
+        memory::check_device(addr, self.queue().shared.device, what)
+            .map_err(|message| KernelError::Internal { message })
+    }
 }
 
 /// Emulated device memory, freed in the order of the stream that allocated it.
@@ -441,7 +448,12 @@ impl StreamBackend for EmuStream {
             q.shared.options.strict.is_some_and(|seed| {
                 mix(seed ^ bytes as u64 ^ q.id ^ rand_counter()).is_multiple_of(2)
             });
-        let region = memory::alloc(bytes, elem, q.id, reuse)?;
+        let region = memory::alloc(
+            bytes,
+            elem,
+            memory::Owner::new(q.shared.device, q.id),
+            reuse,
+        )?;
         let address = region.address();
         let mem = Box::new(EmuMemory {
             region: Some(region),
@@ -458,6 +470,7 @@ impl StreamBackend for EmuStream {
     }
 
     unsafe fn copy_from_host(&self, src: &[u8], dst: u64) -> Result<()> {
+        self.owns(dst, "a copy to the device")?;
         self.queue().push(Op::Write {
             dst,
             bytes: src.to_vec(),
@@ -466,6 +479,7 @@ impl StreamBackend for EmuStream {
     }
 
     unsafe fn copy_from_pinned(&self, src: HostPtr, dst: u64, len: usize) -> Result<()> {
+        self.owns(dst, "a copy to the device")?;
         self.queue().push(Op::WritePinned { src, dst, len });
         Ok(())
     }
@@ -473,6 +487,7 @@ impl StreamBackend for EmuStream {
     unsafe fn copy_to_pinned(&self, src: u64, dst: HostPtr, len: usize, idle: bool) -> Result<()> {
         // Until the copy runs the host must not read the buffer; if it does, it sees poison.
         // (Not while an earlier copy, an upload from this buffer, may still read its bytes.)
+        self.owns(src, "a copy to the host")?;
         if idle {
             // SAFETY: the caller's range of a live pinned block no copy uses.
             unsafe { std::ptr::write_bytes(dst.0, POISON_NEW, len) };
@@ -482,6 +497,7 @@ impl StreamBackend for EmuStream {
     }
 
     unsafe fn copy_to_host(&self, src: u64, dst: &mut [u8]) -> Result<()> {
+        self.owns(src, "a copy to the host")?;
         self.queue().push(Op::Read {
             src,
             dst: HostPtr(dst.as_mut_ptr()),
@@ -492,11 +508,20 @@ impl StreamBackend for EmuStream {
     }
 
     unsafe fn copy_device(&self, src: u64, dst: u64, len: usize) -> Result<()> {
+        self.owns(src, "a device copy")?;
+        self.owns(dst, "a device copy")?;
         self.queue().push(Op::Copy { src, dst, len });
         Ok(())
     }
 
     unsafe fn launch(&self, kernel: &Kernel, cfg: LaunchConfig, args: &[KernelArg]) -> Result<()> {
+        for arg in args {
+            if let &KernelArg::Ptr(p) = arg
+                && p != 0
+            {
+                self.owns(p, &format!("kernel `{}`", kernel.name()))?;
+            }
+        }
         self.queue().push(Op::Launch {
             kernel: kernel.clone(),
             cfg,

@@ -1,0 +1,719 @@
+//! `GpuExchangeExec`: moving a GPU subtree's rows between devices.
+//!
+//! With several devices (`EngineBuilder::devices`), a GPU subtree runs one partition per device:
+//! partition `p` on device `p % devices` (`plan/devices.rs`). Where an operator needs its rows
+//! placed differently, one of these exchanges sits below it:
+//! - **Shuffle**: each row to the device its key hash picks (`N` partitions, hash-partitioned
+//!   by the keys), under a final aggregation, a partitioned join or a window. The hash is the
+//!   one spilling uses (`spill::hash_keys`), so both sides of a join agree; the device is
+//!   picked by bits 32..36 of it, which neither a grace split (the top bits) nor a hash table's
+//!   slot (the low bits) looks at first.
+//! - **Gather**: every partition onto the consumer's device (one partition), under an
+//!   operator that needs all rows in one place: a global sort, a final limit, an ungrouped
+//!   aggregation's final stage, the result. Partitions already on that device run on the
+//!   consumer's stream and are not copied.
+//! - **Broadcast**: every input partition onto each consumer's device, once per device that
+//!   executes it (one partition, executed by every probe partition): a join's build side,
+//!   each device's share sent to every device.
+//! - **Spread**: a CPU input's partitions uploaded to the devices, partition `k` to device
+//!   `k % N`: the first upload of a multi-device subtree.
+//!
+//! Devices do not address each other's memory here (the emulator refuses it, see
+//! `spate_kernels`' emulated memory, as a GPU without peer access would fault), so rows cross
+//! through pinned host memory: one download on the sending device and one upload on the
+//! receiving one. Rows that stay on their device make the same round trip today. Both are
+//! counted: the runtime's `d2h_bytes`/`h2d_bytes` of this operator, and `exchange_bytes`
+//! (payload that changed devices) and `exchange_local_bytes` (payload that stayed).
+//!
+//! The sending side runs in tasks of its own (one per input partition, on that partition's
+//! device), so every device works at once. Channels between them are unbounded: a device that
+//! consumes slowly holds the rows sent to it in host memory.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use arrow::array::{Array, RecordBatch};
+use arrow::datatypes::SchemaRef;
+use datafusion::common::runtime::SpawnedTask;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::error::{DataFusionError, Result as DFResult};
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder};
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning,
+    PlanProperties,
+};
+use futures::StreamExt;
+use spate_kernels::Stream as DeviceStream;
+use spate_kernels::partition::partition_rows;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+
+use super::counted::RuntimeScope;
+use super::spill::{SPLIT_BITS, hash_keys};
+use super::{
+    DeviceBatchStream, GpuExec, TransferMetrics, batch_target, device_input, gpu_context,
+    region_stream, to_df,
+};
+use crate::column::upload_batches;
+use crate::column::{DeviceBatch, DeviceColumn, Gather, download_batch, gather_columns};
+use crate::error::SpateError;
+
+/// Bytes of payload an exchange moved to another device (see the module docs).
+pub const EXCHANGE_BYTES: &str = "exchange_bytes";
+/// Bytes of payload an exchange moved through the host back to the device it was on.
+pub const EXCHANGE_LOCAL_BYTES: &str = "exchange_local_bytes";
+
+/// The lowest of the hash bits that pick a shuffled row's device.
+const SHUFFLE_SHIFT: u32 = 32;
+
+/// Which exchange (see the module docs).
+#[derive(Debug, Clone)]
+pub enum ExchangeKind {
+    /// Rows to the device their hash over `keys` (column indices) picks.
+    Shuffle {
+        /// The key columns' indices in the input.
+        keys: Vec<usize>,
+    },
+    /// Every partition onto the consumer's device.
+    Gather,
+    /// Every input partition onto every consumer's device.
+    Broadcast,
+    /// A CPU input's partitions uploaded, partition `k` to device `k % devices`.
+    Spread,
+}
+
+impl ExchangeKind {
+    fn name(&self) -> &'static str {
+        match self {
+            ExchangeKind::Shuffle { .. } => "shuffle",
+            ExchangeKind::Gather => "gather",
+            ExchangeKind::Broadcast => "broadcast",
+            ExchangeKind::Spread => "spread",
+        }
+    }
+}
+
+/// What one output partition receives from the sending tasks: a host batch, and whether it
+/// changed devices.
+type Message = DFResult<(RecordBatch, bool)>;
+
+/// Moves a GPU subtree's rows between devices (see the module docs).
+pub struct GpuExchangeExec {
+    input: Arc<dyn ExecutionPlan>,
+    kind: ExchangeKind,
+    devices: usize,
+    properties: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+    /// A shuffle's receivers, made with its sending tasks when the first partition executes.
+    shuffle: Mutex<Option<ShuffleState>>,
+    /// A broadcast's input, downloaded once, with the device each batch came from.
+    broadcast: Arc<BroadcastCell>,
+}
+
+type BroadcastCell =
+    tokio::sync::OnceCell<Result<Arc<Vec<(usize, RecordBatch)>>, Arc<DataFusionError>>>;
+
+struct ShuffleState {
+    receivers: Vec<Option<UnboundedReceiver<Message>>>,
+    tasks: Arc<Vec<SpawnedTask<()>>>,
+}
+
+impl fmt::Debug for GpuExchangeExec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GpuExchangeExec")
+            .field("kind", &self.kind)
+            .field("devices", &self.devices)
+            .finish()
+    }
+}
+
+impl GpuExchangeExec {
+    /// A shuffle of `input` by `keys` to `devices` devices, when every key is a column of the
+    /// input; `None` otherwise (the caller keeps its plan on one device).
+    pub fn shuffle(
+        input: Arc<dyn ExecutionPlan>,
+        keys: &[Arc<dyn PhysicalExpr>],
+        devices: usize,
+    ) -> Option<Self> {
+        let columns = keys
+            .iter()
+            .map(|k| k.downcast_ref::<Column>().map(Column::index))
+            .collect::<Option<Vec<_>>>()?;
+        if columns.is_empty() {
+            return None;
+        }
+        let partitioning = Partitioning::Hash(keys.to_vec(), devices);
+        Some(Self::new(
+            input,
+            ExchangeKind::Shuffle { keys: columns },
+            devices,
+            partitioning,
+            false,
+        ))
+    }
+
+    /// Every partition of `input` onto the consumer's device, as one partition.
+    pub fn gather(input: Arc<dyn ExecutionPlan>, devices: usize) -> Self {
+        let keeps_order = input.output_partitioning().partition_count() == 1;
+        Self::new(
+            input,
+            ExchangeKind::Gather,
+            devices,
+            Partitioning::UnknownPartitioning(1),
+            keeps_order,
+        )
+    }
+
+    /// Every partition of `input` onto the device of every consumer that executes it, as one
+    /// partition.
+    pub fn broadcast(input: Arc<dyn ExecutionPlan>, devices: usize) -> Self {
+        let keeps_order = input.output_partitioning().partition_count() == 1;
+        Self::new(
+            input,
+            ExchangeKind::Broadcast,
+            devices,
+            Partitioning::UnknownPartitioning(1),
+            keeps_order,
+        )
+    }
+
+    /// A CPU `input`'s partitions uploaded to `devices` devices, in `devices` partitions.
+    pub fn spread(input: Arc<dyn ExecutionPlan>, devices: usize) -> Self {
+        let keeps_order = devices == 1 && input.output_partitioning().partition_count() == 1;
+        Self::new(
+            input,
+            ExchangeKind::Spread,
+            devices,
+            Partitioning::UnknownPartitioning(devices),
+            keeps_order,
+        )
+    }
+
+    fn new(
+        input: Arc<dyn ExecutionPlan>,
+        kind: ExchangeKind,
+        devices: usize,
+        partitioning: Partitioning,
+        keeps_order: bool,
+    ) -> Self {
+        let mut eq = input.equivalence_properties().clone();
+        if !keeps_order {
+            eq.clear_orderings();
+        }
+        let properties = PlanProperties::new(
+            eq,
+            partitioning,
+            input.pipeline_behavior(),
+            input.boundedness(),
+        );
+        GpuExchangeExec {
+            input,
+            kind,
+            devices,
+            properties: Arc::new(properties),
+            metrics: ExecutionPlanMetricsSet::new(),
+            shuffle: Mutex::new(None),
+            broadcast: Arc::new(tokio::sync::OnceCell::new()),
+        }
+    }
+
+    /// The same exchange over a new input.
+    fn with_input(&self, input: Arc<dyn ExecutionPlan>) -> DFResult<Self> {
+        Ok(match &self.kind {
+            ExchangeKind::Shuffle { .. } => {
+                let Partitioning::Hash(keys, _) = self.properties.output_partitioning() else {
+                    return Err(DataFusionError::Internal(
+                        "a shuffle without hash partitioning (this is a bug)".into(),
+                    ));
+                };
+                Self::shuffle(input, keys, self.devices).ok_or_else(|| {
+                    DataFusionError::Internal(
+                        "a shuffle's keys are no longer columns (this is a bug)".into(),
+                    )
+                })?
+            }
+            ExchangeKind::Gather => Self::gather(input, self.devices),
+            ExchangeKind::Broadcast => Self::broadcast(input, self.devices),
+            ExchangeKind::Spread => Self::spread(input, self.devices),
+        })
+    }
+
+    fn counters(&self, partition: usize) -> (Count, Count) {
+        (
+            MetricBuilder::new(&self.metrics).counter(EXCHANGE_BYTES, partition),
+            MetricBuilder::new(&self.metrics).counter(EXCHANGE_LOCAL_BYTES, partition),
+        )
+    }
+
+    /// A task that runs input partition `partition` on its own device and hands each device
+    /// batch to `send` there (in this exchange's runtime scope for that partition).
+    fn sender(
+        &self,
+        partition: usize,
+        context: &Arc<TaskContext>,
+        mut send: impl FnMut(&DeviceStream, DeviceBatch) -> DFResult<()> + Send + 'static,
+        mut fail: impl FnMut(DataFusionError) + Send + 'static,
+    ) -> SpawnedTask<()> {
+        let input = Arc::clone(&self.input);
+        let context = Arc::clone(context);
+        let scope = RuntimeScope::new(&self.metrics, partition);
+        let transfer = TransferMetrics::passing_through(&self.metrics, partition);
+        SpawnedTask::spawn(async move {
+            let run = async {
+                let gpu = gpu_context(&context)?;
+                let stream = region_stream(gpu.device_for(partition), &context)?;
+                let mut batches = device_input(&input, partition, &context, &stream, &transfer)?;
+                while let Some(batch) = batches.next().await {
+                    let batch = batch?;
+                    scope.run(|| send(&stream, batch))?;
+                }
+                DFResult::Ok(())
+            };
+            if let Err(e) = run.await {
+                fail(e);
+            }
+        })
+    }
+
+    /// A shuffle's output partition `partition`: its sending tasks start with the first one.
+    fn shuffled(
+        &self,
+        partition: usize,
+        context: &Arc<TaskContext>,
+        stream: Arc<DeviceStream>,
+        keys: &[usize],
+    ) -> DFResult<DeviceBatchStream> {
+        let mut state = self.shuffle.lock().unwrap_or_else(|p| p.into_inner());
+        if state.is_none() {
+            let (senders, receivers): (Vec<_>, Vec<_>) =
+                (0..self.devices).map(|_| unbounded_channel()).unzip();
+            let inputs = self.input.output_partitioning().partition_count();
+            let tasks = (0..inputs)
+                .map(|i| {
+                    let to = senders.clone();
+                    let on_error = senders.clone();
+                    let keys = keys.to_vec();
+                    let devices = self.devices;
+                    let home = i % devices;
+                    self.sender(
+                        i,
+                        context,
+                        move |stream, batch| {
+                            for (device, rows) in
+                                split_by_device(stream, &batch, &keys, devices).map_err(to_df)?
+                            {
+                                // A closed receiver's output partition is no longer read.
+                                let _ = to[device].send(Ok((rows, device != home)));
+                            }
+                            Ok(())
+                        },
+                        move |e| send_error(&on_error, e),
+                    )
+                })
+                .collect();
+            *state = Some(ShuffleState {
+                receivers: receivers.into_iter().map(Some).collect(),
+                tasks: Arc::new(tasks),
+            });
+        }
+        let Some(ShuffleState { receivers, tasks }) = state.as_mut() else {
+            unreachable!("initialised above");
+        };
+        let receiver = receivers
+            .get_mut(partition)
+            .and_then(Option::take)
+            .ok_or_else(|| {
+                DataFusionError::Internal(format!(
+                    "GpuExchangeExec (shuffle) partition {partition} executed twice or out of \
+                     range (this is a bug)"
+                ))
+            })?;
+        Ok(receiving(
+            receiver,
+            self.schema(),
+            stream,
+            batch_target(context)?,
+            self.counters(partition),
+            Arc::clone(tasks),
+        ))
+    }
+
+    /// A gather's one output partition, onto `stream`'s device.
+    fn gathered(
+        &self,
+        context: &Arc<TaskContext>,
+        stream: Arc<DeviceStream>,
+    ) -> DFResult<DeviceBatchStream> {
+        let gpu = gpu_context(context)?;
+        let here = stream.device().id();
+        let inputs = self.input.output_partitioning().partition_count();
+        let mut parts: Vec<DeviceBatchStream> = Vec::new();
+        let (sender, receiver) = unbounded_channel();
+        let mut tasks = Vec::new();
+        for i in 0..inputs {
+            if gpu.device_for(i).id() == here {
+                // Already on the consumer's device: its kernels run on the consumer's stream.
+                let transfer = TransferMetrics::passing_through(&self.metrics, i);
+                parts.push(device_input(&self.input, i, context, &stream, &transfer)?);
+                continue;
+            }
+            let to = sender.clone();
+            let on_error = sender.clone();
+            tasks.push(self.sender(
+                i,
+                context,
+                move |stream, batch| {
+                    let rows = download_batch(stream, &batch).map_err(to_df)?;
+                    if rows.num_rows() > 0 {
+                        let _ = to.send(Ok((rows, true)));
+                    }
+                    Ok(())
+                },
+                move |e| {
+                    let _ = on_error.send(Err(e));
+                },
+            ));
+        }
+        drop(sender);
+        if !tasks.is_empty() {
+            parts.push(receiving(
+                receiver,
+                self.schema(),
+                stream,
+                batch_target(context)?,
+                self.counters(0),
+                Arc::new(tasks),
+            ));
+        }
+        Ok(Box::pin(futures::stream::select_all(parts)))
+    }
+
+    /// A broadcast's partition on `stream`'s device: the input, every partition downloaded
+    /// once on its own device, uploaded there.
+    fn broadcasted(
+        &self,
+        context: &Arc<TaskContext>,
+        stream: Arc<DeviceStream>,
+    ) -> DFResult<DeviceBatchStream> {
+        let cell = Arc::clone(&self.broadcast);
+        let input = Arc::clone(&self.input);
+        let context = Arc::clone(context);
+        let metrics = self.metrics.clone();
+        let target = batch_target(&context)?;
+        let schema = self.schema();
+        let (crossed, local) = self.counters(0);
+        let rows = async move {
+            let held = cell
+                .get_or_init(|| async {
+                    let gpu = gpu_context(&context).map_err(Arc::new)?;
+                    let partitions = input.output_partitioning().partition_count();
+                    // Each partition on its own device, all at once.
+                    let downloads = (0..partitions).map(|i| {
+                        let input = Arc::clone(&input);
+                        let context = Arc::clone(&context);
+                        let device = gpu.device_for(i).clone();
+                        let scope = RuntimeScope::new(&metrics, i);
+                        let transfer = TransferMetrics::passing_through(&metrics, i);
+                        SpawnedTask::spawn(async move {
+                            let home = region_stream(&device, &context)?;
+                            let mut batches = device_input(&input, i, &context, &home, &transfer)?;
+                            let mut held = Vec::new();
+                            while let Some(batch) = batches.next().await {
+                                let batch = batch?;
+                                let rows =
+                                    scope.run(|| download_batch(&home, &batch)).map_err(to_df)?;
+                                if rows.num_rows() > 0 {
+                                    held.push((device.id(), rows));
+                                }
+                            }
+                            DFResult::Ok(held)
+                        })
+                    });
+                    let mut held = Vec::new();
+                    for part in futures::future::join_all(downloads).await {
+                        let part = part
+                            .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))
+                            .and_then(|p| p)
+                            .map_err(Arc::new)?;
+                        held.extend(part);
+                    }
+                    Ok(Arc::new(held))
+                })
+                .await;
+            let held: Arc<Vec<(usize, RecordBatch)>> = match held {
+                Ok(h) => Arc::clone(h),
+                Err(e) => return Err(DataFusionError::Shared(Arc::clone(e))),
+            };
+            let here = stream.device().id();
+            // Uploaded in groups of about a batch target each.
+            let mut out = Vec::new();
+            let mut group: Vec<RecordBatch> = Vec::new();
+            let mut bytes = 0;
+            for (from, rows) in held.iter() {
+                let size = payload_bytes(rows);
+                if bytes + size > target && !group.is_empty() {
+                    out.push(upload_batches(&stream, &schema, &group).map_err(to_df));
+                    group.clear();
+                    bytes = 0;
+                }
+                if *from == here {
+                    local.add(size);
+                } else {
+                    crossed.add(size);
+                }
+                group.push(rows.clone());
+                bytes += size;
+            }
+            if !group.is_empty() {
+                out.push(upload_batches(&stream, &schema, &group).map_err(to_df));
+            }
+            DFResult::Ok(out)
+        };
+        Ok(Box::pin(
+            futures::stream::once(rows)
+                .map(|r| match r {
+                    Ok(batches) => futures::stream::iter(batches).left_stream(),
+                    Err(e) => futures::stream::iter(vec![Err(e)]).right_stream(),
+                })
+                .flatten(),
+        ))
+    }
+
+    /// A spread's partition `partition`: input partitions `partition`, `partition + devices`, …
+    /// uploaded onto `stream`.
+    fn spread_to(
+        &self,
+        partition: usize,
+        context: &Arc<TaskContext>,
+        stream: Arc<DeviceStream>,
+    ) -> DFResult<DeviceBatchStream> {
+        let inputs = self.input.output_partitioning().partition_count();
+        let parts = (partition..inputs)
+            .step_by(self.devices)
+            .map(|k| {
+                let transfer = TransferMetrics::passing_through(&self.metrics, partition);
+                device_input(&self.input, k, context, &stream, &transfer)
+            })
+            .collect::<DFResult<Vec<_>>>()?;
+        Ok(Box::pin(futures::stream::select_all(parts)))
+    }
+}
+
+fn send_error(senders: &[UnboundedSender<Message>], error: DataFusionError) {
+    let shared = Arc::new(error);
+    for s in senders {
+        let _ = s.send(Err(DataFusionError::Shared(Arc::clone(&shared))));
+    }
+}
+
+/// Bytes of a host batch's rows: the slices' share of their buffers.
+fn payload_bytes(batch: &RecordBatch) -> usize {
+    batch
+        .columns()
+        .iter()
+        .map(|c| {
+            c.to_data()
+                .get_slice_memory_size()
+                .unwrap_or_else(|_| c.get_array_memory_size())
+        })
+        .sum()
+}
+
+/// An output partition's device batches: what the sending tasks send, uploaded onto `stream`
+/// in groups of up to about `target` bytes (whatever has arrived when the consumer asks).
+fn receiving(
+    receiver: UnboundedReceiver<Message>,
+    schema: SchemaRef,
+    stream: Arc<DeviceStream>,
+    target: usize,
+    (crossed, local): (Count, Count),
+    tasks: Arc<Vec<SpawnedTask<()>>>,
+) -> DeviceBatchStream {
+    let state = (receiver, tasks);
+    Box::pin(futures::stream::unfold(
+        state,
+        move |(mut receiver, tasks)| {
+            let schema = Arc::clone(&schema);
+            let stream = Arc::clone(&stream);
+            let (crossed, local) = (crossed.clone(), local.clone());
+            async move {
+                let first = receiver.recv().await?;
+                let mut group = Vec::new();
+                let mut bytes = 0;
+                let mut next = Some(first);
+                while let Some(message) = next.take() {
+                    let (rows, changed) = match message {
+                        Ok(m) => m,
+                        Err(e) => return Some((Err(e), (receiver, tasks))),
+                    };
+                    let size = payload_bytes(&rows);
+                    if changed {
+                        crossed.add(size);
+                    } else {
+                        local.add(size);
+                    }
+                    bytes += size;
+                    group.push(rows);
+                    if bytes < target {
+                        next = receiver.try_recv().ok();
+                    }
+                }
+                let batch = upload_batches(&stream, &schema, &group).map_err(to_df);
+                Some((batch, (receiver, tasks)))
+            }
+        },
+    ))
+}
+
+/// `batch`'s rows grouped by the device their key hash picks, downloaded once: one host batch
+/// per device that gets rows. Device `d` takes hash groups `d * 16 / devices ..` up to the
+/// next device's, so the groups split as evenly as 16 allows.
+fn split_by_device(
+    stream: &DeviceStream,
+    batch: &DeviceBatch,
+    keys: &[usize],
+    devices: usize,
+) -> crate::error::Result<Vec<(usize, RecordBatch)>> {
+    let batch = batch.resolve(stream)?;
+    let rows = batch.bound();
+    if rows == 0 {
+        return Ok(Vec::new());
+    }
+    if devices == 1 {
+        return Ok(vec![(0, download_batch(stream, &batch)?)]);
+    }
+    let key_columns: Vec<&DeviceColumn> = keys.iter().map(|&k| &batch.columns()[k]).collect();
+    let hashes = hash_keys(stream, &key_columns)?.ok_or_else(|| SpateError::Internal {
+        message: "a shuffle by keys that cannot be hashed".into(),
+    })?;
+    let split = partition_rows(stream, hashes.as_slice(), SHUFFLE_SHIFT, SPLIT_BITS)?;
+    drop(hashes);
+    let gathers: Vec<Gather<'_>> = batch
+        .columns()
+        .iter()
+        .map(|c| Gather::rows(c, split.order.as_slice()).each_row_once())
+        .collect();
+    let columns = gather_columns(stream, &gathers)?;
+    let grouped = DeviceBatch::try_new(Arc::clone(batch.schema()), columns, rows)?;
+    drop(batch);
+    let host = download_batch(stream, &grouped)?;
+    let groups = 1usize << SPLIT_BITS;
+    let mut out = Vec::new();
+    let mut start = 0;
+    for device in 0..devices {
+        let (lo, hi) = (device * groups / devices, (device + 1) * groups / devices);
+        let len: usize = split.counts[lo..hi].iter().sum();
+        if len > 0 {
+            out.push((device, host.slice(start, len)));
+        }
+        start += len;
+    }
+    Ok(out)
+}
+
+impl DisplayAs for GpuExchangeExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match t {
+            DisplayFormatType::TreeRender => write!(f, "{}", self.kind.name()),
+            _ => {
+                write!(f, "GpuExchangeExec: {}", self.kind.name())?;
+                if let Partitioning::Hash(keys, _) = self.properties.output_partitioning() {
+                    let keys: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+                    write!(f, " by [{}]", keys.join(", "))?;
+                }
+                write!(f, ", devices={}", self.devices)
+            }
+        }
+    }
+}
+
+impl ExecutionPlan for GpuExchangeExec {
+    fn name(&self) -> &str {
+        "GpuExchangeExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DFResult<TreeNodeRecursion>,
+    ) -> DFResult<TreeNodeRecursion> {
+        if let Partitioning::Hash(keys, _) = self.properties.output_partitioning() {
+            for key in keys {
+                if f(key)? == TreeNodeRecursion::Stop {
+                    return Ok(TreeNodeRecursion::Stop);
+                }
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+        _options: datafusion::physical_plan::ReplaceChildrenOptions,
+    ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        match (children.pop(), children.is_empty()) {
+            (Some(input), true) => Ok(Arc::new(self.with_input(input)?)),
+            _ => Err(DataFusionError::Internal(
+                "GpuExchangeExec takes one child (this is a bug)".into(),
+            )),
+        }
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![
+            matches!(self.kind, ExchangeKind::Broadcast | ExchangeKind::Gather)
+                && self.input.output_partitioning().partition_count() == 1,
+        ]
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false]
+    }
+
+    crate::exec::gpu_plan_methods!();
+}
+
+impl GpuExec for GpuExchangeExec {
+    fn plan_metrics(&self) -> &ExecutionPlanMetricsSet {
+        &self.metrics
+    }
+
+    fn device_metrics(&self) -> Option<&ExecutionPlanMetricsSet> {
+        // Its traffic is over the bus, counted by the runtime in its scope.
+        None
+    }
+
+    fn execute_device(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+        stream: Arc<DeviceStream>,
+    ) -> DFResult<DeviceBatchStream> {
+        let partitions = self.properties.output_partitioning().partition_count();
+        if partition >= partitions {
+            return Err(DataFusionError::Internal(format!(
+                "GpuExchangeExec has {partitions} output partitions, asked for {partition} \
+                 (this is a bug)"
+            )));
+        }
+        match &self.kind {
+            ExchangeKind::Shuffle { keys } => {
+                let keys = keys.clone();
+                self.shuffled(partition, &context, stream, &keys)
+            }
+            ExchangeKind::Gather => self.gathered(&context, stream),
+            ExchangeKind::Broadcast => self.broadcasted(&context, stream),
+            ExchangeKind::Spread => self.spread_to(partition, &context, stream),
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! Several devices in one process (emulated): every GPU subtree runs one partition per device,
+//! with exchanges between devices, and every TPC-H query equals the CPU's result.
+//!
+//! The emulated devices are as strict as GPUs without peer access: a kernel or a copy on one
+//! device handed another device's buffer is refused (see `kernels/tests/device.rs`), so a
+//! batch that crossed devices without an exchange fails the query here.
+
+#![allow(
+    clippy::unwrap_used,
+    reason = "test helpers: a failed unwrap is a failed test"
+)]
+
+use spate::{Backend, Devices, Engine};
+
+mod common;
+use common::ordered as lines;
+
+fn query(name: &str) -> String {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../benches/queries/tpch/");
+    std::fs::read_to_string(format!("{path}{name}.sql")).unwrap()
+}
+
+/// A GPU engine on `devices` emulated devices that fails on any CPU operator, and a CPU engine,
+/// both over TPC-H at `sf`.
+async fn engines(sf: f64, devices: usize) -> (Engine, Engine) {
+    let gpu = Engine::builder()
+        .backend(Backend::Emulated)
+        .devices(Devices::Count(devices))
+        .target_partitions(2)
+        .build()
+        .unwrap();
+    let cpu = Engine::builder()
+        .backend(Backend::Cpu)
+        .target_partitions(2)
+        .build()
+        .unwrap();
+    spate::tpch::register_tpch(&gpu, sf).unwrap();
+    spate::tpch::register_tpch(&cpu, sf).unwrap();
+    gpu.collect("SET spate.gpu.fallback = 'error'")
+        .await
+        .unwrap();
+    (gpu, cpu)
+}
+
+async fn explain(engine: &Engine, sql: &str) -> String {
+    lines(&engine.collect(&format!("EXPLAIN {sql}")).await.unwrap()).join("\n")
+}
+
+/// All 22 queries on four devices, each with small or default device batches: the CPU's
+/// result, and every device did work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_tpch_query_on_four_devices_matches_the_cpu() {
+    let (gpu, cpu) = engines(0.01, 4).await;
+    let context = gpu.gpu().unwrap();
+    assert_eq!(context.devices().len(), 4);
+    let before: Vec<_> = context.devices().iter().map(|d| d.counters()).collect();
+    for n in 1..=22 {
+        let name = format!("q{n:02}");
+        let sql = query(&name);
+        let bytes = if n % 2 == 0 { 64 << 10 } else { 128 << 20 };
+        gpu.collect(&format!("SET spate.gpu.batch_bytes = {bytes}"))
+            .await
+            .unwrap();
+        let got = gpu
+            .collect(&sql)
+            .await
+            .unwrap_or_else(|e| panic!("{name} on four devices: {e}"));
+        let want = cpu.collect(&sql).await.unwrap();
+        assert_eq!(
+            lines(&got),
+            lines(&want),
+            "{name} with spate.gpu.batch_bytes = {bytes}"
+        );
+    }
+    for (i, (device, before)) in context.devices().iter().zip(before).enumerate() {
+        let ran = device.counters() - before;
+        assert!(ran.launches > 0, "device {i} launched nothing");
+        assert_eq!(device.memory_stats().allocated_bytes, 0, "device {i}");
+    }
+}
+
+/// The exchanges a plan over several devices gets: a shuffle between an aggregation's two
+/// stages, a broadcast build side, a gather under a global sort, a spread of the scans.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plans_over_several_devices_exchange_between_them() {
+    let (gpu, _) = engines(0.01, 2).await;
+    let q1 = explain(&gpu, &query("q01")).await;
+    assert!(q1.contains("GpuExchangeExec: spread, devices=2"), "{q1}");
+    assert!(
+        q1.contains("GpuExchangeExec: shuffle by [l_returnflag"),
+        "{q1}"
+    );
+    assert!(!q1.contains("RepartitionExec: partitioning=Hash"), "{q1}");
+    // A small dimension table joined to a large one: broadcast to both devices.
+    let sql = "SELECT n_name, count(*) FROM supplier JOIN nation ON s_nationkey = n_nationkey \
+               GROUP BY n_name ORDER BY n_name";
+    let plan = explain(&gpu, sql).await;
+    assert!(plan.contains("GpuExchangeExec: broadcast"), "{plan}");
+    assert!(plan.contains("GpuExchangeExec: gather"), "{plan}");
+    // A global aggregate gathers its partial states onto one device.
+    let plan = explain(&gpu, "SELECT sum(l_quantity) FROM lineitem").await;
+    assert!(plan.contains("GpuExchangeExec: gather"), "{plan}");
+}
+
+/// One device is the plan of `plan/regions.rs`: no exchange between devices.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_device_has_no_exchanges() {
+    let (gpu, _) = engines(0.01, 1).await;
+    let plan = explain(&gpu, &query("q03")).await;
+    assert!(!plan.contains("GpuExchangeExec"), "{plan}");
+}
+
+/// A session of four devices opens four, each with its own memory budget; a bad list is a
+/// typed configuration error.
+#[test]
+fn devices_open_each_with_its_own_budget() {
+    let engine = Engine::builder()
+        .backend(Backend::Emulated)
+        .devices("cuda:0,2,5".parse().unwrap())
+        .gpu_memory_limit(8 << 20)
+        .build()
+        .unwrap();
+    let devices = engine.gpu().unwrap().devices();
+    let ordinals: Vec<usize> = devices.iter().map(|d| d.ordinal()).collect();
+    assert_eq!(ordinals, [0, 2, 5]);
+    for d in devices {
+        assert_eq!(d.memory_stats().budget_bytes, 8 << 20);
+    }
+    let err = "cuda:1,1".parse::<Devices>().unwrap_err();
+    assert!(matches!(err, spate::SpateError::Config { .. }), "{err}");
+}
