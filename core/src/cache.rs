@@ -57,6 +57,22 @@ pub struct CachedTable {
     pub bytes: usize,
     /// Where they are held.
     pub location: CacheLocation,
+    /// With several devices, each device's shard (one entry per device); otherwise empty.
+    pub shards: Vec<Shard>,
+    /// The columns rows were sharded by (`CACHE TABLE t SHARDED BY (…)`); empty for round
+    /// robin.
+    pub sharded_by: Vec<String>,
+}
+
+/// One device's part of a table cached over several devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    /// The device's ordinal.
+    pub device: usize,
+    /// Rows on it.
+    pub rows: usize,
+    /// Device bytes they take.
+    pub bytes: usize,
 }
 
 /// A table cached in host memory: a `MemTable` plus the memory reservation that accounts for

@@ -188,6 +188,95 @@ impl EngineBuilder {
     }
 }
 
+/// The option `CACHE TABLE t SHARDED BY (a, b)` becomes before parsing (the SQL parser has no
+/// such clause, and has `OPTIONS`).
+const SHARDED_BY_OPTION: &str = "spate.sharded_by";
+
+/// `sql` with every `CACHE TABLE name SHARDED BY (a, b)` written as `CACHE TABLE name
+/// OPTIONS ('spate.sharded_by' = 'a,b')`. Works on the dialect's tokens, so quotes and
+/// comments are left alone; text that does not tokenize is returned as it is, for the parser
+/// to report.
+fn sharded_by_as_options<'a>(
+    sql: &'a str,
+    dialect: &dyn datafusion::sql::sqlparser::dialect::Dialect,
+) -> std::borrow::Cow<'a, str> {
+    use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
+    let word = |t: &Token, w: &str| matches!(t, Token::Word(x) if x.value.eq_ignore_ascii_case(w) && x.quote_style.is_none());
+    let Ok(tokens) = Tokenizer::new(dialect, sql).tokenize() else {
+        return sql.into();
+    };
+    if !tokens.iter().any(|t| word(t, "SHARDED")) {
+        return sql.into();
+    }
+    let significant =
+        |from: usize| (from..tokens.len()).find(|&i| !matches!(tokens[i], Token::Whitespace(_)));
+    let mut out = String::with_capacity(sql.len());
+    let mut in_cache = false;
+    let mut i = 0;
+    while i < tokens.len() {
+        let t = &tokens[i];
+        if word(t, "CACHE") {
+            in_cache = true;
+        } else if matches!(t, Token::SemiColon) {
+            in_cache = false;
+        }
+        if in_cache
+            && word(t, "SHARDED")
+            && let Some(by) = significant(i + 1)
+            && word(&tokens[by], "BY")
+            && let Some(open) = significant(by + 1)
+            && matches!(tokens[open], Token::LParen)
+            && let Some(close) = (open..tokens.len()).find(|&j| matches!(tokens[j], Token::RParen))
+        {
+            let columns: Vec<String> = tokens[open + 1..close]
+                .iter()
+                .filter_map(|t| match t {
+                    Token::Word(w) => Some(w.value.clone()),
+                    _ => None,
+                })
+                .collect();
+            out.push_str(&format!(
+                "OPTIONS ('{SHARDED_BY_OPTION}' = '{}')",
+                columns.join(",")
+            ));
+            i = close + 1;
+            continue;
+        }
+        out.push_str(&t.to_string());
+        i += 1;
+    }
+    out.into()
+}
+
+/// The columns of a `CACHE TABLE`'s `SHARDED BY` (its `spate.sharded_by` option); an unknown
+/// option is an error.
+fn sharded_by_option(
+    options: &[datafusion::sql::sqlparser::ast::SqlOption],
+) -> Result<Vec<String>> {
+    use datafusion::sql::sqlparser::ast::{Expr as SqlExpr, SqlOption, Value};
+    let mut columns = Vec::new();
+    for option in options {
+        match option {
+            SqlOption::KeyValue { key, value } if key.value == SHARDED_BY_OPTION => {
+                if let SqlExpr::Value(v) = value
+                    && let Value::SingleQuotedString(list) = &v.value
+                {
+                    columns.extend(list.split(',').filter(|c| !c.is_empty()).map(String::from));
+                }
+            }
+            other => {
+                return Err(SpateError::Unsupported {
+                    message: format!(
+                        "CACHE TABLE option {other} is not supported (CACHE TABLE name \
+                         SHARDED BY (columns) shards it over the devices)"
+                    ),
+                });
+            }
+        }
+    }
+    Ok(columns)
+}
+
 fn config_error(message: &str) -> SpateError {
     SpateError::Config {
         message: message.to_string(),
@@ -409,6 +498,8 @@ impl Engine {
         let dialect = dialect_from_str(options.dialect.as_ref()).ok_or_else(|| {
             config_error(&format!("unsupported SQL dialect '{}'", options.dialect))
         })?;
+        let rewritten = sharded_by_as_options(sql, dialect.as_ref());
+        let sql: &str = &rewritten;
         let statements = DFParserBuilder::new(sql)
             .with_dialect(dialect.as_ref())
             .with_recursion_limit(options.recursion_limit.get())
@@ -424,7 +515,10 @@ impl Engine {
         if let Statement::Statement(sql) = &statement {
             match sql.as_ref() {
                 SqlStatement::Cache {
-                    table_name, query, ..
+                    table_name,
+                    query,
+                    options,
+                    ..
                 } => {
                     if query.is_some() {
                         return Err(SpateError::Unsupported {
@@ -433,7 +527,10 @@ impl Engine {
                                 .into(),
                         });
                     }
-                    let cached = self.cache_table(&table_name.to_string()).await?;
+                    let columns = sharded_by_option(options)?;
+                    let cached = self
+                        .cache_table_sharded_by(&table_name.to_string(), &columns)
+                        .await?;
                     return self.cache_report(&[cached]);
                 }
                 SqlStatement::UNCache {
@@ -504,7 +601,19 @@ impl Engine {
 
     /// Loads table `name` into memory for later queries: GPU memory on a GPU backend, host
     /// memory on `cpu` (see [`crate::cache`]). Caching a cached table again changes nothing.
+    /// With several devices the rows are sharded over them round robin.
     pub async fn cache_table(&self, name: &str) -> Result<CachedTable> {
+        self.cache_table_sharded_by(name, &[]).await
+    }
+
+    /// [`Engine::cache_table`], with several devices sharding the rows by the hash of
+    /// `columns` (`CACHE TABLE name SHARDED BY (columns)`): a join or an aggregation by them
+    /// then needs no exchange between devices. Empty `columns` shard round robin.
+    pub async fn cache_table_sharded_by(
+        &self,
+        name: &str,
+        columns: &[String],
+    ) -> Result<CachedTable> {
         let key = normalized_name(name)?;
         let reference = table_reference(name)?;
         let original = self.ctx.table_provider(reference.clone()).await?;
@@ -517,6 +626,22 @@ impl Engine {
             self.lock_cached().remove(&key);
         }
         let schema = original.schema();
+        let shard_columns = columns
+            .iter()
+            .map(|c| {
+                let wanted = c.trim_matches('"');
+                schema
+                    .fields()
+                    .iter()
+                    .position(|f| f.name() == wanted || f.name().eq_ignore_ascii_case(wanted))
+                    .ok_or_else(|| SpateError::Sql {
+                        message: format!(
+                            "CACHE TABLE {name} SHARDED BY: no column '{wanted}' in the table"
+                        ),
+                        location: None,
+                    })
+            })
+            .collect::<Result<Vec<usize>>>()?;
         let partitions = self
             .ctx
             .read_table(Arc::clone(&original))?
@@ -528,23 +653,48 @@ impl Engine {
                     let batch_bytes =
                         SpateOptions::gpu_batch_bytes(self.ctx.state().config().options());
                     let loader = Arc::clone(gpu);
+                    let by = shard_columns.clone();
                     let table = tokio::task::spawn_blocking(move || {
                         crate::exec::cache::DeviceTable::load(
                             &loader,
                             schema,
                             partitions,
                             batch_bytes,
+                            by,
                         )
                     })
                     .await
                     .map_err(|e| SpateError::Internal {
                         message: format!("caching table '{name}' stopped: {e}"),
                     })??;
+                    let several = gpu.devices().len() > 1;
                     let cached = CachedTable {
                         name: key.clone(),
                         rows: table.num_rows(),
                         bytes: table.device_bytes(),
                         location: CacheLocation::Gpu,
+                        shards: if several {
+                            table
+                                .shards()
+                                .into_iter()
+                                .zip(gpu.devices())
+                                .map(|((rows, bytes), d)| crate::cache::Shard {
+                                    device: d.ordinal(),
+                                    rows,
+                                    bytes,
+                                })
+                                .collect()
+                        } else {
+                            Vec::new()
+                        },
+                        sharded_by: if several {
+                            shard_columns
+                                .iter()
+                                .map(|&c| table.schema().field(c).name().clone())
+                                .collect()
+                        } else {
+                            Vec::new()
+                        },
                     };
                     let table = Arc::new(table);
                     let spillable: std::sync::Weak<dyn crate::exec::coordinator::Spillable> =
@@ -574,6 +724,8 @@ impl Engine {
                         rows,
                         bytes,
                         location: CacheLocation::Host,
+                        shards: Vec::new(),
+                        sharded_by: Vec::new(),
                     };
                     (Arc::new(provider), cached)
                 }

@@ -49,7 +49,7 @@ mod source;
 #[cfg(feature = "tpch")]
 pub mod tpch;
 
-pub use cache::{CacheLocation, CachedTable};
+pub use cache::{CacheLocation, CachedTable, Shard};
 pub use config::{Backend, Devices, parse_byte_size};
 pub use device::{BackendSelection, CompileStats, GpuInventory};
 pub use engine::{Engine, EngineBuilder};

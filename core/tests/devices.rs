@@ -129,3 +129,83 @@ fn devices_open_each_with_its_own_budget() {
     let err = "cuda:1,1".parse::<Devices>().unwrap_err();
     assert!(matches!(err, spate::SpateError::Config { .. }), "{err}");
 }
+
+/// `CACHE TABLE … SHARDED BY` places each row on the device the exchange would send it to: a
+/// join of two tables sharded by its keys needs no exchange, and equals the CPU. A table
+/// cached round robin is spread over the devices too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tables_sharded_by_their_join_keys_join_without_an_exchange() {
+    let (gpu, cpu) = engines(0.01, 4).await;
+    for engine in [&gpu, &cpu] {
+        // Partitioned joins (not a broadcast of the smaller side).
+        engine
+            .collect("SET datafusion.optimizer.hash_join_single_partition_threshold = 0")
+            .await
+            .unwrap();
+        engine
+            .collect("SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 0")
+            .await
+            .unwrap();
+    }
+    gpu.collect("CACHE TABLE lineitem SHARDED BY (l_orderkey)")
+        .await
+        .unwrap();
+    gpu.collect("cache table orders sharded by (o_orderkey)")
+        .await
+        .unwrap();
+    gpu.collect("CACHE TABLE customer").await.unwrap();
+    let tables = gpu.cached_tables();
+    let lineitem = tables.iter().find(|t| t.name == "lineitem").unwrap();
+    assert_eq!(lineitem.sharded_by, ["l_orderkey"]);
+    assert_eq!(lineitem.shards.len(), 4);
+    assert_eq!(
+        lineitem.shards.iter().map(|s| s.rows).sum::<usize>(),
+        lineitem.rows
+    );
+    assert!(lineitem.shards.iter().all(|s| s.rows > 0), "{lineitem:?}");
+    let customer = tables.iter().find(|t| t.name == "customer").unwrap();
+    assert!(customer.sharded_by.is_empty());
+    assert_eq!(customer.shards.len(), 4);
+
+    let sql = "SELECT o_orderpriority, count(*) AS n, sum(l_quantity) AS q \
+               FROM orders JOIN lineitem ON o_orderkey = l_orderkey \
+               GROUP BY o_orderpriority ORDER BY o_orderpriority";
+    let plan = explain(&gpu, sql).await;
+    assert!(plan.contains("mode=Partitioned"), "{plan}");
+    assert!(
+        plan.contains("GpuExchangeExec: shuffle by [o_orderpriority"),
+        "{plan}"
+    );
+    assert!(plan.contains("sharded_by=[l_orderkey"), "{plan}");
+    let join_to_scans = &plan[plan.find("GpuHashJoinExec").unwrap()..];
+    assert!(
+        !join_to_scans.contains("shuffle by [o_orderkey")
+            && !join_to_scans.contains("shuffle by [l_orderkey"),
+        "{plan}"
+    );
+    assert_eq!(
+        lines(&gpu.collect(sql).await.unwrap()),
+        lines(&cpu.collect(sql).await.unwrap())
+    );
+    // A cached table round robin, and the same table scanned through a plan on one device.
+    let sql = "SELECT c_mktsegment, count(*) FROM customer GROUP BY c_mktsegment ORDER BY 1";
+    assert_eq!(
+        lines(&gpu.collect(sql).await.unwrap()),
+        lines(&cpu.collect(sql).await.unwrap())
+    );
+    gpu.collect("SET spate.gpu.one_partition = false")
+        .await
+        .unwrap();
+    assert_eq!(
+        lines(&gpu.collect(sql).await.unwrap()),
+        lines(&cpu.collect(sql).await.unwrap())
+    );
+    let err = gpu
+        .collect("CACHE TABLE nation SHARDED BY (no_such_column)")
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("no column 'no_such_column'"),
+        "{err}"
+    );
+}

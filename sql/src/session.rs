@@ -219,14 +219,25 @@ impl Session {
                 let inventory = GpuInventory::discover();
                 let mut text = format!("{}\n{}", inventory.describe(), self.engine.backend());
                 if let Some(gpu) = self.engine.gpu() {
-                    let memory = gpu.device().memory_stats();
+                    let several = gpu.devices().len() > 1;
+                    for (i, device) in gpu.devices().iter().enumerate() {
+                        let memory = device.memory_stats();
+                        let which = if several {
+                            format!("device {i} (ordinal {})", device.ordinal())
+                        } else {
+                            "device".to_string()
+                        };
+                        text.push_str(&format!(
+                            "\n{which} in use: {}\nGPU memory: {:.1} MiB in use, {:.1} MiB \
+                             peak, {:.1} GiB budget",
+                            device.description(),
+                            (memory.allocated_bytes + memory.reserved_bytes) as f64 / 1048576.0,
+                            memory.peak_bytes as f64 / 1048576.0,
+                            memory.budget_bytes as f64 / 1073741824.0,
+                        ));
+                    }
                     text.push_str(&format!(
-                        "\ndevice in use: {}\nGPU memory: {:.1} MiB in use, {:.1} MiB peak, \
-                         {:.1} GiB budget\noperators left on the CPU so far: {}",
-                        gpu.device().description(),
-                        (memory.allocated_bytes + memory.reserved_bytes) as f64 / 1048576.0,
-                        memory.peak_bytes as f64 / 1048576.0,
-                        memory.budget_bytes as f64 / 1073741824.0,
+                        "\noperators left on the CPU so far: {}",
                         gpu.fallbacks()
                     ));
                 }
@@ -242,6 +253,26 @@ impl Session {
                         t.bytes as f64 / 1048576.0,
                         t.location
                     ));
+                    if !t.shards.is_empty() {
+                        let by = if t.sharded_by.is_empty() {
+                            "round robin".to_string()
+                        } else {
+                            format!("by ({})", t.sharded_by.join(", "))
+                        };
+                        let shards: Vec<String> = t
+                            .shards
+                            .iter()
+                            .map(|s| {
+                                format!(
+                                    "device {}: {} rows, {:.1} MiB",
+                                    s.device,
+                                    s.rows,
+                                    s.bytes as f64 / 1048576.0
+                                )
+                            })
+                            .collect();
+                        text.push_str(&format!("; sharded {by}: {}", shards.join("; ")));
+                    }
                 }
                 self.print(&text)?;
             }

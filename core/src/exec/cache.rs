@@ -22,6 +22,14 @@
 //! While the rows are still on the host, the load also learns what the planner may rely on
 //! later: which columns are unique and how long each string column's longest value is
 //! (`column_facts`).
+//!
+//! With several devices the table is sharded: one partition per device, partition `d` on
+//! device `d`. By default the load's batches go to the devices in turn (round robin); with
+//! `SHARDED BY (columns)` each row goes to the device an exchange between devices would send
+//! it to (`exchange::split_by_device`, the same hash), and the scan says its output is
+//! hash-partitioned by those columns, so a join or an aggregation by them needs no exchange.
+//! A scan asked for a shard on another device's stream (a plan kept on one device) copies it
+//! there through the host.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, RwLock};
@@ -38,6 +46,7 @@ use datafusion::datasource::{TableProvider, TableType};
 use datafusion::error::{DataFusionError, Result as DFResult};
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::Expr;
+use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType, SchedulingType};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder};
@@ -69,7 +78,10 @@ pub struct DeviceTable {
     device_bytes: usize,
     /// What was learnt of each column at load (see [`column_facts`]).
     facts: Vec<ColumnFacts>,
-    device: Device,
+    /// The device each partition is on.
+    devices: Vec<Device>,
+    /// The columns its rows are sharded by (empty: round robin, or one device).
+    sharded_by: Vec<usize>,
     /// When a scan last read it, for the spill coordinator's least-recently-used order.
     last_used: Mutex<Instant>,
     /// Held by every running scan's stream: a table in use is not moved to the host (its
@@ -122,43 +134,101 @@ fn resident_batch(
 
 impl DeviceTable {
     /// Uploads `partitions` (host batches of `schema`), coalescing each partition into device
-    /// batches of about `batch_bytes`, and waits until the data is on the device.
+    /// batches of about `batch_bytes`, and waits until the data is on the device. With several
+    /// devices the rows are sharded over them (see the module docs): by the hash of the
+    /// `sharded_by` columns, or round robin when there are none.
     pub fn load(
         gpu: &GpuContext,
         schema: SchemaRef,
         partitions: Vec<Vec<RecordBatch>>,
         batch_bytes: usize,
+        sharded_by: Vec<usize>,
     ) -> Result<Self> {
         if let Err(unsupported) = super::check_input_types(&schema) {
             return Err(SpateError::Unsupported {
                 message: format!("cannot cache the table in GPU memory: {}", unsupported.0),
             });
         }
+        if let Some(&bad) = sharded_by.iter().find(|&&c| c >= schema.fields().len()) {
+            return Err(SpateError::Internal {
+                message: format!("a shard column {bad} out of the table's columns"),
+            });
+        }
         let facts = column_facts(
             schema.fields().len(),
             &partitions.iter().flatten().collect::<Vec<_>>(),
         );
-        let stream = gpu.device().new_stream()?;
-        let mut device_partitions = Vec::with_capacity(partitions.len().max(1));
-        let (mut num_rows, mut device_bytes) = (0, 0);
-        for batches in partitions {
-            let mut device_batches = Vec::new();
-            for group in coalesce(batches, batch_bytes.max(1)) {
-                if group.iter().all(|b| b.num_rows() == 0) {
-                    continue;
+        let devices = gpu.devices().to_vec();
+        let streams = devices
+            .iter()
+            .map(Device::new_stream)
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let target = batch_bytes.max(1);
+        let (device_partitions, sharded_by) = if devices.len() == 1 {
+            let mut out = Vec::with_capacity(partitions.len().max(1));
+            for batches in partitions {
+                let mut device_batches = Vec::new();
+                for group in coalesce(batches, target) {
+                    device_batches.push(resident_batch(&streams[0], &schema, &group, &facts)?);
                 }
-                let batch = resident_batch(&stream, &schema, &group, &facts)?;
-                num_rows += batch.bound();
-                device_bytes += batch.device_bytes();
-                device_batches.push(batch);
+                out.push(device_batches);
             }
-            device_partitions.push(device_batches);
-        }
+            (out, Vec::new())
+        } else if sharded_by.is_empty() {
+            // Round robin: the coalesced groups to the devices in turn.
+            let mut out: Vec<Vec<DeviceBatch>> = vec![Vec::new(); devices.len()];
+            let groups = coalesce(partitions.into_iter().flatten().collect(), target);
+            for (i, group) in groups.into_iter().enumerate() {
+                let d = i % devices.len();
+                out[d].push(resident_batch(&streams[d], &schema, &group, &facts)?);
+            }
+            (out, Vec::new())
+        } else {
+            // By key: each group hashed on the first device, its rows sent where the exchange
+            // between devices would send them.
+            let mut out: Vec<Vec<DeviceBatch>> = vec![Vec::new(); devices.len()];
+            let groups = coalesce(partitions.into_iter().flatten().collect(), target);
+            for group in groups {
+                let staged = upload_batches(&streams[0], &schema, &group)?;
+                let parts = super::exchange::split_by_device(
+                    &streams[0],
+                    &staged,
+                    &sharded_by,
+                    devices.len(),
+                )?;
+                drop(staged);
+                for (d, rows) in parts {
+                    out[d].push(resident_batch(
+                        &streams[d],
+                        &schema,
+                        std::slice::from_ref(&rows),
+                        &facts,
+                    )?);
+                }
+            }
+            (out, sharded_by)
+        };
+        let mut device_partitions = device_partitions;
         if device_partitions.is_empty() {
             device_partitions.push(Vec::new());
         }
+        let num_rows = device_partitions
+            .iter()
+            .flatten()
+            .map(DeviceBatch::bound)
+            .sum();
+        let device_bytes = device_partitions
+            .iter()
+            .flatten()
+            .map(DeviceBatch::device_bytes)
+            .sum();
         // Queries read the batches on their own streams: the uploads must be complete first.
-        stream.synchronize()?;
+        for stream in &streams {
+            stream.synchronize()?;
+        }
+        let partition_devices = (0..device_partitions.len())
+            .map(|p| devices[p % devices.len()].clone())
+            .collect();
         Ok(DeviceTable {
             schema,
             partition_count: device_partitions.len(),
@@ -166,15 +236,46 @@ impl DeviceTable {
             num_rows,
             device_bytes,
             facts,
-            device: gpu.device().clone(),
+            devices: partition_devices,
+            sharded_by,
             last_used: Mutex::new(Instant::now()),
             scans: Arc::new(()),
         })
     }
 
+    /// Rows and device bytes of each partition (each shard, with several devices), while the
+    /// rows are in device memory (none after the coordinator moved them to the host).
+    pub fn shards(&self) -> Vec<(usize, usize)> {
+        match &*self.read_rows() {
+            Residence::Device(partitions) => partitions
+                .iter()
+                .map(|p| {
+                    (
+                        p.iter().map(DeviceBatch::bound).sum(),
+                        p.iter().map(DeviceBatch::device_bytes).sum(),
+                    )
+                })
+                .collect(),
+            Residence::Host(_) => Vec::new(),
+        }
+    }
+
+    /// Fails with a device's fault once any device holding a shard is unhealthy.
+    fn check_health(&self) -> Result<()> {
+        for d in &self.devices {
+            d.check_health()?;
+        }
+        Ok(())
+    }
+
     /// What is known of column `column` (none of it for a column out of range).
     pub fn column_facts(&self, column: usize) -> ColumnFacts {
         self.facts.get(column).copied().unwrap_or_default()
+    }
+
+    /// The cached table's schema.
+    pub fn schema(&self) -> &SchemaRef {
+        &self.schema
     }
 
     /// Rows cached.
@@ -214,10 +315,10 @@ impl DeviceTable {
         let mut rows = self.write_rows();
         let mut reloaded = false;
         if let Residence::Host(host) = &*rows {
-            let stream = self.device.new_stream()?;
-            let device = host
-                .iter()
-                .map(|batches| {
+            let mut device = Vec::with_capacity(host.len());
+            for (batches, home) in host.iter().zip(&self.devices) {
+                let stream = home.new_stream()?;
+                device.push(
                     batches
                         .iter()
                         .map(|b| {
@@ -228,10 +329,10 @@ impl DeviceTable {
                                 &self.facts,
                             )
                         })
-                        .collect::<Result<Vec<_>>>()
-                })
-                .collect::<Result<Vec<_>>>()?;
-            stream.synchronize()?;
+                        .collect::<Result<Vec<_>>>()?,
+                );
+                stream.synchronize()?;
+            }
             *rows = Residence::Device(device);
             reloaded = true;
         }
@@ -272,10 +373,11 @@ impl Spillable for DeviceTable {
         if Arc::strong_count(&self.scans) > 1 {
             return Ok(0);
         }
-        let stream = self.device.new_stream()?;
         let host = partitions
             .iter()
-            .map(|batches| {
+            .zip(&self.devices)
+            .map(|(batches, home)| {
+                let stream = home.new_stream()?;
                 batches
                     .iter()
                     .map(|b| download_batch(&stream, b))
@@ -347,7 +449,7 @@ impl TableProvider for CachedTableProvider {
     ) -> DFResult<Arc<dyn ExecutionPlan>> {
         // After a device fault its memory cannot be read: the query (planned on the CPU, as
         // `spate.gpu.on_device_error` allows) reads the table's source instead.
-        if self.table.device.check_health().is_err() {
+        if self.table.check_health().is_err() {
             return self.original.scan(state, projection, filters, limit).await;
         }
         // Filters and limits are applied by the operators above (no filter is pushed in, so
@@ -385,9 +487,28 @@ impl GpuCachedScanExec {
     /// A scan of `table`'s `projection` columns (all when `None`).
     pub fn new(table: Arc<DeviceTable>, projection: Option<Vec<usize>>) -> DFResult<Self> {
         let schema = project_schema(&table.schema, projection.as_ref())?;
+        // Sharded by columns the scan keeps: hash-partitioned by them, as the exchange between
+        // devices would partition its rows.
+        let at = |column: usize| match &projection {
+            Some(p) => p.iter().position(|&c| c == column),
+            None => Some(column),
+        };
+        let keys: Option<Vec<Arc<dyn PhysicalExpr>>> = table
+            .sharded_by
+            .iter()
+            .map(|&c| {
+                at(c).map(|i| {
+                    Arc::new(Column::new(schema.field(i).name(), i)) as Arc<dyn PhysicalExpr>
+                })
+            })
+            .collect();
+        let partitioning = match keys {
+            Some(keys) if !keys.is_empty() => Partitioning::Hash(keys, table.partition_count),
+            _ => Partitioning::UnknownPartitioning(table.partition_count),
+        };
         let properties = PlanProperties::new(
             EquivalenceProperties::new(Arc::clone(&schema)),
-            Partitioning::UnknownPartitioning(table.partition_count),
+            partitioning,
             EmissionType::Incremental,
             Boundedness::Bounded,
         )
@@ -437,13 +558,20 @@ impl DisplayAs for GpuCachedScanExec {
                 "rows={}\ndevice_bytes={}",
                 self.table.num_rows, self.table.device_bytes
             ),
-            _ => write!(
-                f,
-                "GpuCachedScanExec: partitions={}, rows={}, columns=[{}]",
-                self.table.partition_count,
-                self.table.num_rows,
-                columns.join(", ")
-            ),
+            _ => {
+                write!(
+                    f,
+                    "GpuCachedScanExec: partitions={}, rows={}, columns=[{}]",
+                    self.table.partition_count,
+                    self.table.num_rows,
+                    columns.join(", ")
+                )?;
+                if let Partitioning::Hash(keys, _) = self.properties.output_partitioning() {
+                    let keys: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+                    write!(f, ", sharded_by=[{}]", keys.join(", "))?;
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -504,7 +632,7 @@ impl GpuExec for GpuCachedScanExec {
         &self,
         partition: usize,
         _context: Arc<TaskContext>,
-        _stream: Arc<DeviceStream>,
+        stream: Arc<DeviceStream>,
     ) -> DFResult<DeviceBatchStream> {
         if partition >= self.table.partition_count {
             return Err(DataFusionError::Internal(format!(
@@ -523,8 +651,31 @@ impl GpuExec for GpuCachedScanExec {
                 .counter(CACHE_RELOADS, partition)
                 .add(1);
         }
-        let projected: Vec<DFResult<DeviceBatch>> =
-            batches.iter().map(|b| self.project(b)).collect();
+        let home = &self.table.devices[partition];
+        let projected: Vec<DFResult<DeviceBatch>> = if home.id() == stream.device().id() {
+            batches.iter().map(|b| self.project(b)).collect()
+        } else {
+            // A shard asked for on another device (a plan kept on one device): copied there
+            // through the host, counted as an exchange between devices.
+            let moved = MetricBuilder::new(&self.metrics)
+                .counter(super::exchange::EXCHANGE_BYTES, partition);
+            let from = home
+                .new_stream()
+                .map_err(|e| DataFusionError::from(SpateError::from(e)))?;
+            batches
+                .iter()
+                .map(|b| {
+                    let b = self.project(b)?;
+                    let host = download_batch(&from, &b)?;
+                    moved.add(b.device_bytes());
+                    Ok(upload_batches(
+                        &stream,
+                        &self.schema,
+                        std::slice::from_ref(&host),
+                    )?)
+                })
+                .collect()
+        };
         Ok(Box::pin(futures::StreamExt::map(
             futures::stream::iter(projected),
             move |b| {

@@ -570,7 +570,7 @@ fn receiving(
 /// `batch`'s rows grouped by the device their key hash picks, downloaded once: one host batch
 /// per device that gets rows. Device `d` takes hash groups `d * 16 / devices ..` up to the
 /// next device's, so the groups split as evenly as 16 allows.
-fn split_by_device(
+pub(crate) fn split_by_device(
     stream: &DeviceStream,
     batch: &DeviceBatch,
     keys: &[usize],

@@ -48,8 +48,8 @@ use datafusion::physical_plan::{
 
 use super::offload::PLUMBING;
 use crate::exec::{
-    GpuAggregateExec, GpuCachedScanExec, GpuCoalescePartitionsExec, GpuCrossJoinExec,
-    GpuExchangeExec, GpuExec, GpuHashJoinExec, GpuSortExec, as_gpu_exec,
+    GpuAggregateExec, GpuCoalescePartitionsExec, GpuCrossJoinExec, GpuExchangeExec, GpuExec,
+    GpuHashJoinExec, GpuSortExec, as_gpu_exec,
 };
 
 /// Why a plan keeps one device (the rewrite gives up).
@@ -131,9 +131,6 @@ impl Placer {
         if let Some(merge) = node.downcast_ref::<GpuCoalescePartitionsExec>() {
             let input = self.place(Arc::clone(merge.children()[0]), true)?;
             return Ok(self.to_one(self.on_devices(input)?));
-        }
-        if node.downcast_ref::<GpuCachedScanExec>().is_some() {
-            return Err(cannot("a table cached on the first device"));
         }
         if let Some(fused) = self.single_stage(&node)? {
             return Ok(fused);
