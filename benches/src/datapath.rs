@@ -43,9 +43,12 @@ pub struct DataPath {
     /// Bytes the exchanges between devices moved to another device.
     #[serde(default)]
     pub exchange_bytes: u64,
-    /// Bytes the exchanges moved through the host back to the device they were on.
+    /// Bytes the exchanges moved back to the device they were on.
     #[serde(default)]
     pub exchange_local_bytes: u64,
+    /// Bytes copied between devices directly (peer copies), over all devices.
+    #[serde(default)]
+    pub peer_bytes: u64,
     /// Milliseconds the copy streams spent uploading CPU operators' output (measured: device
     /// time on `cuda`, host time on the emulator).
     #[serde(default)]
@@ -65,9 +68,10 @@ impl DataPath {
     ///
     /// With several devices each one's time is modeled from its own counts (launches, syncs,
     /// bus bytes, device bytes of the operator partitions it ran), and the query's is the
-    /// slowest device's: the devices work at once. An exchange between devices goes through
-    /// the host today, so its bytes are in the two devices' bus bytes, at PCIe's 50 GB/s each
-    /// way (a peer copy over NVLink would be modeled at 400 GB/s; none is made yet).
+    /// slowest device's: the devices work at once. An exchange between devices with peer
+    /// access copies over NVLink, at 400 GB/s into the receiving device (its `peer_bytes`);
+    /// without peer access it goes through the host, and its bytes are in the two devices'
+    /// bus bytes, at PCIe's 50 GB/s each way.
     pub fn of(run: &QueryRun) -> DataPath {
         let traffic = run.device_traffic();
         let device_bytes = traffic.read_bytes + traffic.write_bytes;
@@ -79,6 +83,7 @@ impl DataPath {
                 ModelInputs {
                     device_bytes,
                     bus_bytes: r.bus_bytes(),
+                    peer_bytes: r.peer_bytes,
                     host_syncs: r.host_syncs,
                     launches: r.launches,
                 }
@@ -94,6 +99,7 @@ impl DataPath {
                     ModelInputs {
                         device_bytes: bytes,
                         bus_bytes: c.bus_bytes(),
+                        peer_bytes: c.peer_bytes,
                         host_syncs: c.host_syncs,
                         launches: c.launches,
                     }
@@ -120,6 +126,7 @@ impl DataPath {
             device_modeled_ms,
             exchange_bytes,
             exchange_local_bytes,
+            peer_bytes: r.peer_bytes,
             upload_copy_ms: traffic.upload_copy.as_secs_f64() * 1e3,
             upload_wait_ms: traffic.upload_wait.as_secs_f64() * 1e3,
         }

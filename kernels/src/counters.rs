@@ -28,6 +28,7 @@ pub struct Counters {
     h2d_bytes: AtomicU64,
     d2h_bytes: AtomicU64,
     d2d_bytes: AtomicU64,
+    peer_bytes: AtomicU64,
     /// The most device memory in use just after an allocation counted here.
     peak_device_bytes: AtomicU64,
 }
@@ -48,6 +49,9 @@ pub struct CounterSnapshot {
     /// Bytes copied from device memory to device memory by copy calls (kernels' own traffic
     /// is not seen here).
     pub d2d_bytes: u64,
+    /// Bytes copied into this device's memory from another device's (peer copies, counted
+    /// on the receiving device).
+    pub peer_bytes: u64,
     /// The most device memory in use (the device pool's, every query's) just after an
     /// allocation counted here: a peak, so readings combine by their maximum, and the
     /// difference of two keeps the later one's.
@@ -68,6 +72,7 @@ impl CounterSnapshot {
             h2d_bytes: f(self.h2d_bytes, other.h2d_bytes),
             d2h_bytes: f(self.d2h_bytes, other.d2h_bytes),
             d2d_bytes: f(self.d2d_bytes, other.d2d_bytes),
+            peer_bytes: f(self.peer_bytes, other.peer_bytes),
             peak_device_bytes: self.peak_device_bytes,
         }
     }
@@ -101,6 +106,8 @@ pub(crate) enum Call {
     HostToDevice(usize),
     DeviceToHost(usize),
     DeviceToDevice(usize),
+    /// A copy from another device's memory.
+    Peer(usize),
 }
 
 impl Counters {
@@ -127,6 +134,7 @@ impl Counters {
             h2d_bytes: read(&self.h2d_bytes),
             d2h_bytes: read(&self.d2h_bytes),
             d2d_bytes: read(&self.d2d_bytes),
+            peer_bytes: read(&self.peer_bytes),
             peak_device_bytes: read(&self.peak_device_bytes),
         }
     }
@@ -143,6 +151,7 @@ impl Counters {
             Call::HostToDevice(b) => (&self.h2d_bytes, b as u64),
             Call::DeviceToHost(b) => (&self.d2h_bytes, b as u64),
             Call::DeviceToDevice(b) => (&self.d2d_bytes, b as u64),
+            Call::Peer(b) => (&self.peer_bytes, b as u64),
         };
         counter.fetch_add(n, Ordering::Relaxed);
     }

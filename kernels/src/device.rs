@@ -333,6 +333,16 @@ impl Device {
         self.inner.counters.snapshot()
     }
 
+    /// Whether streams of this device copy `other`'s memory directly ([`Stream::copy_peer`]):
+    /// always for the same device or logical devices on one GPU; on `cuda` where the GPUs have
+    /// peer access (NVLink or PCIe P2P), which this enables; on the emulator unless
+    /// `SPATE_EMU_NO_PEER` is set. Without it, rows between devices go through host memory.
+    pub fn peer_access(&self, other: &Device) -> bool {
+        self.id() == other.id()
+            || (self.kind() == other.kind()
+                && self.inner.backend.peer_access(other.inner.backend.as_ref()))
+    }
+
     /// Starts a new peak of device memory use at what is in use now, returning the peak
     /// before (so that one query's peak can be read on its own).
     pub fn reset_memory_peak(&self) -> usize {

@@ -259,6 +259,76 @@ impl Stream {
         }
     }
 
+    /// Copies `src`, memory of `from`'s device, into `dst[dst_offset..]` on this stream's
+    /// device, in this stream's order: a peer copy between devices with peer access (see
+    /// [`Device::peer_access`]), counted as peer bytes on this device. The copy waits on this
+    /// stream for what `from` queued before it (an event), and `from` waits for the copy before
+    /// anything it queues later (so `src` may be freed on `from` once this returns). Many
+    /// copies at once: [`Stream::order_after`], [`Stream::copy_peer_unordered`] for each, then
+    /// [`Stream::order_after`] the other way round.
+    pub fn copy_peer<T: DeviceCopy>(
+        &self,
+        src: DeviceSlice<'_, T>,
+        from: &Stream,
+        dst: &mut DeviceBuffer<T>,
+        dst_offset: usize,
+    ) -> Result<()> {
+        self.order_after(from)?;
+        self.copy_peer_unordered(src, from, dst, dst_offset)?;
+        from.order_after(self)
+    }
+
+    /// Work queued on this stream from now on runs after what `other` queued so far (an event
+    /// of `other` waited for here).
+    pub fn order_after(&self, other: &Stream) -> Result<()> {
+        let event = other.record_event()?;
+        self.wait_event(&event)
+    }
+
+    /// [`Stream::copy_peer`] without its ordering: the caller has ordered this stream after
+    /// `src`'s writes on `from`, and orders `from` after this stream before `src` is freed.
+    pub fn copy_peer_unordered<T: DeviceCopy>(
+        &self,
+        src: DeviceSlice<'_, T>,
+        from: &Stream,
+        dst: &mut DeviceBuffer<T>,
+        dst_offset: usize,
+    ) -> Result<()> {
+        ensure_arg!(
+            dst_offset
+                .checked_add(src.len())
+                .is_some_and(|end| end <= dst.len()),
+            "peer copy of {} elements at offset {dst_offset} into a buffer of {}",
+            src.len(),
+            dst.len()
+        );
+        self.check()?;
+        from.check()?;
+        if !from.device.peer_access(&self.device) {
+            return Err(KernelError::Internal {
+                message: "a peer copy between devices without peer access (copy through the \
+                          host instead)"
+                    .into(),
+            });
+        }
+        let bytes = checked_bytes::<T>(src.len())?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        let dst_addr = dst.address() + (dst_offset * size_of::<T>()) as u64;
+        // SAFETY: `src` is `bytes` of `from`'s device memory and `dst` has room (checked).
+        unsafe {
+            self.imp
+                .copy_peer(src.address(), from.backend().as_ref(), dst_addr, bytes)?;
+        }
+        if from.device.id() == self.device.id() {
+            self.count(Call::DeviceToDevice(bytes));
+        } else {
+            self.count(Call::Peer(bytes));
+        }
+        Ok(())
+    }
+
     /// Asynchronously copies a pinned staging buffer into `dst` (whose byte size must be at
     /// least the buffer's). The buffer is busy until the copy completes; touching it from the
     /// host waits for that.

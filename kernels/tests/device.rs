@@ -185,6 +185,7 @@ fn runtime_calls_are_counted_on_the_device_and_in_the_innermost_scope() {
             h2d_bytes: 8000,
             d2h_bytes: 8000,
             d2d_bytes: 8000,
+            peer_bytes: 0,
             // The two 8000-byte buffers of the scope, and what the device held before them.
             peak_device_bytes: inside.peak_device_bytes,
         }
@@ -252,4 +253,40 @@ fn one_device_cannot_use_another_devices_memory_or_kernels() {
     a.check_health().unwrap();
     b.check_health().unwrap();
     sort::sort_pairs(&on_a, keys.as_slice(), None, 64).unwrap();
+}
+
+#[test]
+fn peer_copies_move_memory_between_devices_and_are_counted() {
+    let a = small_device(1 << 20);
+    let b = small_device(1 << 20);
+    assert!(a.peer_access(&b) && b.peer_access(&a));
+    let on_a = a.new_stream().unwrap();
+    let on_b = b.new_stream().unwrap();
+    let values = reference::random_u64(1000, 4);
+    let src = on_a.from_host(&values).unwrap();
+    let before = b.counters();
+    let mut dst = on_b.alloc::<u64>(1000).unwrap();
+    on_b.copy_peer(src.as_slice(), &on_a, &mut dst, 0).unwrap();
+    // The source may go at once: its free waits for the copy on `a`'s stream.
+    drop(src);
+    assert_eq!(on_b.to_vec(&dst).unwrap(), values);
+    let counted = b.counters() - before;
+    assert_eq!(counted.peer_bytes, 8000);
+    assert_eq!(counted.bus_bytes(), 8000, "the readback only");
+    // Emulated devices without peer access refuse it: the caller goes through the host.
+    let lone = Device::emulated(DeviceOptions {
+        emulator: spate_kernels::EmulatorOptions {
+            peer_access: false,
+            ..Default::default()
+        },
+        ..DeviceOptions::default()
+    })
+    .unwrap();
+    assert!(!lone.peer_access(&a));
+    let on_lone = lone.new_stream().unwrap();
+    let mut there = on_lone.alloc::<u64>(1000).unwrap();
+    let err = on_lone
+        .copy_peer(dst.as_slice(), &on_b, &mut there, 0)
+        .unwrap_err();
+    assert!(err.to_string().contains("without peer access"), "{err}");
 }

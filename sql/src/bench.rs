@@ -416,10 +416,11 @@ fn print_placement(run: &QueryRun) -> Option<DataPath> {
             .map(|ms| format!("{ms:.3}"))
             .collect();
         println!(
-            "      {} devices: exchanged {} B between devices, {} B back to their own; \
-             modeled per device [{}] ms",
+            "      {} devices: exchanged {} B between devices ({} B by peer copies), {} B back \
+             to their own; modeled per device [{}] ms",
             p.devices,
             p.exchange_bytes,
+            p.peer_bytes,
             p.exchange_local_bytes,
             each.join(", ")
         );

@@ -18,6 +18,7 @@
 mod concat;
 mod download;
 mod gather;
+mod peer;
 mod slice;
 mod upload;
 
@@ -36,6 +37,7 @@ pub use download::download_batch;
 #[cfg(test)]
 pub use download::download_column;
 pub use gather::{Gather, gather_batch, gather_columns, gather_counted};
+pub use peer::copy_batch_across;
 #[cfg(test)]
 pub use upload::upload_column;
 pub use upload::{upload_batch, upload_batches, upload_batches_marked};

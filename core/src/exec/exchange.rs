@@ -18,12 +18,14 @@
 //! - **Spread**: a CPU input's partitions uploaded to the devices, partition `k` to device
 //!   `k % N`: the first upload of a multi-device subtree.
 //!
-//! Devices do not address each other's memory here (the emulator refuses it, see
-//! `spate_kernels`' emulated memory, as a GPU without peer access would fault), so rows cross
-//! through pinned host memory: one download on the sending device and one upload on the
-//! receiving one. Rows that stay on their device make the same round trip today. Both are
-//! counted: the runtime's `d2h_bytes`/`h2d_bytes` of this operator, and `exchange_bytes`
-//! (payload that changed devices) and `exchange_local_bytes` (payload that stayed).
+//! A kernel never reads another device's memory (the emulator refuses it, as a GPU without
+//! peer access would fault). Between devices with peer access (`Device::peer_access`: NVLink or
+//! PCIe P2P on `cuda`, emulated devices unless `SPATE_EMU_NO_PEER` is set) the receiving side
+//! copies each batch into its own device's memory (`column::copy_batch_across`, counted as peer
+//! bytes); rows that stay on their device are copied within it. Without peer access rows cross
+//! through pinned host memory: one download on the sending device, one upload on the receiving
+//! one. Either way `exchange_bytes` counts the payload that changed devices and
+//! `exchange_local_bytes` the payload that stayed.
 //!
 //! The sending side runs in tasks of its own (one per input partition, on that partition's
 //! device), so every device works at once. Channels between them are unbounded: a device that
@@ -57,7 +59,9 @@ use super::{
     region_stream, to_df,
 };
 use crate::column::upload_batches;
-use crate::column::{DeviceBatch, DeviceColumn, Gather, download_batch, gather_columns};
+use crate::column::{
+    DeviceBatch, DeviceColumn, Gather, copy_batch_across, download_batch, gather_columns,
+};
 use crate::error::SpateError;
 
 /// Bytes of payload an exchange moved to another device (see the module docs).
@@ -95,9 +99,17 @@ impl ExchangeKind {
     }
 }
 
-/// What one output partition receives from the sending tasks: a host batch, and whether it
-/// changed devices.
-type Message = DFResult<(RecordBatch, bool)>;
+/// Rows on their way from a sending task to an output partition.
+enum Payload {
+    /// Downloaded (no peer access between the devices).
+    Host(RecordBatch),
+    /// Still on the sending device, its work ordered on that stream: the receiver copies it.
+    Device(DeviceBatch, Arc<DeviceStream>),
+}
+
+/// What one output partition receives from the sending tasks: rows, and whether they change
+/// devices.
+type Message = DFResult<(Payload, bool)>;
 
 /// Moves a GPU subtree's rows between devices (see the module docs).
 pub struct GpuExchangeExec {
@@ -112,8 +124,10 @@ pub struct GpuExchangeExec {
     broadcast: Arc<BroadcastCell>,
 }
 
+/// A broadcast's input, each batch with the device it came from (downloaded, or kept there
+/// when every device copies from it directly).
 type BroadcastCell =
-    tokio::sync::OnceCell<Result<Arc<Vec<(usize, RecordBatch)>>, Arc<DataFusionError>>>;
+    tokio::sync::OnceCell<Result<Arc<Vec<(usize, Payload)>>, Arc<DataFusionError>>>;
 
 struct ShuffleState {
     receivers: Vec<Option<UnboundedReceiver<Message>>>,
@@ -253,7 +267,7 @@ impl GpuExchangeExec {
         &self,
         partition: usize,
         context: &Arc<TaskContext>,
-        mut send: impl FnMut(&DeviceStream, DeviceBatch) -> DFResult<()> + Send + 'static,
+        mut send: impl FnMut(&Arc<DeviceStream>, DeviceBatch) -> DFResult<()> + Send + 'static,
         mut fail: impl FnMut(DataFusionError) + Send + 'static,
     ) -> SpawnedTask<()> {
         let input = Arc::clone(&self.input);
@@ -285,6 +299,7 @@ impl GpuExchangeExec {
         stream: Arc<DeviceStream>,
         keys: &[usize],
     ) -> DFResult<DeviceBatchStream> {
+        let gpu = gpu_context(context)?;
         let mut state = self.shuffle.lock().unwrap_or_else(|p| p.into_inner());
         if state.is_none() {
             let (senders, receivers): (Vec<_>, Vec<_>) =
@@ -297,13 +312,27 @@ impl GpuExchangeExec {
                     let keys = keys.to_vec();
                     let devices = self.devices;
                     let home = i % devices;
+                    // Whether this sender's device copies to every device directly.
+                    let from = gpu.device_for(i);
+                    let peers = (0..devices).all(|d| from.peer_access(gpu.device_for(d)));
                     self.sender(
                         i,
                         context,
                         move |stream, batch| {
-                            for (device, rows) in
-                                split_by_device(stream, &batch, &keys, devices).map_err(to_df)?
-                            {
+                            let parts: Vec<(usize, Payload)> = if peers {
+                                split_on_device(stream, &batch, &keys, devices)
+                                    .map_err(to_df)?
+                                    .into_iter()
+                                    .map(|(d, rows)| (d, Payload::Device(rows, Arc::clone(stream))))
+                                    .collect()
+                            } else {
+                                split_by_device(stream, &batch, &keys, devices)
+                                    .map_err(to_df)?
+                                    .into_iter()
+                                    .map(|(d, rows)| (d, Payload::Host(rows)))
+                                    .collect()
+                            };
+                            for (device, rows) in parts {
                                 // A closed receiver's output partition is no longer read.
                                 let _ = to[device].send(Ok((rows, device != home)));
                             }
@@ -361,14 +390,21 @@ impl GpuExchangeExec {
             }
             let to = sender.clone();
             let on_error = sender.clone();
+            let peer = gpu.device_for(i).peer_access(stream.device());
             tasks.push(self.sender(
                 i,
                 context,
-                move |stream, batch| {
-                    let rows = download_batch(stream, &batch).map_err(to_df)?;
-                    if rows.num_rows() > 0 {
-                        let _ = to.send(Ok((rows, true)));
-                    }
+                move |from, batch| {
+                    let rows = if peer {
+                        Payload::Device(batch, Arc::clone(from))
+                    } else {
+                        let rows = download_batch(from, &batch).map_err(to_df)?;
+                        if rows.num_rows() == 0 {
+                            return Ok(());
+                        }
+                        Payload::Host(rows)
+                    };
+                    let _ = to.send(Ok((rows, true)));
                     Ok(())
                 },
                 move |e| {
@@ -416,15 +452,30 @@ impl GpuExchangeExec {
                         let device = gpu.device_for(i).clone();
                         let scope = RuntimeScope::new(&metrics, i);
                         let transfer = TransferMetrics::passing_through(&metrics, i);
+                        // Kept on the device when every device copies from it directly.
+                        let peer = gpu.devices().iter().all(|d| device.peer_access(d));
                         SpawnedTask::spawn(async move {
                             let home = region_stream(&device, &context)?;
                             let mut batches = device_input(&input, i, &context, &home, &transfer)?;
                             let mut held = Vec::new();
                             while let Some(batch) = batches.next().await {
                                 let batch = batch?;
-                                let rows =
-                                    scope.run(|| download_batch(&home, &batch)).map_err(to_df)?;
-                                if rows.num_rows() > 0 {
+                                let rows = scope
+                                    .run(|| {
+                                        if peer {
+                                            batch
+                                                .resolve(&home)
+                                                .map(|b| Payload::Device(b, Arc::clone(&home)))
+                                        } else {
+                                            download_batch(&home, &batch).map(Payload::Host)
+                                        }
+                                    })
+                                    .map_err(to_df)?;
+                                let empty = match &rows {
+                                    Payload::Device(b, _) => b.bound() == 0,
+                                    Payload::Host(b) => b.num_rows() == 0,
+                                };
+                                if !empty {
                                     held.push((device.id(), rows));
                                 }
                             }
@@ -442,7 +493,7 @@ impl GpuExchangeExec {
                     Ok(Arc::new(held))
                 })
                 .await;
-            let held: Arc<Vec<(usize, RecordBatch)>> = match held {
+            let held: Arc<Vec<(usize, Payload)>> = match held {
                 Ok(h) => Arc::clone(h),
                 Err(e) => return Err(DataFusionError::Shared(Arc::clone(e))),
             };
@@ -452,17 +503,22 @@ impl GpuExchangeExec {
             let mut group: Vec<RecordBatch> = Vec::new();
             let mut bytes = 0;
             for (from, rows) in held.iter() {
+                let counter = if *from == here { &local } else { &crossed };
+                let rows = match rows {
+                    Payload::Device(batch, home) => {
+                        counter.add(batch.device_bytes());
+                        out.push(copy_batch_across(batch, home, &stream).map_err(to_df));
+                        continue;
+                    }
+                    Payload::Host(rows) => rows,
+                };
                 let size = payload_bytes(rows);
                 if bytes + size > target && !group.is_empty() {
                     out.push(upload_batches(&stream, &schema, &group).map_err(to_df));
                     group.clear();
                     bytes = 0;
                 }
-                if *from == here {
-                    local.add(size);
-                } else {
-                    crossed.add(size);
-                }
+                counter.add(size);
                 group.push(rows.clone());
                 bytes += size;
             }
@@ -521,8 +577,10 @@ fn payload_bytes(batch: &RecordBatch) -> usize {
         .sum()
 }
 
-/// An output partition's device batches: what the sending tasks send, uploaded onto `stream`
-/// in groups of up to about `target` bytes (whatever has arrived when the consumer asks).
+/// An output partition's device batches: what the sending tasks send, onto `stream`'s device.
+/// A batch still on a device is copied across (a peer copy, or a copy within the device);
+/// host batches are uploaded in groups of up to about `target` bytes (whatever has arrived
+/// when the consumer asks).
 fn receiving(
     receiver: UnboundedReceiver<Message>,
     schema: SchemaRef,
@@ -531,58 +589,105 @@ fn receiving(
     (crossed, local): (Count, Count),
     tasks: Arc<Vec<SpawnedTask<()>>>,
 ) -> DeviceBatchStream {
-    let state = (receiver, tasks);
-    Box::pin(futures::stream::unfold(
-        state,
-        move |(mut receiver, tasks)| {
-            let schema = Arc::clone(&schema);
-            let stream = Arc::clone(&stream);
-            let (crossed, local) = (crossed.clone(), local.clone());
-            async move {
-                let first = receiver.recv().await?;
-                let mut group = Vec::new();
-                let mut bytes = 0;
-                let mut next = Some(first);
-                while let Some(message) = next.take() {
-                    let (rows, changed) = match message {
-                        Ok(m) => m,
-                        Err(e) => return Some((Err(e), (receiver, tasks))),
-                    };
-                    let size = payload_bytes(&rows);
-                    if changed {
-                        crossed.add(size);
-                    } else {
-                        local.add(size);
+    let state = Receiving {
+        receiver,
+        held: None,
+        _tasks: tasks,
+    };
+    Box::pin(futures::stream::unfold(state, move |mut state| {
+        let schema = Arc::clone(&schema);
+        let stream = Arc::clone(&stream);
+        let (crossed, local) = (crossed.clone(), local.clone());
+        async move {
+            let first = match state.held.take() {
+                Some(m) => m,
+                None => state.receiver.recv().await?,
+            };
+            let mut group: Vec<RecordBatch> = Vec::new();
+            let mut bytes = 0;
+            let mut next = Some(first);
+            while let Some(message) = next.take() {
+                let (payload, changed) = match message {
+                    Ok(m) => m,
+                    Err(e) => return Some((Err(e), state)),
+                };
+                let counter = if changed { &crossed } else { &local };
+                match payload {
+                    Payload::Device(rows, from) => {
+                        counter.add(rows.device_bytes());
+                        let copied = copy_batch_across(&rows, &from, &stream).map_err(to_df);
+                        return Some((copied, state));
                     }
-                    bytes += size;
-                    group.push(rows);
-                    if bytes < target {
-                        next = receiver.try_recv().ok();
+                    Payload::Host(rows) => {
+                        let size = payload_bytes(&rows);
+                        counter.add(size);
+                        bytes += size;
+                        group.push(rows);
                     }
                 }
-                let batch = upload_batches(&stream, &schema, &group).map_err(to_df);
-                Some((batch, (receiver, tasks)))
+                if bytes >= target {
+                    break;
+                }
+                match state.receiver.try_recv() {
+                    // More host rows join the group.
+                    Ok(Ok((Payload::Host(rows), changed))) => {
+                        next = Some(Ok((Payload::Host(rows), changed)));
+                    }
+                    // A device batch or an error waits for the next call.
+                    Ok(other) => state.held = Some(other),
+                    Err(_) => {}
+                }
             }
-        },
-    ))
+            let batch = upload_batches(&stream, &schema, &group).map_err(to_df);
+            Some((batch, state))
+        }
+    }))
 }
 
-/// `batch`'s rows grouped by the device their key hash picks, downloaded once: one host batch
-/// per device that gets rows. Device `d` takes hash groups `d * 16 / devices ..` up to the
-/// next device's, so the groups split as evenly as 16 allows.
-pub(crate) fn split_by_device(
+/// A receiving partition's state: its channel, a message taken from it that waits for the
+/// next call, and the sending tasks (aborted when every receiver is gone).
+struct Receiving {
+    receiver: UnboundedReceiver<Message>,
+    held: Option<Message>,
+    _tasks: Arc<Vec<SpawnedTask<()>>>,
+}
+
+/// `batch`'s rows grouped by the device their key hash picks, as views of one gathered batch
+/// on the sending device: one per device that gets rows (see [`split_by_device`]).
+fn split_on_device(
     stream: &DeviceStream,
     batch: &DeviceBatch,
     keys: &[usize],
     devices: usize,
-) -> crate::error::Result<Vec<(usize, RecordBatch)>> {
+) -> crate::error::Result<Vec<(usize, DeviceBatch)>> {
+    let Some((grouped, counts)) = grouped_by_device(stream, batch, keys, devices)? else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    let mut start = 0;
+    for (device, len) in counts.into_iter().enumerate() {
+        if len > 0 {
+            out.push((device, grouped.slice(stream, start, len)?));
+        }
+        start += len;
+    }
+    Ok(out)
+}
+
+/// `batch`'s rows gathered in device order, with each device's row count; `None` for no rows.
+fn grouped_by_device(
+    stream: &DeviceStream,
+    batch: &DeviceBatch,
+    keys: &[usize],
+    devices: usize,
+) -> crate::error::Result<Option<(DeviceBatch, Vec<usize>)>> {
     let batch = batch.resolve(stream)?;
     let rows = batch.bound();
     if rows == 0 {
-        return Ok(Vec::new());
+        return Ok(None);
     }
     if devices == 1 {
-        return Ok(vec![(0, download_batch(stream, &batch)?)]);
+        return Ok(Some((batch, vec![rows])));
     }
     let key_columns: Vec<&DeviceColumn> = keys.iter().map(|&k| &batch.columns()[k]).collect();
     let hashes = hash_keys(stream, &key_columns)?.ok_or_else(|| SpateError::Internal {
@@ -597,14 +702,32 @@ pub(crate) fn split_by_device(
         .collect();
     let columns = gather_columns(stream, &gathers)?;
     let grouped = DeviceBatch::try_new(Arc::clone(batch.schema()), columns, rows)?;
-    drop(batch);
-    let host = download_batch(stream, &grouped)?;
     let groups = 1usize << SPLIT_BITS;
+    let counts = (0..devices)
+        .map(|d| {
+            let (lo, hi) = (d * groups / devices, (d + 1) * groups / devices);
+            split.counts[lo..hi].iter().sum()
+        })
+        .collect();
+    Ok(Some((grouped, counts)))
+}
+
+/// `batch`'s rows grouped by the device their key hash picks, downloaded once: one host batch
+/// per device that gets rows. Device `d` takes hash groups `d * 16 / devices ..` up to the
+/// next device's, so the groups split as evenly as 16 allows.
+pub(crate) fn split_by_device(
+    stream: &DeviceStream,
+    batch: &DeviceBatch,
+    keys: &[usize],
+    devices: usize,
+) -> crate::error::Result<Vec<(usize, RecordBatch)>> {
+    let Some((grouped, counts)) = grouped_by_device(stream, batch, keys, devices)? else {
+        return Ok(Vec::new());
+    };
+    let host = download_batch(stream, &grouped)?;
     let mut out = Vec::new();
     let mut start = 0;
-    for device in 0..devices {
-        let (lo, hi) = (device * groups / devices, (device + 1) * groups / devices);
-        let len: usize = split.counts[lo..hi].iter().sum();
+    for (device, len) in counts.into_iter().enumerate() {
         if len > 0 {
             out.push((device, host.slice(start, len)));
         }

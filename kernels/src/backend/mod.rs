@@ -74,6 +74,11 @@ pub(crate) trait DeviceBackend: Send + Sync {
     /// # Safety
     /// `ptr` came from `alloc_pinned(bytes)` on this device and no copy uses it any more.
     unsafe fn free_pinned(&self, ptr: *mut u8, bytes: usize);
+    /// Whether this device's streams can copy `other`'s memory directly (peer access, which
+    /// this may enable), so that an exchange need not stage rows in host memory.
+    fn peer_access(&self, other: &dyn DeviceBackend) -> bool;
+    /// For downcasts between a backend's own devices.
+    fn as_any(&self) -> &dyn Any;
 }
 
 /// What a device allocation is, for the emulator's error messages.
@@ -128,6 +133,20 @@ pub(crate) trait StreamBackend: Send + Sync {
     /// # Safety
     /// Both ranges are device memory of this device that stays alive until the copy has run.
     unsafe fn copy_device(&self, src: u64, dst: u64, len: usize) -> Result<()>;
+    /// Copies `len` bytes from `src`, memory of the device `from` belongs to (another device),
+    /// to `dst` on this stream's device, in this stream's order. The caller orders the copy
+    /// after the writes of `src` (an event of `from`) and keeps `src` alive until it ran.
+    ///
+    /// # Safety
+    /// `src` must be `len` bytes of `from`'s device memory and `dst` `len` bytes of this
+    /// device's.
+    unsafe fn copy_peer(
+        &self,
+        src: u64,
+        from: &dyn StreamBackend,
+        dst: u64,
+        len: usize,
+    ) -> Result<()>;
     /// Launches a kernel of this backend, asynchronously. The arguments are checked already.
     ///
     /// # Safety

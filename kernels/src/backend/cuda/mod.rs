@@ -281,4 +281,35 @@ impl DeviceBackend for CudaDevice {
             self.health.record_driver_error("cuMemFreeHost", &e);
         }
     }
+
+    fn peer_access(&self, other: &dyn DeviceBackend) -> bool {
+        let Some(other) = other.as_any().downcast_ref::<CudaDevice>() else {
+            return false;
+        };
+        if Arc::ptr_eq(&self.ctx, &other.ctx) {
+            // Logical devices on one GPU: the same memory.
+            return true;
+        }
+        let mut can = 0i32;
+        // SAFETY: both are devices of open contexts; `can` is a valid out-pointer.
+        let asked = unsafe {
+            sys::cuDeviceCanAccessPeer(&mut can, self.ctx.cu_device(), other.ctx.cu_device())
+        };
+        if asked != sys::CUresult::CUDA_SUCCESS
+            || can != 1
+            || bind(&self.ctx, &self.health).is_err()
+        {
+            return false;
+        }
+        // SAFETY: this context is current; enabling twice reports an error we ignore.
+        let enabled = unsafe { sys::cuCtxEnablePeerAccess(other.ctx.cu_ctx(), 0) };
+        matches!(
+            enabled,
+            sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+        )
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }

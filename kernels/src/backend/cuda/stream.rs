@@ -143,6 +143,41 @@ impl StreamBackend for CudaStreamBackend {
             .map_err(|e| self.health.driver("cuMemcpyDtoDAsync", e))
     }
 
+    unsafe fn copy_peer(
+        &self,
+        src: u64,
+        from: &dyn StreamBackend,
+        dst: u64,
+        len: usize,
+    ) -> Result<()> {
+        let Some(from) = from.as_any().downcast_ref::<CudaStreamBackend>() else {
+            return Err(KernelError::Internal {
+                message: "a peer copy from a stream of another backend".into(),
+            });
+        };
+        self.bind()?;
+        if Arc::ptr_eq(&self.ctx, &from.ctx) {
+            // Logical devices on one GPU share its context: an ordinary device copy.
+            // SAFETY: both ranges are device memory of this context (the caller's contract).
+            return unsafe { cu::memcpy_dtod_async(dst, src, len, self.raw()) }
+                .map_err(|e| self.health.driver("cuMemcpyDtoDAsync", e));
+        }
+        // SAFETY: `src` is `len` bytes of `from`'s context, `dst` of this one (the caller's
+        // contract); the driver stages the copy itself where peer access is not enabled.
+        unsafe {
+            sys::cuMemcpyPeerAsync(
+                dst,
+                self.ctx.cu_ctx(),
+                src,
+                from.ctx.cu_ctx(),
+                len,
+                self.raw(),
+            )
+        }
+        .result()
+        .map_err(|e| self.health.driver("cuMemcpyPeerAsync", e))
+    }
+
     unsafe fn launch(&self, kernel: &Kernel, cfg: LaunchConfig, args: &[KernelArg]) -> Result<()> {
         let Some(k) = kernel.imp.as_any().downcast_ref::<CudaKernel>() else {
             return Err(KernelError::Internal {

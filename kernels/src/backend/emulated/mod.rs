@@ -45,6 +45,9 @@ pub const STRICT_ENV: &str = "SPATE_EMU_STRICT";
 pub const WATCHDOG_ENV: &str = "SPATE_EMU_WATCHDOG_MS";
 /// `SPATE_EMU_THREADS`: host threads that run the blocks of one launch.
 pub const THREADS_ENV: &str = "SPATE_EMU_THREADS";
+/// `SPATE_EMU_NO_PEER=1`: emulated devices have no peer access (see
+/// [`EmulatorOptions::peer_access`]).
+pub const NO_PEER_ENV: &str = "SPATE_EMU_NO_PEER";
 
 /// How strict the emulator is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,6 +60,10 @@ pub struct EmulatorOptions {
     pub watchdog: Duration,
     /// Host threads that run the blocks of one launch (default: the machine's cores).
     pub threads: Option<u32>,
+    /// Whether emulated devices copy each other's memory directly (peer copies), as GPUs on
+    /// NVLink do: on by default; `SPATE_EMU_NO_PEER=1` turns it off, and exchanges between
+    /// devices then go through pinned host memory.
+    pub peer_access: bool,
 }
 
 fn env_u64(name: &str) -> Option<u64> {
@@ -64,8 +71,8 @@ fn env_u64(name: &str) -> Option<u64> {
 }
 
 impl Default for EmulatorOptions {
-    /// From the environment: [`STRICT_ENV`], [`WATCHDOG_ENV`] (default two minutes) and
-    /// [`THREADS_ENV`].
+    /// From the environment: [`STRICT_ENV`], [`WATCHDOG_ENV`] (default two minutes),
+    /// [`THREADS_ENV`] and [`NO_PEER_ENV`].
     fn default() -> Self {
         EmulatorOptions {
             strict: env_u64(STRICT_ENV).filter(|s| *s != 0),
@@ -73,6 +80,7 @@ impl Default for EmulatorOptions {
             threads: env_u64(THREADS_ENV)
                 .filter(|t| *t > 0)
                 .map(|t| t.min(256) as u32),
+            peer_access: env_u64(NO_PEER_ENV).is_none_or(|v| v == 0),
         }
     }
 }
@@ -299,6 +307,17 @@ impl DeviceBackend for EmuDevice {
             // SAFETY: allocated with this layout in `alloc_pinned`.
             unsafe { std::alloc::dealloc(ptr, layout) };
         }
+    }
+
+    fn peer_access(&self, other: &dyn DeviceBackend) -> bool {
+        other
+            .as_any()
+            .downcast_ref::<EmuDevice>()
+            .is_some_and(|o| self.shared.options.peer_access && o.shared.options.peer_access)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
     }
 }
 

@@ -514,6 +514,32 @@ impl StreamBackend for EmuStream {
         Ok(())
     }
 
+    unsafe fn copy_peer(
+        &self,
+        src: u64,
+        from: &dyn StreamBackend,
+        dst: u64,
+        len: usize,
+    ) -> Result<()> {
+        let Some(from) = from.as_any().downcast_ref::<EmuStream>() else {
+            return Err(KernelError::Internal {
+                message: "a peer copy from a stream of another backend".into(),
+            });
+        };
+        let same_device = Arc::ptr_eq(&self.queue().shared, &from.queue().shared);
+        if !same_device && !self.queue().shared.options.peer_access {
+            return Err(KernelError::Internal {
+                message: "a peer copy between emulated devices without peer access \
+                          (SPATE_EMU_NO_PEER): copy through the host"
+                    .into(),
+            });
+        }
+        from.owns(src, "a peer copy's source")?;
+        self.owns(dst, "a peer copy")?;
+        self.queue().push(Op::Copy { src, dst, len });
+        Ok(())
+    }
+
     unsafe fn launch(&self, kernel: &Kernel, cfg: LaunchConfig, args: &[KernelArg]) -> Result<()> {
         for arg in args {
             if let &KernelArg::Ptr(p) = arg
