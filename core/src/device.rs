@@ -182,6 +182,20 @@ impl BackendSelection {
         }
     }
 
+    /// A remote session's: the executors of the scheduler at `url` run the operators, so this
+    /// session opens no device.
+    pub fn remote(requested: Backend, url: &str) -> Self {
+        BackendSelection {
+            requested,
+            resolved: Backend::Cpu,
+            reason: format!(
+                "remote: queries run on the executors of the scheduler at {url}, on their \
+                 backends"
+            ),
+            inventory: None,
+        }
+    }
+
     /// After the chosen GPU failed to start: `auto` falls back to the CPU with the reason, an
     /// explicit GPU backend fails.
     pub fn after_gpu_failure(mut self, error: SpateError) -> Result<Self> {

@@ -49,6 +49,8 @@ pub struct EngineBuilder {
     memory_limit_bytes: Option<usize>,
     gpu_memory_limit_bytes: Option<usize>,
     devices: Devices,
+    /// A Ballista scheduler queries go to (`EngineBuilder::remote`).
+    remote: Option<String>,
     options: Vec<(String, String)>,
     offload_rule: Option<PhysicalRule>,
 }
@@ -94,6 +96,16 @@ impl EngineBuilder {
         self
     }
 
+    /// Sends queries to the Ballista scheduler at `url` (`df://host:port`, port 50050 by
+    /// default): it plans them and its executors (`spate executor`) run them, on their GPUs.
+    /// Tables must be files the executors can read (`register_file`); the backend and device
+    /// settings are the executors' own.
+    #[cfg(feature = "remote")]
+    pub fn remote(mut self, url: impl Into<String>) -> Self {
+        self.remote = Some(url.into());
+        self
+    }
+
     /// Sets any DataFusion configuration key, e.g. `datafusion.execution.batch_size`.
     pub fn option(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.options.push((key.into(), value.into()));
@@ -108,7 +120,11 @@ impl EngineBuilder {
 
     /// Resolves the backend and builds the session.
     pub fn build(self) -> Result<Engine> {
-        let mut selection = BackendSelection::resolve(self.backend)?;
+        let mut selection = match &self.remote {
+            // The executors run the operators; this session only plans and collects.
+            Some(url) => BackendSelection::remote(self.backend, url),
+            None => BackendSelection::resolve(self.backend)?,
+        };
         let gpu = if selection.uses_gpu() {
             let budget = match self.gpu_memory_limit_bytes {
                 Some(bytes) => spate_kernels::MemoryBudget::Bytes(bytes),
@@ -179,10 +195,15 @@ impl EngineBuilder {
             .with_default_features()
             .with_physical_optimizer_rules(physical_optimizer_rules(offload))
             .build();
+        let state = match &self.remote {
+            Some(url) => remote_state(state, url)?,
+            None => state,
+        };
         Ok(Engine {
             ctx: SessionContext::new_with_state(state),
             selection,
             gpu,
+            remote: self.remote,
             cached: Arc::new(Mutex::new(HashMap::new())),
         })
     }
@@ -277,6 +298,51 @@ fn sharded_by_option(
     Ok(columns)
 }
 
+/// `state` sending its queries to the Ballista scheduler at `url`.
+#[cfg(feature = "remote")]
+fn remote_state(
+    state: datafusion::execution::SessionState,
+    url: &str,
+) -> Result<datafusion::execution::SessionState> {
+    use ballista_core::extension::SessionStateExt;
+    Ok(state.upgrade_for_ballista(scheduler_address(url)?)?)
+}
+
+#[cfg(not(feature = "remote"))]
+fn remote_state(
+    _state: datafusion::execution::SessionState,
+    url: &str,
+) -> Result<datafusion::execution::SessionState> {
+    Err(SpateError::Unsupported {
+        message: format!("remote sessions ({url}) need Spate built with its `remote` feature"),
+    })
+}
+
+/// The gRPC address of a scheduler given as `df://host[:port]` (or `http://…`, or
+/// `host[:port]`); the port defaults to Ballista's 50050.
+pub fn scheduler_address(url: &str) -> Result<String> {
+    let bad = |why: &str| SpateError::Config {
+        message: format!("remote scheduler '{url}': {why}; expected df://host:port"),
+    };
+    let rest = url
+        .strip_prefix("df://")
+        .or_else(|| url.strip_prefix("http://"))
+        .unwrap_or(url)
+        .trim_end_matches('/');
+    let (host, port) = match rest.rsplit_once(':') {
+        Some((host, port)) => (
+            host,
+            port.parse::<u16>()
+                .map_err(|_| bad("the port is not a number"))?,
+        ),
+        None => (rest, 50050),
+    };
+    if host.is_empty() || host.contains('/') {
+        return Err(bad("no host"));
+    }
+    Ok(format!("http://{host}:{port}"))
+}
+
 fn config_error(message: &str) -> SpateError {
     SpateError::Config {
         message: message.to_string(),
@@ -298,6 +364,8 @@ pub struct Engine {
     ctx: SessionContext,
     selection: BackendSelection,
     gpu: Option<Arc<GpuContext>>,
+    /// The scheduler of a remote session.
+    remote: Option<String>,
     /// Tables held in memory by `CACHE TABLE`, by name (shared by clones of the engine).
     cached: Arc<Mutex<HashMap<String, CachedTable>>>,
 }
@@ -330,6 +398,11 @@ impl Engine {
     /// The backend this engine resolved to, and why.
     pub fn backend(&self) -> &BackendSelection {
         &self.selection
+    }
+
+    /// The scheduler queries go to, in a remote session (`EngineBuilder::remote`).
+    pub fn remote(&self) -> Option<&str> {
+        self.remote.as_deref()
     }
 
     /// The underlying DataFusion session, for anything Spate does not wrap.
@@ -614,6 +687,14 @@ impl Engine {
         name: &str,
         columns: &[String],
     ) -> Result<CachedTable> {
+        if let Some(url) = self.remote() {
+            return Err(SpateError::Unsupported {
+                message: format!(
+                    "CACHE TABLE {name} in a remote session: the executors of {url} run the \
+                     queries, over the table's files"
+                ),
+            });
+        }
         let key = normalized_name(name)?;
         let reference = table_reference(name)?;
         let original = self.ctx.table_provider(reference.clone()).await?;
@@ -760,6 +841,28 @@ impl Engine {
             }
         }
         Ok(cached)
+    }
+
+    /// The session config a plan made elsewhere (a Ballista stage) runs under on this
+    /// engine's GPU: `base` with the GPU context and Spate's options, GPU regions keeping the
+    /// partitions they were planned with (a stage's tasks each run their own). `None` without
+    /// a GPU.
+    pub fn stage_config(&self, base: SessionConfig) -> Option<SessionConfig> {
+        let gpu = self.gpu.as_ref()?;
+        let mut options = SpateOptions::default();
+        options.gpu.one_partition = false;
+        Some(
+            base.with_extension(Arc::clone(gpu))
+                .with_option_extension(options),
+        )
+    }
+
+    /// The physical optimizer rule that places a plan's operators on this engine's GPU (for
+    /// plans made elsewhere); `None` without a GPU.
+    pub fn offload_rule(&self) -> Option<GpuOffloadRule> {
+        self.gpu
+            .as_ref()
+            .map(|g| GpuOffloadRule::new(Arc::clone(g)))
     }
 
     /// The tables cached now, sorted by name.

@@ -122,7 +122,6 @@ impl PySession {
         options = None,
         devices = None,
     ))]
-    #[expect(clippy::too_many_arguments, reason = "Python keyword arguments")]
     fn new(
         py: Python<'_>,
         backend: &str,

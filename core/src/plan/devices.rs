@@ -15,8 +15,11 @@
 //!   - anything else: as it comes.
 //! - A `CollectLeft` join whose output depends on each probe row alone (inner, right, right
 //!   semi, anti and mark) gets its build side broadcast to every device (each device's share
-//!   to every device) and probes where the probe rows are; the others (whose unmatched build rows are emitted once) run on one
-//!   device, their probe side gathered there. So does a cross join.
+//!   to every device) and probes where the probe rows are, when that moves fewer bytes than
+//!   shuffling both sides by the keys (`broadcast_pays`). Otherwise, and for the join types
+//!   that emit unmatched build rows once, it becomes a partitioned join over both sides
+//!   shuffled by the keys. A null-aware anti join (`NOT IN`) runs on one device, both sides
+//!   gathered there, and so does a cross join.
 //! - A pair of aggregations the GPU cannot run in two stages (COUNT(DISTINCT), whose partial
 //!   state is a list) runs as one stage over its input shuffled by the group keys, each
 //!   device aggregating whole groups (or gathered, without group keys).
@@ -37,10 +40,11 @@ use datafusion::error::{DataFusionError, Result as DFResult};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_optimizer::sanity_checker::SanityCheckPlan;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
-use datafusion::physical_plan::joins::HashJoinExec;
+use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
+use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use datafusion::physical_plan::{
     Distribution, ExecutionPlan, ExecutionPlanProperties, Partitioning,
     replace_children_if_necessary,
@@ -165,23 +169,41 @@ impl Placer {
             && let Some(cpu) = join
                 .replaces()
                 .and_then(|c| c.downcast_ref::<HashJoinExec>())
-            && cpu.partition_mode() == &datafusion::physical_plan::joins::PartitionMode::CollectLeft
+            && cpu.partition_mode() == &PartitionMode::CollectLeft
         {
             let [left, right]: [Arc<dyn ExecutionPlan>; 2] = children
                 .try_into()
                 .map_err(|_| cannot("a join without two inputs"))?;
             let left = self.on_devices(left)?;
             let right = self.on_devices(right)?;
-            let (left, right) = if broadcast_safe(*cpu.join_type()) && !cpu.null_aware {
+            if cpu.null_aware {
+                // NOT IN: one NULL key anywhere decides for every row, on one device.
+                return replace_children_if_necessary(
+                    node,
+                    vec![self.to_one(left), self.to_one(right)],
+                );
+            }
+            if broadcast_safe(*cpu.join_type()) && self.broadcast_pays(cpu)? {
                 // Every device's share of the build side, to every device.
-                (
-                    Arc::new(GpuExchangeExec::broadcast(left, self.devices)) as _,
-                    right,
-                )
-            } else {
-                (self.to_one(left), self.to_one(right))
-            };
-            return replace_children_if_necessary(node, vec![left, right]);
+                let left = Arc::new(GpuExchangeExec::broadcast(left, self.devices)) as _;
+                return replace_children_if_necessary(node, vec![left, right]);
+            }
+            // Both sides shuffled by the keys: each device joins its share.
+            let partitioned = cpu
+                .builder()
+                .with_partition_mode(PartitionMode::Partitioned)
+                .with_new_children(vec![Arc::clone(&left), Arc::clone(&right)])?
+                .recompute_properties()
+                .build()?;
+            let need = partitioned
+                .input_distribution_requirements()
+                .into_per_child();
+            let gpu = GpuHashJoinExec::try_new(Arc::new(partitioned)).map_err(|e| cannot(&e.0))?;
+            let children = vec![
+                self.as_required(left, &need[0])?,
+                self.as_required(right, &need[1])?,
+            ];
+            return replace_children_if_necessary(Arc::new(gpu), children);
         }
         if node.downcast_ref::<GpuCrossJoinExec>().is_some() {
             let children = children
@@ -200,6 +222,26 @@ impl Placer {
             .map(|(child, need)| self.as_required(self.on_devices(child)?, &need))
             .collect::<DFResult<Vec<_>>>()?;
         replace_children_if_necessary(node, children)
+    }
+
+    /// Whether broadcasting `join`'s build side moves fewer bytes than shuffling both sides:
+    /// a broadcast sends the build side's `B` bytes to the `N - 1` other devices, a shuffle
+    /// `(N - 1) / N` of both sides' `B + P`, so it pays while `B <= P / (N - 1)`. Without
+    /// estimates of both (the planner's statistics), the build side is taken to be small, as
+    /// DataFusion took it in choosing to collect it.
+    fn broadcast_pays(&self, join: &HashJoinExec) -> DFResult<bool> {
+        let statistics = StatisticsContext::new();
+        let bytes = |side: &Arc<dyn ExecutionPlan>| -> DFResult<Option<usize>> {
+            Ok(statistics
+                .compute(side.as_ref(), &StatisticsArgs::new())?
+                .total_byte_size
+                .get_value()
+                .copied())
+        };
+        Ok(match (bytes(join.left())?, bytes(join.right())?) {
+            (Some(build), Some(probe)) => build.saturating_mul(self.devices - 1) <= probe,
+            _ => true,
+        })
     }
 
     /// `input` on the devices: a CPU input spread to them, a GPU one as it is.
