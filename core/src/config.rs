@@ -306,6 +306,11 @@ config_namespace! {
         /// Once the device has failed with a sticky fault: plan later queries on the CPU
         /// (cpu), or refuse them (error).
         pub on_device_error: DeviceErrorPolicy, default = DeviceErrorPolicy::Cpu
+        /// With several devices, the one every GPU operator of a query runs on (its index
+        /// among the session's devices). Unset, a plan spread over the devices
+        /// (`one_partition`) runs partition `p` on device `p % devices`, and any other plan on
+        /// the first device. A Ballista executor sets it per task.
+        pub device: Option<usize>, default = None
     }
 }
 
@@ -345,6 +350,27 @@ impl FromStr for ByteSize {
 }
 
 impl SpateOptions {
+    /// The index among the session's `devices` of the device a GPU subtree's `partition` runs
+    /// on (see `spate.gpu.device`): the pinned device, else partition `p` on device
+    /// `p % devices` where plans are spread over the devices (`one_partition`), else the first.
+    pub fn device_for(
+        options: &datafusion::common::config::ConfigOptions,
+        partition: usize,
+        devices: usize,
+    ) -> usize {
+        let gpu = options.extensions.get::<SpateOptions>().map(|o| &o.gpu);
+        match gpu {
+            Some(GpuOptions {
+                device: Some(d), ..
+            }) => d % devices.max(1),
+            Some(GpuOptions {
+                one_partition: false,
+                ..
+            }) => 0,
+            _ => partition % devices.max(1),
+        }
+    }
+
     /// `spate.gpu.memory_limit` of a session's options, when set.
     pub fn gpu_memory_limit(options: &datafusion::common::config::ConfigOptions) -> Option<usize> {
         options

@@ -50,9 +50,9 @@ mod source;
 pub mod tpch;
 
 pub use cache::{CacheLocation, CachedTable, Shard};
-pub use config::{Backend, Devices, parse_byte_size};
+pub use config::{Backend, Devices, SpateOptions, parse_byte_size};
 pub use device::{BackendSelection, CompileStats, GpuInventory};
-pub use engine::{Engine, EngineBuilder};
+pub use engine::{Engine, EngineBuilder, scheduler_address};
 pub use error::{Location, Result, SpateError};
 pub use model::ModelInputs;
 pub use plan::GpuOffloadRule;

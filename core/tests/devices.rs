@@ -209,3 +209,44 @@ async fn tables_sharded_by_their_join_keys_join_without_an_exchange() {
         "{err}"
     );
 }
+
+/// A plan kept in the partitions DataFusion planned (`spate.gpu.one_partition = false`, as a
+/// Ballista executor runs its stages) runs on one device: the partitions of a collect-left
+/// join share one build side. (Spread over two devices, each built its own by scanning the
+/// build side's Parquet file again, and a file scan hands its file out once: every row after
+/// the first device's came back without its match.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_not_spread_over_the_devices_joins_on_one() {
+    let dir = tempfile::tempdir().unwrap();
+    spate::tpch::write_parquet(0.01, dir.path(), |_| {}).unwrap();
+    let gpu = Engine::builder()
+        .backend(Backend::Emulated)
+        .devices(Devices::Count(2))
+        .target_partitions(2)
+        .build()
+        .unwrap();
+    let cpu = Engine::builder()
+        .backend(Backend::Cpu)
+        .target_partitions(2)
+        .build()
+        .unwrap();
+    for engine in [&gpu, &cpu] {
+        for table in ["orders", "lineitem"] {
+            engine
+                .register_parquet(table, dir.path().join(format!("{table}.parquet")))
+                .await
+                .unwrap();
+        }
+    }
+    gpu.collect("SET spate.gpu.one_partition = false")
+        .await
+        .unwrap();
+    let sql =
+        "SELECT o_orderkey, l_linenumber FROM orders JOIN lineitem ON o_orderkey = l_orderkey";
+    let mut got = lines(&gpu.collect(sql).await.unwrap());
+    let mut want = lines(&cpu.collect(sql).await.unwrap());
+    got.sort();
+    want.sort();
+    assert_eq!(got.len(), want.len());
+    assert_eq!(got, want);
+}

@@ -5,9 +5,13 @@
 //! spate gen tpch --sf SF --out DIR                             write TPC-H as Parquet
 //! spate selftest [--backend cuda|emulated] [--bench]          check every kernel on a device
 //! spate bench tpch --sf SF [--backend B] [--verify]            run TPC-H, check it against the CPU
+//! spate scheduler --bind HOST:PORT                             a Ballista scheduler
+//! spate executor --scheduler HOST:PORT [--backend B]            a Ballista executor on Spate
+//! spate --remote df://HOST:PORT [--table NAME=PATH]... -c SQL  run SQL on a cluster
 //! ```
 
 mod bench;
+mod cluster;
 mod format;
 mod script;
 mod selftest;
@@ -63,6 +67,10 @@ struct RunArgs {
     /// Partitions (parallel streams) per query; defaults to the number of cores.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
     partitions: Option<u32>,
+    /// Send queries to a Ballista scheduler (df://HOST:PORT) whose executors run them; tables
+    /// must be files the executors can read (--table).
+    #[arg(long, value_name = "df://HOST:PORT", conflicts_with_all = ["tpch", "devices", "gpu_memory_limit"])]
+    remote: Option<String>,
     /// GPU devices to run on: a count (4) or CUDA ordinals (cuda:0,1,3); each device gets
     /// --gpu-memory-limit. The emulator opens that many emulated devices.
     #[arg(long, value_name = "N|cuda:LIST", default_value = "1", value_parser = parse_devices)]
@@ -89,6 +97,10 @@ enum Command {
         #[command(subcommand)]
         suite: bench::Suite,
     },
+    /// Run a Ballista scheduler: clients connect with --remote, executors poll it for tasks.
+    Scheduler(cluster::SchedulerArgs),
+    /// Run a Ballista executor whose tasks run on Spate's operators (on a GPU where there is one).
+    Executor(cluster::ExecutorArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -144,6 +156,8 @@ fn main() -> ExitCode {
         }) => generate_tpch(sf, &out),
         Some(Command::Selftest(args)) => selftest::run(args),
         Some(Command::Bench { suite }) => bench::run(suite),
+        Some(Command::Scheduler(args)) => cluster::scheduler(args),
+        Some(Command::Executor(args)) => cluster::executor(args),
         None => run(cli.run),
     };
     match result {
@@ -210,6 +224,9 @@ fn run(args: RunArgs) -> Result<ExitCode, String> {
         builder = builder.target_partitions(partitions as usize);
     }
     builder = builder.devices(args.devices);
+    if let Some(url) = args.remote {
+        builder = builder.remote(url);
+    }
     let engine = builder.build().map_err(|e| e.to_string())?;
     if !args.quiet {
         if interactive {

@@ -633,8 +633,15 @@ pub(crate) fn execute_for_host<P: GpuExec>(
     metrics: &ExecutionPlanMetricsSet,
 ) -> DFResult<SendableRecordBatchStream> {
     let gpu = gpu_context(&context)?;
-    // Partition `p` of a GPU subtree runs on device `p % devices` (`plan/devices.rs`).
-    let stream = region_stream(gpu.device_for(partition), &context)?;
+    // Partition `p` of a GPU subtree runs on device `p % devices` where the plan was spread
+    // over the devices (`plan/devices.rs`); any other plan runs on one device, so that the
+    // partitions of a collect-left join share its build side (`SpateOptions::device_for`).
+    let device = SpateOptions::device_for(
+        context.session_config().options(),
+        partition,
+        gpu.devices().len(),
+    );
+    let stream = region_stream(&gpu.devices()[device], &context)?;
     let (batches, scope) = execute_device_counted(plan, partition, context, Arc::clone(&stream))?;
     let transfer = TransferMetrics::new(metrics, partition);
     Ok(download_stream(
