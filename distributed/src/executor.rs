@@ -34,6 +34,9 @@ pub struct ExecutorOptions {
     /// Where its Arrow Flight service listens for other executors and clients fetching the
     /// shuffle files and results it holds (`host:port`; port 0 picks a free one).
     pub bind: String,
+    /// The host other executors and clients reach it at, when not the bind address's (a
+    /// container's bind address 0.0.0.0, say: its pod's IP).
+    pub advertise: Option<String>,
     /// The engine its tasks run on: its backend, devices and memory limits.
     pub engine: Engine,
     /// Tasks it runs at once.
@@ -104,6 +107,7 @@ pub async fn start_executor(options: ExecutorOptions) -> Result<Executor> {
     let ExecutorOptions {
         scheduler,
         bind,
+        advertise,
         engine,
         tasks,
     } = options;
@@ -131,7 +135,7 @@ pub async fn start_executor(options: ExecutorOptions) -> Result<Executor> {
     let tasks = tasks.max(1);
     let registration = ExecutorRegistration {
         id: id.clone(),
-        host: Some(address.ip().to_string()),
+        host: Some(advertise.unwrap_or_else(|| address.ip().to_string())),
         port: u32::from(address.port()),
         grpc_port: 0,
         specification: Some(

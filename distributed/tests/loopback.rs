@@ -64,6 +64,7 @@ async fn executor(scheduler: &Scheduler, devices: usize) -> Executor {
     start_executor(ExecutorOptions {
         scheduler: scheduler.url(),
         bind: "127.0.0.1:0".into(),
+        advertise: None,
         engine,
         tasks: 2,
     })

@@ -28,6 +28,7 @@ class Session:
         batch_size: int | None = None,
         options: Mapping[str, str] | None = None,
         devices: int | str | None = None,
+        remote: str | None = None,
     ) -> None: ...
     @property
     def backend(self) -> str:

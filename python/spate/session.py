@@ -41,7 +41,9 @@ class Session:
     ``fallback`` says what a GPU backend does with an operator it cannot run: ``"cpu"`` runs it
     on the CPU, ``"warn"`` also logs why, ``"error"`` fails the query. ``options`` sets any
     DataFusion or Spate setting by key. ``devices`` is how many GPU devices to run on (``4``)
-    or which (``"cuda:0,1,3"``); each gets ``gpu_memory_limit``.
+    or which (``"cuda:0,1,3"``); each gets ``gpu_memory_limit``. ``remote`` (``"df://host:port"``)
+    sends queries to a Ballista scheduler whose executors (``spate executor``) run them; its
+    tables must be files the executors can read (``read_parquet``, ``register``).
 
     >>> s = Session(backend="cpu")
     >>> s.sql("select 1 as x").to_pandas()
@@ -60,6 +62,7 @@ class Session:
         batch_size: int | None = None,
         options: Mapping[str, str] | None = None,
         devices: int | str | None = None,
+        remote: str | None = None,
     ) -> None:
         self._inner = _spate.Session(
             backend,
@@ -70,6 +73,7 @@ class Session:
             batch_size,
             dict(options) if options else None,
             devices,
+            remote,
         )
         self._names = itertools.count(1)
         self._lock = threading.Lock()

@@ -121,6 +121,7 @@ impl PySession {
         batch_size = None,
         options = None,
         devices = None,
+        remote = None,
     ))]
     fn new(
         py: Python<'_>,
@@ -132,6 +133,7 @@ impl PySession {
         batch_size: Option<usize>,
         options: Option<HashMap<String, String>>,
         devices: Option<Bound<'_, PyAny>>,
+        remote: Option<String>,
     ) -> PyResult<Self> {
         let backend = backend.parse::<Backend>().py(Origin::Frame)?;
         let mut builder = Engine::builder()
@@ -163,6 +165,9 @@ impl PySession {
                 })?,
             };
             builder = builder.devices(text.parse::<spate::Devices>().py(Origin::Frame)?);
+        }
+        if let Some(url) = remote {
+            builder = builder.remote(url);
         }
         // Opening a GPU probes the driver and may compile kernels: no GIL needed for that.
         let engine = py.detach(|| builder.build()).py(Origin::Frame)?;

@@ -36,6 +36,10 @@ pub struct ExecutorArgs {
     /// Where its Arrow Flight service listens for shuffle reads and results (port 0 picks one).
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:0")]
     bind: String,
+    /// The host other executors and clients reach it at, when not the bind address's (in a
+    /// container bound to 0.0.0.0: the pod's IP).
+    #[arg(long, value_name = "HOST")]
+    advertise: Option<String>,
     /// Where its tasks' operators run: auto picks a GPU when one is usable, else the CPU.
     #[arg(long, default_value = "auto", value_parser = crate::parse_backend)]
     backend: Backend,
@@ -94,6 +98,7 @@ pub fn executor(args: ExecutorArgs) -> Result<ExitCode, String> {
         let mut executor = spate_distributed::start_executor(ExecutorOptions {
             scheduler: args.scheduler,
             bind: args.bind,
+            advertise: args.advertise,
             engine,
             tasks,
         })
