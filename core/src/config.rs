@@ -352,22 +352,22 @@ impl FromStr for ByteSize {
 impl SpateOptions {
     /// The index among the session's `devices` of the device a GPU subtree's `partition` runs
     /// on (see `spate.gpu.device`): the pinned device, else partition `p` on device
-    /// `p % devices` where plans are spread over the devices (`one_partition`), else the first.
+    /// `p % devices` where the subtree was spread over the devices (`spread`: placed by
+    /// `plan/devices.rs`), else the first.
     pub fn device_for(
         options: &datafusion::common::config::ConfigOptions,
         partition: usize,
         devices: usize,
+        spread: bool,
     ) -> usize {
-        let gpu = options.extensions.get::<SpateOptions>().map(|o| &o.gpu);
-        match gpu {
-            Some(GpuOptions {
-                device: Some(d), ..
-            }) => d % devices.max(1),
-            Some(GpuOptions {
-                one_partition: false,
-                ..
-            }) => 0,
-            _ => partition % devices.max(1),
+        let pinned = options
+            .extensions
+            .get::<SpateOptions>()
+            .and_then(|o| o.gpu.device);
+        match pinned {
+            Some(d) => d % devices.max(1),
+            None if spread => partition % devices.max(1),
+            None => 0,
         }
     }
 

@@ -259,6 +259,15 @@ pub struct GpuContext {
     bandwidth: Mutex<Option<Bandwidth>>,
     /// Device memory outside the running operators that may move to the host.
     spill: SpillCoordinator,
+    /// The pools of `spate.gpu.memory_limit`: one per query (its task context) and device.
+    query_pools: Mutex<Vec<QueryPool>>,
+}
+
+/// A query's memory pool on one device (see [`GpuContext::query_pool`]).
+struct QueryPool {
+    query: std::sync::Weak<datafusion::execution::TaskContext>,
+    device: usize,
+    pool: std::sync::Weak<spate_kernels::MemoryPool>,
 }
 
 /// Kernel compilation so far in a session: generated programs compiled by NVRTC (or the host
@@ -386,6 +395,7 @@ impl GpuContext {
             compile_nanos: AtomicU64::new(0),
             bandwidth: Mutex::new(None),
             spill: SpillCoordinator::default(),
+            query_pools: Mutex::new(Vec::new()),
         }))
     }
 
@@ -409,6 +419,33 @@ impl GpuContext {
     /// Every device, in the order partitions are placed on them.
     pub fn devices(&self) -> &[Device] {
         &self.devices
+    }
+
+    /// The pool of `limit` bytes every stream of `query` on `device` charges its allocations
+    /// to (`spate.gpu.memory_limit`), made by the first to ask; it lives while a stream of the
+    /// query holds it.
+    pub(crate) fn query_pool(
+        &self,
+        query: &Arc<datafusion::execution::TaskContext>,
+        device: &Device,
+        limit: usize,
+    ) -> Arc<spate_kernels::MemoryPool> {
+        let mut pools = self.query_pools.lock().unwrap_or_else(|p| p.into_inner());
+        pools.retain(|p| p.query.strong_count() > 0 && p.pool.strong_count() > 0);
+        let found = pools.iter().find_map(|p| {
+            let same = p.device == device.id()
+                && p.query.upgrade().is_some_and(|q| Arc::ptr_eq(&q, query));
+            same.then(|| p.pool.upgrade()).flatten()
+        });
+        found.unwrap_or_else(|| {
+            let pool = Arc::new(spate_kernels::MemoryPool::new(limit));
+            pools.push(QueryPool {
+                query: Arc::downgrade(query),
+                device: device.id(),
+                pool: Arc::downgrade(&pool),
+            });
+            pool
+        })
     }
 
     /// Fails with the first device's fault once any device is unhealthy.

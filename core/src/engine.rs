@@ -215,57 +215,85 @@ const SHARDED_BY_OPTION: &str = "spate.sharded_by";
 
 /// `sql` with every `CACHE TABLE name SHARDED BY (a, b)` written as `CACHE TABLE name
 /// OPTIONS ('spate.sharded_by' = 'a,b')`. Works on the dialect's tokens, so quotes and
-/// comments are left alone; text that does not tokenize is returned as it is, for the parser
-/// to report.
+/// comments are left alone, and splices the original text (only the clause changes); text
+/// that does not tokenize is returned as it is, for the parser to report.
 fn sharded_by_as_options<'a>(
     sql: &'a str,
     dialect: &dyn datafusion::sql::sqlparser::dialect::Dialect,
 ) -> std::borrow::Cow<'a, str> {
-    use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
+    use datafusion::sql::sqlparser::tokenizer::{Location, Token, Tokenizer};
     let word = |t: &Token, w: &str| matches!(t, Token::Word(x) if x.value.eq_ignore_ascii_case(w) && x.quote_style.is_none());
-    let Ok(tokens) = Tokenizer::new(dialect, sql).tokenize() else {
+    let Ok(tokens) = Tokenizer::new(dialect, sql)
+        .with_unescape(false)
+        .tokenize_with_location()
+    else {
         return sql.into();
     };
-    if !tokens.iter().any(|t| word(t, "SHARDED")) {
+    if !tokens.iter().any(|t| word(&t.token, "SHARDED")) {
         return sql.into();
     }
-    let significant =
-        |from: usize| (from..tokens.len()).find(|&i| !matches!(tokens[i], Token::Whitespace(_)));
-    let mut out = String::with_capacity(sql.len());
+    // Byte offsets of a token location (lines and columns count from 1, columns in chars).
+    let line_starts: Vec<usize> = std::iter::once(0)
+        .chain(sql.match_indices('\n').map(|(i, _)| i + 1))
+        .collect();
+    let offset = |at: Location| -> Option<usize> {
+        let start = *line_starts.get(usize::try_from(at.line).ok()?.checked_sub(1)?)?;
+        let column = usize::try_from(at.column).ok()?.checked_sub(1)?;
+        Some(match sql[start..].char_indices().nth(column) {
+            Some((i, _)) => start + i,
+            None => sql.len(),
+        })
+    };
+    let significant = |from: usize| {
+        (from..tokens.len()).find(|&i| !matches!(tokens[i].token, Token::Whitespace(_)))
+    };
+    // (start, end, replacement) of each clause, in order.
+    let mut clauses = Vec::new();
     let mut in_cache = false;
-    let mut i = 0;
-    while i < tokens.len() {
-        let t = &tokens[i];
-        if word(t, "CACHE") {
+    for (i, t) in tokens.iter().enumerate() {
+        if word(&t.token, "CACHE") {
             in_cache = true;
-        } else if matches!(t, Token::SemiColon) {
+        } else if matches!(t.token, Token::SemiColon) {
             in_cache = false;
         }
         if in_cache
-            && word(t, "SHARDED")
+            && word(&t.token, "SHARDED")
             && let Some(by) = significant(i + 1)
-            && word(&tokens[by], "BY")
+            && word(&tokens[by].token, "BY")
             && let Some(open) = significant(by + 1)
-            && matches!(tokens[open], Token::LParen)
-            && let Some(close) = (open..tokens.len()).find(|&j| matches!(tokens[j], Token::RParen))
+            && matches!(tokens[open].token, Token::LParen)
+            && let Some(close) =
+                (open..tokens.len()).find(|&j| matches!(tokens[j].token, Token::RParen))
+            && let (Some(start), Some(end)) = (offset(t.span.start), offset(tokens[close].span.end))
         {
             let columns: Vec<String> = tokens[open + 1..close]
                 .iter()
-                .filter_map(|t| match t {
-                    Token::Word(w) => Some(w.value.clone()),
+                .filter_map(|t| match &t.token {
+                    Token::Word(w) => Some(w.value.replace('\'', "''")),
                     _ => None,
                 })
                 .collect();
-            out.push_str(&format!(
-                "OPTIONS ('{SHARDED_BY_OPTION}' = '{}')",
-                columns.join(",")
+            clauses.push((
+                start,
+                end,
+                format!("OPTIONS ('{SHARDED_BY_OPTION}' = '{}')", columns.join(",")),
             ));
-            i = close + 1;
-            continue;
         }
-        out.push_str(&t.to_string());
-        i += 1;
     }
+    if clauses.is_empty() {
+        return sql.into();
+    }
+    let mut out = String::with_capacity(sql.len());
+    let mut at = 0;
+    for (start, end, replacement) in clauses {
+        if start < at || end < start {
+            return sql.into();
+        }
+        out.push_str(&sql[at..start]);
+        out.push_str(&replacement);
+        at = end;
+    }
+    out.push_str(&sql[at..]);
     out.into()
 }
 
@@ -711,10 +739,15 @@ impl Engine {
             .iter()
             .map(|c| {
                 let wanted = c.trim_matches('"');
-                schema
-                    .fields()
+                let fields = schema.fields();
+                fields
                     .iter()
-                    .position(|f| f.name() == wanted || f.name().eq_ignore_ascii_case(wanted))
+                    .position(|f| f.name() == wanted)
+                    .or_else(|| {
+                        fields
+                            .iter()
+                            .position(|f| f.name().eq_ignore_ascii_case(wanted))
+                    })
                     .ok_or_else(|| SpateError::Sql {
                         message: format!(
                             "CACHE TABLE {name} SHARDED BY: no column '{wanted}' in the table"

@@ -182,7 +182,20 @@ impl SpateError {
 
 /// Maps a DataFusion error to a Spate error, unwrapping the wrappers DataFusion adds (context,
 /// diagnostics, shared errors) and keeping the most precise location found on the way.
+/// What a remote session's scheduler cannot be sent (Ballista's logical plan codec has no way
+/// to encode an in-memory table), said so.
+const REMOTE_IN_MEMORY: &str = "LogicalExtensionCodec is not provided";
+
 fn classify(err: DataFusionError, location: Option<Location>) -> SpateError {
+    if err.to_string().contains(REMOTE_IN_MEMORY) {
+        return SpateError::Unsupported {
+            message: "a remote session sends its queries to a Ballista scheduler, whose \
+                      executors read the tables' files: a table held in this process's \
+                      memory (CREATE TABLE AS, a table from Python or Arrow objects) cannot \
+                      be sent; register files (--table, register_parquet) instead"
+                .into(),
+        };
+    }
     match err {
         DataFusionError::Diagnostic(diagnostic, inner) => {
             let location = location.or_else(|| {

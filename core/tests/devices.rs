@@ -208,6 +208,23 @@ async fn tables_sharded_by_their_join_keys_join_without_an_exchange() {
         err.to_string().contains("no column 'no_such_column'"),
         "{err}"
     );
+    // Only the clause is rewritten: the rest of the text keeps its quotes and escapes.
+    let statements = gpu
+        .parse("SELECT 'it''s SHARDED BY (x)' AS x; CACHE TABLE nation SHARDED BY (n_regionkey)")
+        .unwrap();
+    assert_eq!(statements.len(), 2);
+    assert!(
+        statements[0].to_string().contains("'it''s SHARDED BY (x)'"),
+        "{}",
+        statements[0]
+    );
+    assert!(
+        statements[1]
+            .to_string()
+            .contains("'spate.sharded_by' = 'n_regionkey'"),
+        "{}",
+        statements[1]
+    );
 }
 
 /// A plan kept in the partitions DataFusion planned (`spate.gpu.one_partition = false`, as a

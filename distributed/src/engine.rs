@@ -26,6 +26,9 @@ use spate::GpuOffloadRule;
 pub(crate) struct GpuStages {
     rule: Option<GpuOffloadRule>,
     devices: usize,
+    /// Tasks this executor was given so far: the next one's device is this modulo `devices`.
+    /// (The scheduler's task ids are global: executors taking turns would leave devices idle.)
+    tasks: std::sync::atomic::AtomicUsize,
     inner: DefaultExecutionEngine,
 }
 
@@ -34,6 +37,7 @@ impl GpuStages {
         GpuStages {
             rule,
             devices: devices.max(1),
+            tasks: std::sync::atomic::AtomicUsize::new(0),
             inner: DefaultExecutionEngine::new(),
         }
     }
@@ -75,7 +79,10 @@ impl ExecutionEngine for GpuStages {
         )?;
         Ok(Arc::new(OnDevice {
             stage,
-            device: task_id % self.devices,
+            device: self
+                .tasks
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                % self.devices,
         }))
     }
 }

@@ -6,7 +6,7 @@
 //! - [`start_executor`]: an executor (`spate executor`) whose tasks run on a Spate engine: each
 //!   stage plan it receives is placed on the engine's GPU by the same offload rule a local query
 //!   gets (`GpuStages`), keeping the stage's partitions, since each task runs one of them. Its
-//!   operators then run as GPU operators, partition `p` on device `p % devices`.
+//!   operators then run as GPU operators, each task on one of the executor's devices in turn.
 //! - The clients connect with `spate::EngineBuilder::remote` (`spate --remote df://host:port`).
 //!
 //! Why the executor applies the rule rather than a codec carrying `Gpu*Exec` nodes: the

@@ -117,6 +117,16 @@ async fn the_22_tpch_queries_on_two_gpu_executors_equal_a_local_run() {
     // In-memory tables cannot travel to the executors: a clear error, not a wrong result.
     let err = remote.cache_table("nation").await.unwrap_err();
     assert!(err.to_string().contains("remote session"), "{err}");
+    remote
+        .collect("CREATE TABLE t AS VALUES (1)")
+        .await
+        .unwrap();
+    let err = remote.collect("SELECT * FROM t").await.unwrap_err();
+    assert!(
+        matches!(err, spate::SpateError::Unsupported { .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("cannot be sent"), "{err}");
 }
 
 /// One of two executors is killed while a query runs on both. The scheduler finds it lost

@@ -135,6 +135,8 @@ pub(crate) struct DeviceInner {
     pub(crate) faults: Faults,
     /// The ordinal it was opened with ([`DeviceOptions::ordinal`]).
     pub(crate) ordinal: usize,
+    /// [`Device::peer_access`] to other devices, by their id, once asked.
+    pub(crate) peers: Mutex<HashMap<usize, bool>>,
 }
 
 /// A device: a CUDA GPU or the emulator. Cheap to clone (shared handle).
@@ -222,6 +224,7 @@ impl Device {
                     BackendKind::Cuda => Faults::default(),
                 },
                 ordinal: options.ordinal,
+                peers: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -338,9 +341,14 @@ impl Device {
     /// peer access (NVLink or PCIe P2P), which this enables; on the emulator unless
     /// `SPATE_EMU_NO_PEER` is set. Without it, rows between devices go through host memory.
     pub fn peer_access(&self, other: &Device) -> bool {
-        self.id() == other.id()
-            || (self.kind() == other.kind()
-                && self.inner.backend.peer_access(other.inner.backend.as_ref()))
+        if self.id() == other.id() {
+            return true;
+        }
+        let mut peers = self.inner.peers.lock().unwrap_or_else(|p| p.into_inner());
+        *peers.entry(other.id()).or_insert_with(|| {
+            self.kind() == other.kind()
+                && self.inner.backend.peer_access(other.inner.backend.as_ref())
+        })
     }
 
     /// Starts a new peak of device memory use at what is in use now, returning the peak

@@ -486,6 +486,22 @@ pub struct GpuCachedScanExec {
 impl GpuCachedScanExec {
     /// A scan of `table`'s `projection` columns (all when `None`).
     pub fn new(table: Arc<DeviceTable>, projection: Option<Vec<usize>>) -> DFResult<Self> {
+        Self::partitioned(table, projection, false)
+    }
+
+    /// The scan saying its rows are hash-partitioned by the columns its table is sharded by
+    /// (when it keeps them all), for a plan spread over the devices (`plan/devices.rs`):
+    /// partition `d` holds the rows the exchange between devices sends to device `d`. It is
+    /// Spate's hash, not DataFusion's, so only plans placed by that pass are told.
+    pub fn with_shard_partitioning(&self) -> DFResult<Self> {
+        Self::partitioned(Arc::clone(&self.table), self.projection.clone(), true)
+    }
+
+    fn partitioned(
+        table: Arc<DeviceTable>,
+        projection: Option<Vec<usize>>,
+        by_shard_keys: bool,
+    ) -> DFResult<Self> {
         let schema = project_schema(&table.schema, projection.as_ref())?;
         // Sharded by columns the scan keeps: hash-partitioned by them, as the exchange between
         // devices would partition its rows.
@@ -503,7 +519,9 @@ impl GpuCachedScanExec {
             })
             .collect();
         let partitioning = match keys {
-            Some(keys) if !keys.is_empty() => Partitioning::Hash(keys, table.partition_count),
+            Some(keys) if by_shard_keys && !keys.is_empty() => {
+                Partitioning::Hash(keys, table.partition_count)
+            }
             _ => Partitioning::UnknownPartitioning(table.partition_count),
         };
         let properties = PlanProperties::new(

@@ -28,8 +28,10 @@
 //! `exchange_local_bytes` the payload that stayed.
 //!
 //! The sending side runs in tasks of its own (one per input partition, on that partition's
-//! device), so every device works at once. Channels between them are unbounded: a device that
-//! consumes slowly holds the rows sent to it in host memory.
+//! device), so every device works at once. Channels between them are unbounded: rows sent to a
+//! partition that consumes slowly wait in the sending device's memory (host memory without
+//! peer access), and a broadcast keeps its input until the plan is dropped. Neither is
+//! charged to a budget yet.
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -47,7 +49,7 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning,
     PlanProperties,
 };
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use spate_kernels::Stream as DeviceStream;
 use spate_kernels::partition::partition_rows;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
@@ -66,7 +68,8 @@ use crate::error::SpateError;
 
 /// Bytes of payload an exchange moved to another device (see the module docs).
 pub const EXCHANGE_BYTES: &str = "exchange_bytes";
-/// Bytes of payload an exchange moved through the host back to the device it was on.
+/// Bytes of payload an exchange moved back to the device it was on (a copy within the device,
+/// or through the host without peer access).
 pub const EXCHANGE_LOCAL_BYTES: &str = "exchange_local_bytes";
 
 /// The lowest of the hash bits that pick a shuffled row's device.
@@ -120,7 +123,8 @@ pub struct GpuExchangeExec {
     metrics: ExecutionPlanMetricsSet,
     /// A shuffle's receivers, made with its sending tasks when the first partition executes.
     shuffle: Mutex<Option<ShuffleState>>,
-    /// A broadcast's input, downloaded once, with the device each batch came from.
+    /// A broadcast's input, run once: each batch kept on its device (or downloaded, without
+    /// peer access), with the device it came from.
     broadcast: Arc<BroadcastCell>,
 }
 
@@ -285,8 +289,14 @@ impl GpuExchangeExec {
                 }
                 DFResult::Ok(())
             };
-            if let Err(e) = run.await {
-                fail(e);
+            // A panic must not end the receivers' streams early as if the rows were all sent.
+            match std::panic::AssertUnwindSafe(run).catch_unwind().await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => fail(e),
+                Err(_) => fail(DataFusionError::Execution(format!(
+                    "an exchange between devices stopped: its sending task for partition \
+                     {partition} panicked"
+                ))),
             }
         })
     }
@@ -426,8 +436,8 @@ impl GpuExchangeExec {
         Ok(Box::pin(futures::stream::select_all(parts)))
     }
 
-    /// A broadcast's partition on `stream`'s device: the input, every partition downloaded
-    /// once on its own device, uploaded there.
+    /// A broadcast's partition on `stream`'s device: the input, every partition run once on
+    /// its own device, copied (or uploaded) there.
     fn broadcasted(
         &self,
         context: &Arc<TaskContext>,
@@ -645,7 +655,8 @@ fn receiving(
 }
 
 /// A receiving partition's state: its channel, a message taken from it that waits for the
-/// next call, and the sending tasks (aborted when every receiver is gone).
+/// next call, and the sending tasks (which run until they are done or the plan is dropped:
+/// the exchange holds them too, for partitions not executed yet).
 struct Receiving {
     receiver: UnboundedReceiver<Message>,
     held: Option<Message>,

@@ -634,12 +634,14 @@ pub(crate) fn execute_for_host<P: GpuExec>(
 ) -> DFResult<SendableRecordBatchStream> {
     let gpu = gpu_context(&context)?;
     // Partition `p` of a GPU subtree runs on device `p % devices` where the plan was spread
-    // over the devices (`plan/devices.rs`); any other plan runs on one device, so that the
-    // partitions of a collect-left join share its build side (`SpateOptions::device_for`).
+    // over the devices (`plan/devices.rs`: its regions exchange between devices); any other
+    // subtree runs on one device, so that the partitions of a collect-left join share its
+    // build side (`SpateOptions::device_for`).
     let device = SpateOptions::device_for(
         context.session_config().options(),
         partition,
         gpu.devices().len(),
+        gpu.devices().len() > 1 && spread_over_devices(plan),
     );
     let stream = region_stream(&gpu.devices()[device], &context)?;
     let (batches, scope) = execute_device_counted(plan, partition, context, Arc::clone(&stream))?;
@@ -653,16 +655,31 @@ pub(crate) fn execute_for_host<P: GpuExec>(
     ))
 }
 
+/// Whether the GPU subtree under `plan` was spread over several devices: it holds an exchange
+/// between devices (`plan/devices.rs` places one at every region's inputs but a cached
+/// table's).
+fn spread_over_devices(plan: &dyn ExecutionPlan) -> bool {
+    plan.downcast_ref::<GpuExchangeExec>().is_some()
+        || (as_gpu_exec(plan).is_some()
+            && plan
+                .children()
+                .iter()
+                .any(|c| spread_over_devices(c.as_ref())))
+}
+
 /// A new stream on `device` for a GPU subtree (or an exchange's side of one). A session that
 /// caps a query's device memory (`spate.gpu.memory_limit`) charges the subtree's allocations
-/// to a pool of that size too: one per GPU subtree under a CPU operator and device, which is
-/// one per device and query unless the plan goes back and forth.
+/// to a pool of that size too: one per query and device (`GpuContext::query_pool`), shared by
+/// every subtree and exchange task of the query on that device.
 pub(crate) fn region_stream(
     device: &spate_kernels::Device,
-    context: &TaskContext,
+    context: &Arc<TaskContext>,
 ) -> DFResult<Arc<DeviceStream>> {
     let stream = match SpateOptions::gpu_memory_limit(context.session_config().options()) {
-        Some(limit) => device.new_stream_in(Arc::new(spate_kernels::MemoryPool::new(limit))),
+        Some(limit) => {
+            let pool = gpu_context(context)?.query_pool(context, device, limit);
+            device.new_stream_in(pool)
+        }
         None => device.new_stream(),
     };
     Ok(Arc::new(stream.map_err(|e| to_df(e.into()))?))

@@ -37,6 +37,7 @@ use std::sync::Arc;
 use datafusion::common::JoinType;
 use datafusion::common::config::ConfigOptions;
 use datafusion::error::{DataFusionError, Result as DFResult};
+use datafusion::physical_expr::OrderingRequirements;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_optimizer::sanity_checker::SanityCheckPlan;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
@@ -52,8 +53,8 @@ use datafusion::physical_plan::{
 
 use super::offload::PLUMBING;
 use crate::exec::{
-    GpuAggregateExec, GpuCoalescePartitionsExec, GpuCrossJoinExec, GpuExchangeExec, GpuExec,
-    GpuHashJoinExec, GpuSortExec, as_gpu_exec,
+    GpuAggregateExec, GpuCachedScanExec, GpuCoalescePartitionsExec, GpuCrossJoinExec,
+    GpuExchangeExec, GpuExec, GpuHashJoinExec, GpuSortExec, as_gpu_exec,
 };
 
 /// Why a plan keeps one device (the rewrite gives up).
@@ -136,6 +137,9 @@ impl Placer {
             let input = self.place(Arc::clone(merge.children()[0]), true)?;
             return Ok(self.to_one(self.on_devices(input)?));
         }
+        if let Some(scan) = node.downcast_ref::<GpuCachedScanExec>() {
+            return Ok(Arc::new(scan.with_shard_partitioning()?));
+        }
         if let Some(fused) = self.single_stage(&node)? {
             return Ok(fused);
         }
@@ -152,7 +156,12 @@ impl Placer {
             if children.len() > 1 && pairs_partitions(node.as_ref()) {
                 for (child, before) in children.iter_mut().zip(node.children()) {
                     let planned = before.output_partitioning();
-                    if child.output_partitioning().partition_count() != planned.partition_count() {
+                    // A GPU child's hash partitioning is Spate's hash: a CPU operator pairing
+                    // it with DataFusion's would pair different keys. It is hashed again.
+                    if as_gpu_exec(child.as_ref()).is_some()
+                        || child.output_partitioning().partition_count()
+                            != planned.partition_count()
+                    {
                         *child = Arc::new(RepartitionExec::try_new(
                             Arc::clone(child),
                             match planned {
@@ -212,7 +221,8 @@ impl Placer {
                 .collect::<DFResult<Vec<_>>>()?;
             return replace_children_if_necessary(node, children);
         }
-        let required = match as_gpu_exec(node.as_ref()).and_then(|g| g.replaces()) {
+        let cpu = as_gpu_exec(node.as_ref()).and_then(|g| g.replaces());
+        let required = match cpu {
             Some(cpu) => cpu.input_distribution_requirements().into_per_child(),
             None => vec![Distribution::UnspecifiedDistribution; children.len()],
         };
@@ -221,6 +231,23 @@ impl Placer {
             .zip(required)
             .map(|(child, need)| self.as_required(self.on_devices(child)?, &need))
             .collect::<DFResult<Vec<_>>>()?;
+        // GPU operators do not state the input order they need (the sanity check cannot see
+        // it): the CPU operator they replace does. An exchange placed between an order and
+        // the operator that needs it loses it, and the plan keeps one device instead.
+        if let Some(cpu) = cpu {
+            for (child, order) in children.iter().zip(cpu.required_input_ordering()) {
+                if let Some(OrderingRequirements::Hard(alternatives)) = order
+                    && !alternatives.into_iter().any(|required| {
+                        child
+                            .equivalence_properties()
+                            .ordering_satisfy_requirement(required)
+                            .unwrap_or(false)
+                    })
+                {
+                    return Err(cannot("an exchange would lose an order an operator needs"));
+                }
+            }
+        }
         replace_children_if_necessary(node, children)
     }
 
@@ -283,7 +310,9 @@ impl Placer {
                 partitioning.partition_count() == self.devices
                     && matches!(partitioning, Partitioning::Hash(..))
                     && partitioning
-                        .satisfaction(need, input.equivalence_properties(), true)
+                        // Exactly the keys: a side hashed on some of a join's keys would
+                        // not meet the other side's rows.
+                        .satisfaction(need, input.equivalence_properties(), false)
                         .is_satisfied()
             }
         };

@@ -286,8 +286,8 @@ impl DeviceBackend for CudaDevice {
         let Some(other) = other.as_any().downcast_ref::<CudaDevice>() else {
             return false;
         };
-        if Arc::ptr_eq(&self.ctx, &other.ctx) {
-            // Logical devices on one GPU: the same memory.
+        if self.ctx.cu_ctx() == other.ctx.cu_ctx() {
+            // Logical devices on one GPU share its primary context: the same memory.
             return true;
         }
         let mut can = 0i32;

@@ -156,7 +156,7 @@ impl StreamBackend for CudaStreamBackend {
             });
         };
         self.bind()?;
-        if Arc::ptr_eq(&self.ctx, &from.ctx) {
+        if self.ctx.cu_ctx() == from.ctx.cu_ctx() {
             // Logical devices on one GPU share its context: an ordinary device copy.
             // SAFETY: both ranges are device memory of this context (the caller's contract).
             return unsafe { cu::memcpy_dtod_async(dst, src, len, self.raw()) }
