@@ -213,7 +213,9 @@ fn a_barrier_some_threads_never_reach_is_an_error_not_a_hang() {
         Err(KernelError::DeviceUnhealthy { .. })
     ));
 
+    // A new device: its own buffer (another device's would be refused).
     let f = fixture();
+    let out = f.stream.alloc_zeroed::<u32>(64).unwrap();
     f.run("early_exit", block(64), &[64u32.into(), (&out).into()])
         .unwrap();
 }
@@ -227,6 +229,7 @@ fn partial_masks_and_divergent_warp_ops_are_rejected() {
         .unwrap_err();
     assert!(err.to_string().contains("full-warp masks"), "{err}");
     let f = fixture();
+    let out = f.stream.alloc_zeroed::<u32>(32).unwrap();
     let err = f
         .run("divergent_warp_ops", block(32), &[(&out).into()])
         .unwrap_err();
@@ -251,6 +254,7 @@ fn a_trap_fails_the_launch_and_the_process_survives() {
         other => panic!("expected a launch error, got {other}"),
     }
     let f = fixture();
+    let out = f.stream.alloc_zeroed::<u32>(64).unwrap();
     f.run("trap_if", block(64), &[999u32.into(), (&out).into()])
         .unwrap();
     assert_eq!(f.stream.to_vec(&out).unwrap(), vec![2; 64]);
