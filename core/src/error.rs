@@ -186,8 +186,21 @@ impl SpateError {
 /// to encode an in-memory table), said so.
 const REMOTE_IN_MEMORY: &str = "LogicalExtensionCodec is not provided";
 
+/// How a remote session's transport (tonic) describes a connection that failed.
+const REMOTE_UNREACHABLE: &str = "tonic::transport::Error";
+
 fn classify(err: DataFusionError, location: Option<Location>) -> SpateError {
-    if err.to_string().contains(REMOTE_IN_MEMORY) {
+    let text = err.to_string();
+    if text.contains(REMOTE_UNREACHABLE) {
+        return SpateError::Execution {
+            message: format!(
+                "cannot reach the Ballista scheduler or one of its executors (is `spate \
+                 scheduler` running at the --remote address?): {}",
+                strip_trailing_backtrace(&text)
+            ),
+        };
+    }
+    if text.contains(REMOTE_IN_MEMORY) {
         return SpateError::Unsupported {
             message: "a remote session sends its queries to a Ballista scheduler, whose \
                       executors read the tables' files: a table held in this process's \

@@ -83,6 +83,22 @@ async fn sessions(scheduler: &Scheduler, dir: &Path) -> (Engine, Engine) {
     (remote, local)
 }
 
+#[tokio::test]
+async fn a_remote_session_without_its_scheduler_says_it_cannot_reach_it() {
+    // Nothing listens on port 9 (discard) on loopback here.
+    let remote = Engine::builder()
+        .remote("df://127.0.0.1:9")
+        .build()
+        .unwrap();
+    let err = remote.collect("SELECT 1").await.unwrap_err();
+    assert!(matches!(err, spate::SpateError::Execution { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .contains("cannot reach the Ballista scheduler"),
+        "{err}"
+    );
+}
+
 fn gpu_runs(executor: &Executor) -> u64 {
     executor.engine().gpu().unwrap().operator_runs()
 }
