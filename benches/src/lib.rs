@@ -17,6 +17,7 @@ pub mod cells;
 pub mod compare;
 pub mod datapath;
 pub mod duckdb;
+pub mod fraud;
 pub mod report;
 pub mod runner;
 pub mod suite;
