@@ -51,20 +51,16 @@ use datafusion::physical_plan::{
 };
 use futures::{FutureExt, StreamExt};
 use spate_kernels::Stream as DeviceStream;
-use spate_kernels::partition::partition_rows;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use super::counted::RuntimeScope;
-use super::spill::{SPLIT_BITS, hash_keys};
+use super::spill::{SPLIT_BITS, group_by_hash};
 use super::{
     DeviceBatchStream, GpuExec, TransferMetrics, batch_target, device_input, gpu_context,
     region_stream, to_df,
 };
 use crate::column::upload_batches;
-use crate::column::{
-    DeviceBatch, DeviceColumn, Gather, copy_batch_across, download_batch, gather_columns,
-};
-use crate::error::SpateError;
+use crate::column::{DeviceBatch, copy_batch_across, download_batch};
 
 /// Bytes of payload an exchange moved to another device (see the module docs).
 pub const EXCHANGE_BYTES: &str = "exchange_bytes";
@@ -700,19 +696,7 @@ fn grouped_by_device(
     if devices == 1 {
         return Ok(Some((batch, vec![rows])));
     }
-    let key_columns: Vec<&DeviceColumn> = keys.iter().map(|&k| &batch.columns()[k]).collect();
-    let hashes = hash_keys(stream, &key_columns)?.ok_or_else(|| SpateError::Internal {
-        message: "a shuffle by keys that cannot be hashed".into(),
-    })?;
-    let split = partition_rows(stream, hashes.as_slice(), SHUFFLE_SHIFT, SPLIT_BITS)?;
-    drop(hashes);
-    let gathers: Vec<Gather<'_>> = batch
-        .columns()
-        .iter()
-        .map(|c| Gather::rows(c, split.order.as_slice()).each_row_once())
-        .collect();
-    let columns = gather_columns(stream, &gathers)?;
-    let grouped = DeviceBatch::try_new(Arc::clone(batch.schema()), columns, rows)?;
+    let (grouped, split) = group_by_hash(stream, &batch, keys, SHUFFLE_SHIFT)?;
     let groups = 1usize << SPLIT_BITS;
     let counts = (0..devices)
         .map(|d| {

@@ -44,10 +44,7 @@ fn can_partition_by(columns: &[&DeviceColumn]) -> bool {
 
 /// Row hashes over `keys` (NULL keys hash alike, floats with -0.0 folded into +0.0 as the
 /// hash tables fold them), or `None` when a key cannot be hashed ([`can_partition_by`]).
-pub(crate) fn hash_keys(
-    stream: &DeviceStream,
-    keys: &[&DeviceColumn],
-) -> Result<Option<DeviceBuffer<u64>>> {
+fn hash_keys(stream: &DeviceStream, keys: &[&DeviceColumn]) -> Result<Option<DeviceBuffer<u64>>> {
     if !can_partition_by(keys) {
         return Ok(None);
     }
@@ -104,6 +101,32 @@ pub(crate) fn hash_keys(
         });
     }
     Ok(Some(hash_columns(stream, &columns, DEFAULT_SEED)?))
+}
+
+/// `batch`'s rows (its count on the host) gathered in the order of their partition by bits
+/// `shift..shift + SPLIT_BITS` of their hash over the `keys` columns, with the partitions'
+/// row counts: one hash, one stable split and one gather. Spilling and the exchange between
+/// devices both split rows this way.
+pub(crate) fn group_by_hash(
+    stream: &DeviceStream,
+    batch: &DeviceBatch,
+    keys: &[usize],
+    shift: u32,
+) -> Result<(DeviceBatch, spate_kernels::partition::Partitioned)> {
+    let key_columns: Vec<&DeviceColumn> = keys.iter().map(|&k| &batch.columns()[k]).collect();
+    let hashes = hash_keys(stream, &key_columns)?.ok_or_else(|| SpateError::Internal {
+        message: "rows split by keys that cannot be hashed".into(),
+    })?;
+    let split = partition_rows(stream, hashes.as_slice(), shift, SPLIT_BITS)?;
+    drop(hashes);
+    let gathers: Vec<Gather<'_>> = batch
+        .columns()
+        .iter()
+        .map(|c| Gather::rows(c, split.order.as_slice()).each_row_once())
+        .collect();
+    let columns = gather_columns(stream, &gathers)?;
+    let grouped = DeviceBatch::try_new(Arc::clone(batch.schema()), columns, batch.bound())?;
+    Ok((grouped, split))
 }
 
 /// Where an operator's partition spills: its query's memory pool, the name it is charged under,
@@ -285,19 +308,7 @@ impl HostPartitions {
         if rows == 0 {
             return Ok(());
         }
-        let keys: Vec<&DeviceColumn> = self.keys.iter().map(|&k| &batch.columns()[k]).collect();
-        let hashes = hash_keys(stream, &keys)?.ok_or_else(|| SpateError::Internal {
-            message: "rows spilled by keys that cannot be hashed".into(),
-        })?;
-        let split = partition_rows(stream, hashes.as_slice(), self.shift, SPLIT_BITS)?;
-        drop(hashes);
-        let gathers: Vec<Gather<'_>> = batch
-            .columns()
-            .iter()
-            .map(|c| Gather::rows(c, split.order.as_slice()).each_row_once())
-            .collect();
-        let columns = gather_columns(stream, &gathers)?;
-        let grouped = DeviceBatch::try_new(Arc::clone(batch.schema()), columns, rows)?;
+        let (grouped, split) = group_by_hash(stream, &batch, &self.keys, self.shift)?;
         drop(batch);
         let host = download_batch(stream, &grouped)?;
         drop(grouped);

@@ -52,6 +52,7 @@ use datafusion::physical_plan::{
 };
 
 use super::offload::PLUMBING;
+use super::regions::pairs_partitions;
 use crate::exec::{
     GpuAggregateExec, GpuCachedScanExec, GpuCoalescePartitionsExec, GpuCrossJoinExec,
     GpuExchangeExec, GpuExec, GpuHashJoinExec, GpuSortExec, as_gpu_exec,
@@ -424,22 +425,4 @@ impl Placer {
         let input = self.as_required(input, &need[0])?;
         replace_children_if_necessary(gpu, vec![input]).map(Some)
     }
-}
-
-/// A CPU operator that pairs the partitions of its inputs (a partitioned CPU join).
-fn pairs_partitions(node: &dyn ExecutionPlan) -> bool {
-    node.input_distribution_requirements()
-        .into_per_child()
-        .iter()
-        .any(|d| {
-            #[expect(
-                deprecated,
-                reason = "HashPartitioned is what DataFusion 55 still plans"
-            )]
-            let keyed = matches!(
-                d,
-                Distribution::HashPartitioned(_) | Distribution::KeyPartitioned(_)
-            );
-            keyed
-        })
 }

@@ -176,6 +176,25 @@ fn is_cpu_exchange(node: &dyn ExecutionPlan) -> bool {
     matches!(node.name(), "RepartitionExec" | "CoalesceBatchesExec") && node.children().len() == 1
 }
 
+/// A CPU operator that pairs the partitions of its inputs (a partitioned CPU join): it needs
+/// them hash-partitioned as planned.
+pub(super) fn pairs_partitions(node: &dyn ExecutionPlan) -> bool {
+    node.input_distribution_requirements()
+        .into_per_child()
+        .iter()
+        .any(|d| {
+            #[expect(
+                deprecated,
+                reason = "HashPartitioned is what DataFusion 55 still plans"
+            )]
+            let keyed = matches!(
+                d,
+                Distribution::HashPartitioned(_) | Distribution::KeyPartitioned(_)
+            );
+            keyed
+        })
+}
+
 /// `node` rewritten; `gpu_consumer`: the nearest computing node above it (through plumbing) is
 /// a GPU operator.
 fn rewrite(node: Arc<dyn ExecutionPlan>, gpu_consumer: bool) -> DFResult<Arc<dyn ExecutionPlan>> {
@@ -231,23 +250,7 @@ fn rewrite(node: Arc<dyn ExecutionPlan>, gpu_consumer: bool) -> DFResult<Arc<dyn
     let before: Vec<Arc<dyn ExecutionPlan>> = node.children().into_iter().cloned().collect();
     // A CPU consumer that pairs the partitions of its inputs (a partitioned join) gets them as
     // planned; any other takes one partition as it takes several.
-    let co_partitioned = !on_gpu
-        && before.len() > 1
-        && node
-            .input_distribution_requirements()
-            .into_per_child()
-            .iter()
-            .any(|d| {
-                #[expect(
-                    deprecated,
-                    reason = "HashPartitioned is what DataFusion 55 still plans"
-                )]
-                let keyed = matches!(
-                    d,
-                    Distribution::HashPartitioned(_) | Distribution::KeyPartitioned(_)
-                );
-                keyed
-            });
+    let co_partitioned = !on_gpu && before.len() > 1 && pairs_partitions(node.as_ref());
     let mut children = Vec::with_capacity(before.len());
     for child in &before {
         let rewritten = rewrite(Arc::clone(child), below)?;
