@@ -39,6 +39,9 @@ use crate::error::{Location, Result, SpateError};
 use crate::plan::GpuOffloadRule;
 use crate::plan::{PhysicalRule, physical_optimizer_rules};
 use crate::source::FileFormat;
+use crate::stream::{
+    StreamInfo, StreamWriter, Subscription, WindowFunctionKind, WindowTableFunction,
+};
 
 /// Configures and builds an [`Engine`].
 #[derive(Debug, Default)]
@@ -199,8 +202,21 @@ impl EngineBuilder {
             Some(url) => remote_state(state, url)?,
             None => state,
         };
+        let ctx = SessionContext::new_with_state(state);
+        for kind in [
+            WindowFunctionKind::Tumble,
+            WindowFunctionKind::Hop,
+            WindowFunctionKind::Session,
+        ] {
+            // DataFusion looks table functions up by the name as written.
+            let function = Arc::new(WindowTableFunction::new(kind));
+            ctx.register_udtf(kind.name(), Arc::clone(&function) as _);
+            ctx.register_udtf(&kind.name().to_uppercase(), function);
+        }
+        let gpu: Option<Arc<GpuContext>> = gpu;
         Ok(Engine {
-            ctx: SessionContext::new_with_state(state),
+            streams: Arc::new(crate::stream::Catalog::new(ctx.clone(), gpu.clone())),
+            ctx,
             selection,
             gpu,
             remote: self.remote,
@@ -396,6 +412,8 @@ pub struct Engine {
     remote: Option<String>,
     /// Tables held in memory by `CACHE TABLE`, by name (shared by clones of the engine).
     cached: Arc<Mutex<HashMap<String, CachedTable>>>,
+    /// Streams and continuous views (shared by clones of the engine).
+    streams: Arc<crate::stream::Catalog>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -599,7 +617,8 @@ impl Engine {
         let dialect = dialect_from_str(options.dialect.as_ref()).ok_or_else(|| {
             config_error(&format!("unsupported SQL dialect '{}'", options.dialect))
         })?;
-        let rewritten = sharded_by_as_options(sql, dialect.as_ref());
+        let streaming = crate::stream::sql::rewrite(sql, dialect.as_ref())?;
+        let rewritten = sharded_by_as_options(&streaming, dialect.as_ref());
         let sql: &str = &rewritten;
         let statements = DFParserBuilder::new(sql)
             .with_dialect(dialect.as_ref())
@@ -614,6 +633,9 @@ impl Engine {
     /// here.
     pub async fn execute_statement(&self, statement: Statement) -> Result<DataFrame> {
         if let Statement::Statement(sql) = &statement {
+            if self.streams.execute(sql).await?.is_some() {
+                return Ok(self.ctx.read_empty()?);
+            }
             match sql.as_ref() {
                 SqlStatement::Cache {
                     table_name,
@@ -983,6 +1005,22 @@ impl Engine {
     /// Runs one SQL statement and collects its result.
     pub async fn collect(&self, sql: &str) -> Result<Vec<RecordBatch>> {
         Ok(self.sql(sql).await?.collect().await?)
+    }
+
+    /// A writer pushing record batches into stream `name` (`CREATE STREAM`).
+    pub fn stream_writer(&self, name: &str) -> Result<StreamWriter> {
+        let stream = self.streams.stream(name)?;
+        Ok(StreamWriter::new(Arc::clone(&self.streams), stream))
+    }
+
+    /// The results of continuous view `name` from now on, as they are emitted.
+    pub fn subscribe(&self, name: &str) -> Result<Subscription> {
+        Ok(Subscription::new(self.streams.view(name)?.as_ref()))
+    }
+
+    /// The session's streams: watermark, lag, late rows, what they keep, and their views.
+    pub fn streams(&self) -> Vec<StreamInfo> {
+        self.streams.infos()
     }
 
     /// The tables in the current schema, sorted by name.

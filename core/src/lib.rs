@@ -46,6 +46,7 @@ mod expr;
 mod model;
 mod plan;
 mod source;
+mod stream;
 #[cfg(feature = "tpch")]
 pub mod tpch;
 
@@ -57,6 +58,9 @@ pub use error::{Location, Result, SpateError};
 pub use model::ModelInputs;
 pub use plan::GpuOffloadRule;
 pub use source::FileFormat;
+pub use stream::{
+    Emit, StreamInfo, StreamWriter, Subscription, WindowFunctionKind, WindowTableFunction,
+};
 
 /// Where each operator of a physical plan runs: on the GPU, or on the CPU with the reason.
 pub mod placement {

@@ -243,6 +243,40 @@ impl DeviceTable {
         })
     }
 
+    /// One table of the rows of `parts` (single-device tables, a stream's micro-batches), in
+    /// order, in one partition on the first device: their device batches are shared, not
+    /// copied. A part the spill coordinator moved to the host is uploaded again first.
+    pub fn merged(gpu: &GpuContext, schema: SchemaRef, parts: &[Arc<DeviceTable>]) -> Result<Self> {
+        let home = gpu.devices()[0].clone();
+        let mut batches = Vec::new();
+        let mut facts = vec![ColumnFacts::default(); schema.fields().len()];
+        for part in parts {
+            if part.devices.iter().any(|d| d.ordinal() != home.ordinal()) {
+                return Err(SpateError::Internal {
+                    message: "merging tables held on different devices".into(),
+                });
+            }
+            for p in 0..part.partition_count {
+                batches.extend(part.partition(p)?.0);
+            }
+            for (merged, f) in facts.iter_mut().zip(&part.facts) {
+                merged.longest_string = merged.longest_string.max(f.longest_string);
+            }
+        }
+        Ok(DeviceTable {
+            num_rows: batches.iter().map(DeviceBatch::bound).sum(),
+            device_bytes: batches.iter().map(DeviceBatch::device_bytes).sum(),
+            schema,
+            partition_count: 1,
+            rows: RwLock::new(Residence::Device(vec![batches])),
+            facts,
+            devices: vec![home],
+            sharded_by: Vec::new(),
+            last_used: Mutex::new(Instant::now()),
+            scans: Arc::new(()),
+        })
+    }
+
     /// Rows and device bytes of each partition (each shard, with several devices), while the
     /// rows are in device memory (none after the coordinator moved them to the host).
     pub fn shards(&self) -> Vec<(usize, usize)> {

@@ -1,0 +1,527 @@
+//! Streaming SQL: streams with watermarks, window table functions, and continuous views whose
+//! results are emitted as micro-batches arrive (see `docs/streaming.md`).
+//!
+//! - `sql.rs`: `CREATE STREAM` and `CREATE CONTINUOUS VIEW`, rewritten for DataFusion's parser;
+//! - `interval.rs`: durations in those statements and their options;
+//! - `windows.rs`: `TUMBLE`, `HOP` and `SESSION` in `FROM`;
+//! - `state.rs`: a stream's writers, watermark, late rows and kept micro-batches;
+//! - `view.rs`: continuous views and their emit modes;
+//! - this file: the session's streams and views, and the embedding API
+//!   ([`StreamWriter`], [`Subscription`]).
+
+pub mod interval;
+pub mod sql;
+pub mod state;
+pub mod view;
+pub mod windows;
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use arrow::datatypes::{DataType, SchemaRef};
+use arrow::record_batch::RecordBatch;
+use datafusion::prelude::SessionContext;
+use datafusion::sql::sqlparser::ast::{CreateTableOptions, SqlOption, Statement as SqlStatement};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::device::GpuContext;
+use crate::error::{Result, SpateError};
+pub use state::StreamConfig;
+use state::{LateTable, Stream, StreamTable};
+pub use view::Emit;
+use view::{ContinuousView, ViewTable};
+pub use windows::{WindowFunctionKind, WindowTableFunction};
+
+/// Default rows per micro-batch.
+pub const DEFAULT_FLUSH_ROWS: usize = 65_536;
+/// Default age of the oldest waiting row at which a micro-batch is cut.
+pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_millis(10);
+
+/// A stream's state as `\streams` shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamInfo {
+    /// The stream's name.
+    pub name: String,
+    /// The event-time column.
+    pub time_column: String,
+    /// The watermark, as microseconds since the epoch (`None` before any event; `i64::MAX`
+    /// once every writer finished).
+    pub watermark_micros: Option<i64>,
+    /// The latest event time accepted less the watermark, in microseconds.
+    pub lag_micros: Option<i64>,
+    /// Rows pushed.
+    pub events: u64,
+    /// Rows sent to `<stream>$late`.
+    pub late_rows: u64,
+    /// Micro-batches cut.
+    pub micro_batches: u64,
+    /// Rows waiting for the next micro-batch.
+    pub waiting_rows: usize,
+    /// Rows kept for the views, and their bytes (device bytes on a GPU backend).
+    pub kept_rows: usize,
+    pub kept_bytes: usize,
+    /// The continuous views reading it.
+    pub views: Vec<String>,
+}
+
+/// The streams and continuous views of a session.
+pub(crate) struct Catalog {
+    ctx: SessionContext,
+    gpu: Option<Arc<GpuContext>>,
+    streams: Mutex<HashMap<String, Arc<Stream>>>,
+    views: Mutex<HashMap<String, Arc<ContinuousView>>>,
+}
+
+impl std::fmt::Debug for Catalog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Catalog").finish_non_exhaustive()
+    }
+}
+
+fn option_text(options: &CreateTableOptions) -> HashMap<String, String> {
+    let list: &[SqlOption] = match options {
+        CreateTableOptions::With(o)
+        | CreateTableOptions::Options(o)
+        | CreateTableOptions::Plain(o)
+        | CreateTableOptions::TableProperties(o) => o,
+        CreateTableOptions::None => &[],
+    };
+    list.iter()
+        .filter_map(|o| match o {
+            SqlOption::KeyValue { key, value } => {
+                let text = value.to_string();
+                let text = text
+                    .strip_prefix('\'')
+                    .and_then(|t| t.strip_suffix('\''))
+                    .map(|t| t.replace("''", "'"))
+                    .unwrap_or(text);
+                Some((key.value.to_ascii_lowercase(), text))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn config_error(message: String) -> SpateError {
+    SpateError::Config { message }
+}
+
+impl Catalog {
+    pub(crate) fn new(ctx: SessionContext, gpu: Option<Arc<GpuContext>>) -> Self {
+        Catalog {
+            ctx,
+            gpu,
+            streams: Mutex::new(HashMap::new()),
+            views: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn lock_streams(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Stream>>> {
+        self.streams.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_views(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<ContinuousView>>> {
+        self.views.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `statement` when it is one of Spate's streaming statements (see `sql.rs`); `None`
+    /// for any other.
+    pub(crate) async fn execute(self: &Arc<Self>, statement: &SqlStatement) -> Result<Option<()>> {
+        match statement {
+            SqlStatement::CreateTable(create) => {
+                let options = option_text(&create.table_options);
+                let Some(time) = options.get(sql::STREAM_OPTION).cloned() else {
+                    return Ok(None);
+                };
+                let mut plain = create.clone();
+                plain.table_options = CreateTableOptions::None;
+                let state = self.ctx.state();
+                let plan = state
+                    .statement_to_plan(datafusion::sql::parser::Statement::Statement(Box::new(
+                        SqlStatement::CreateTable(plain),
+                    )))
+                    .await?;
+                let datafusion::logical_expr::LogicalPlan::Ddl(
+                    datafusion::logical_expr::DdlStatement::CreateMemoryTable(table),
+                ) = plan
+                else {
+                    return Err(config_error(
+                        "CREATE STREAM takes column definitions, not a query".into(),
+                    ));
+                };
+                let schema: SchemaRef = Arc::new(table.input.schema().as_arrow().clone());
+                self.create_stream(&table.name.to_string(), schema, &time, &options)?;
+                Ok(Some(()))
+            }
+            SqlStatement::CreateView(create) => {
+                let options = option_text(&create.options);
+                let Some(mode) = options.get(sql::EMIT_OPTION) else {
+                    return Ok(None);
+                };
+                let emit = if mode == "update" {
+                    Emit::OnUpdate
+                } else {
+                    Emit::OnWindowClose
+                };
+                let query = datafusion::sql::parser::Statement::Statement(Box::new(
+                    SqlStatement::Query(create.query.clone()),
+                ));
+                let plan = self.ctx.state().statement_to_plan(query).await?;
+                self.create_view(&create.name.to_string(), plan, emit)
+                    .await?;
+                Ok(Some(()))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Declares stream `name` with `schema`, its event time `time` and the `options` of
+    /// `CREATE STREAM … WITH (…)`.
+    pub(crate) fn create_stream(
+        self: &Arc<Self>,
+        name: &str,
+        schema: SchemaRef,
+        time: &str,
+        options: &HashMap<String, String>,
+    ) -> Result<()> {
+        let (time_column, field) = schema
+            .fields()
+            .iter()
+            .enumerate()
+            .find(|(_, f)| f.name() == time || f.name().eq_ignore_ascii_case(time))
+            .ok_or_else(|| config_error(format!("stream '{name}' has no column '{time}'")))?;
+        let DataType::Timestamp(unit, _) = field.data_type() else {
+            return Err(config_error(format!(
+                "stream '{name}': the watermark column '{time}' is {}, not a timestamp",
+                field.data_type()
+            )));
+        };
+        let micros = |key: &str| -> Result<Option<i64>> {
+            options
+                .get(key)
+                .map(|v| interval::parse_duration_micros(v))
+                .transpose()
+        };
+        let known = [
+            sql::STREAM_OPTION,
+            sql::DELAY_OPTION,
+            "lateness",
+            "idle_timeout",
+            "flush_rows",
+            "flush_interval",
+        ];
+        if let Some(unknown) = options.keys().find(|k| !known.contains(&k.as_str())) {
+            return Err(config_error(format!(
+                "stream '{name}': unknown option '{unknown}' (lateness, idle_timeout, \
+                 flush_rows, flush_interval)"
+            )));
+        }
+        let delay = options
+            .get(sql::DELAY_OPTION)
+            .map(|d| d.parse::<i64>())
+            .transpose()
+            .map_err(|_| config_error("a watermark delay that is not a number".into()))?
+            .unwrap_or(0);
+        let flush_rows = options
+            .get("flush_rows")
+            .map(|r| r.parse::<usize>())
+            .transpose()
+            .map_err(|_| config_error(format!("stream '{name}': flush_rows must be a row count")))?
+            .unwrap_or(DEFAULT_FLUSH_ROWS);
+        let duration = |m: Option<i64>| m.map(|m| Duration::from_micros(m.unsigned_abs()));
+        let config = StreamConfig {
+            name: name.to_string(),
+            schema: Arc::clone(&schema),
+            time_column,
+            unit: *unit,
+            delay: state::micros_to_ticks(*unit, delay),
+            lateness: state::micros_to_ticks(*unit, micros("lateness")?.unwrap_or(0)),
+            idle_timeout: duration(micros("idle_timeout")?),
+            flush_rows,
+            flush_interval: duration(micros("flush_interval")?).or(Some(DEFAULT_FLUSH_INTERVAL)),
+        };
+        let key = name.to_string();
+        if self.lock_streams().contains_key(&key) || self.ctx.table_exist(name)? {
+            return Err(config_error(format!(
+                "a table or stream named '{name}' exists already"
+            )));
+        }
+        let stream = Arc::new(Stream::new(config, self.gpu.clone()));
+        self.ctx.register_table(
+            name,
+            Arc::new(StreamTable {
+                stream: Arc::clone(&stream),
+            }),
+        )?;
+        self.ctx.register_table(
+            datafusion::common::TableReference::bare(format!("{name}$late")),
+            Arc::new(LateTable {
+                stream: Arc::clone(&stream),
+            }),
+        )?;
+        self.lock_streams().insert(key, Arc::clone(&stream));
+        self.start_timer(&stream);
+        Ok(())
+    }
+
+    /// Flushes `stream` whenever its oldest waiting row reaches the flush interval, while the
+    /// catalog lives (it holds only a weak reference).
+    fn start_timer(self: &Arc<Self>, stream: &Arc<Stream>) {
+        let Some(interval) = stream.config.flush_interval else {
+            return;
+        };
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let catalog: Weak<Catalog> = Arc::downgrade(self);
+        let stream = Arc::downgrade(stream);
+        let tick = interval.max(Duration::from_micros(100));
+        handle.spawn(async move {
+            loop {
+                tokio::time::sleep(tick).await;
+                let (Some(catalog), Some(stream)) = (catalog.upgrade(), stream.upgrade()) else {
+                    return;
+                };
+                if stream.is_due() {
+                    // An error here reaches the next push or flush, which runs it again.
+                    let _ = catalog.flush(&stream).await;
+                }
+            }
+        });
+    }
+
+    async fn create_view(
+        &self,
+        name: &str,
+        plan: datafusion::logical_expr::LogicalPlan,
+        emit: Emit,
+    ) -> Result<()> {
+        if self.lock_views().contains_key(name) || self.ctx.table_exist(name)? {
+            return Err(config_error(format!(
+                "a table or view named '{name}' exists already"
+            )));
+        }
+        let view = Arc::new(ContinuousView::new(name.to_string(), plan, emit)?);
+        self.ctx.register_table(
+            name,
+            Arc::new(ViewTable {
+                view: Arc::clone(&view),
+            }),
+        )?;
+        self.lock_views()
+            .insert(name.to_string(), Arc::clone(&view));
+        // Rows the streams keep already count.
+        view.advance(&self.ctx, true).await?;
+        Ok(())
+    }
+
+    pub(crate) fn stream(&self, name: &str) -> Result<Arc<Stream>> {
+        self.lock_streams().get(name).cloned().ok_or_else(|| {
+            config_error(format!(
+                "no stream named '{name}' (CREATE STREAM {name} (…, WATERMARK FOR …) makes one)"
+            ))
+        })
+    }
+
+    pub(crate) fn view(&self, name: &str) -> Result<Arc<ContinuousView>> {
+        self.lock_views().get(name).cloned().ok_or_else(|| {
+            config_error(format!(
+                "no continuous view named '{name}' (CREATE CONTINUOUS VIEW {name} AS … makes \
+                 one)"
+            ))
+        })
+    }
+
+    /// Cuts a micro-batch of `stream`'s waiting rows and advances every view reading it, then
+    /// lets go of the rows no view needs.
+    pub(crate) async fn flush(&self, stream: &Arc<Stream>) -> Result<()> {
+        let _one_at_a_time = stream.flushing.lock().await;
+        let taken = stream.take_micro_batch().await?;
+        let views: Vec<Arc<ContinuousView>> = self
+            .lock_views()
+            .values()
+            .filter(|v| v.streams.iter().any(|s| Arc::ptr_eq(s, stream)))
+            .cloned()
+            .collect();
+        for view in &views {
+            view.advance(&self.ctx, taken > 0)
+                .await
+                .map_err(|e| SpateError::Execution {
+                    message: format!("continuous view '{}': {e}", view.name),
+                })?;
+        }
+        // Every view's horizon bounds what the stream keeps; without views, nothing is kept.
+        let keep_from = views
+            .iter()
+            .map(|v| v.keep_from())
+            .try_fold(i64::MAX, |low, k| k.map(|k| low.min(k)));
+        if let Some(keep_from) = keep_from {
+            stream.drop_before(keep_from);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn infos(&self) -> Vec<StreamInfo> {
+        let streams: Vec<Arc<Stream>> = self.lock_streams().values().cloned().collect();
+        let views: Vec<Arc<ContinuousView>> = self.lock_views().values().cloned().collect();
+        let mut infos: Vec<StreamInfo> = streams
+            .iter()
+            .map(|s| {
+                let unit = s.config.unit;
+                let watermark = s.watermark();
+                let kept = s.lock_kept();
+                StreamInfo {
+                    name: s.config.name.clone(),
+                    time_column: s.config.schema.field(s.config.time_column).name().clone(),
+                    watermark_micros: watermark.map(|w| {
+                        if w == i64::MAX {
+                            w
+                        } else {
+                            state::ticks_to_micros(unit, w)
+                        }
+                    }),
+                    lag_micros: match (s.latest(), watermark) {
+                        (Some(l), Some(w)) if w != i64::MAX => {
+                            Some(state::ticks_to_micros(unit, l.saturating_sub(w)))
+                        }
+                        _ => None,
+                    },
+                    events: s.counters.events.load(std::sync::atomic::Ordering::Relaxed),
+                    late_rows: s.counters.late.load(std::sync::atomic::Ordering::Relaxed),
+                    micro_batches: s
+                        .counters
+                        .micro_batches
+                        .load(std::sync::atomic::Ordering::Relaxed),
+                    waiting_rows: s.waiting_rows(),
+                    kept_rows: kept.iter().map(|k| k.count).sum(),
+                    kept_bytes: kept.iter().map(|k| k.bytes).sum(),
+                    views: {
+                        let mut names: Vec<String> = views
+                            .iter()
+                            .filter(|v| v.streams.iter().any(|x| Arc::ptr_eq(x, s)))
+                            .map(|v| v.name.clone())
+                            .collect();
+                        names.sort();
+                        names
+                    },
+                }
+            })
+            .collect();
+        infos.sort_by(|a, b| a.name.cmp(&b.name));
+        infos
+    }
+}
+
+/// Pushes record batches into a stream (`Engine::stream_writer`). Each writer holds the
+/// watermark back by its own latest event time; [`StreamWriter::finish`] lets it go.
+pub struct StreamWriter {
+    catalog: Arc<Catalog>,
+    stream: Arc<Stream>,
+    id: u64,
+    finished: bool,
+}
+
+impl std::fmt::Debug for StreamWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamWriter")
+            .field("stream", &self.stream.config.name)
+            .field("writer", &self.id)
+            .finish()
+    }
+}
+
+impl StreamWriter {
+    pub(crate) fn new(catalog: Arc<Catalog>, stream: Arc<Stream>) -> Self {
+        let id = stream.add_writer();
+        StreamWriter {
+            catalog,
+            stream,
+            id,
+            finished: false,
+        }
+    }
+
+    /// The stream's columns; pushed batches are matched to them by name.
+    pub fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.stream.config.schema)
+    }
+
+    /// Pushes `batch`: late rows go to `<stream>$late`, the others into the next
+    /// micro-batch, which is cut here when it is due.
+    pub async fn push(&self, batch: RecordBatch) -> Result<()> {
+        if self.finished {
+            return Err(config_error(format!(
+                "stream '{}': this writer has finished",
+                self.stream.config.name
+            )));
+        }
+        if self.stream.accept(self.id, batch)? {
+            self.catalog.flush(&self.stream).await?;
+        }
+        Ok(())
+    }
+
+    /// Cuts a micro-batch of whatever waits now, and advances the views.
+    pub async fn flush(&self) -> Result<()> {
+        self.catalog.flush(&self.stream).await
+    }
+
+    /// Ends this writer and flushes. Once every writer of the stream has finished, the
+    /// watermark passes every event time and every window closes.
+    pub async fn finish(mut self) -> Result<()> {
+        self.finished = true;
+        self.stream.finish_writer(self.id);
+        self.catalog.flush(&self.stream).await
+    }
+}
+
+impl Drop for StreamWriter {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.stream.detach_writer(self.id);
+        }
+    }
+}
+
+/// The results of a continuous view as they are emitted (`Engine::subscribe`): a
+/// `futures::Stream` of record batches, ending when the session does.
+#[derive(Debug)]
+pub struct Subscription {
+    schema: SchemaRef,
+    receiver: UnboundedReceiver<RecordBatch>,
+}
+
+impl Subscription {
+    pub(crate) fn new(view: &ContinuousView) -> Self {
+        Subscription {
+            schema: view.schema(),
+            receiver: view.subscribe(),
+        }
+    }
+
+    /// The schema of the batches.
+    pub fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
+
+    /// The next batch, waiting for it; `None` once the view is gone.
+    pub async fn next_batch(&mut self) -> Option<RecordBatch> {
+        self.receiver.recv().await
+    }
+
+    /// A batch already emitted, without waiting.
+    pub fn try_next_batch(&mut self) -> Option<RecordBatch> {
+        self.receiver.try_recv().ok()
+    }
+}
+
+impl futures::Stream for Subscription {
+    type Item = RecordBatch;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<RecordBatch>> {
+        self.receiver.poll_recv(cx)
+    }
+}

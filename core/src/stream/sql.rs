@@ -1,0 +1,424 @@
+//! Spate's streaming statements, rewritten into statements DataFusion's parser reads:
+//!
+//! - `CREATE STREAM tx (…, WATERMARK FOR ts AS ts - INTERVAL '5' SECOND) [WITH (…)]` becomes
+//!   `CREATE TABLE tx (…) WITH (spate_stream = 'ts', spate_watermark_delay = '5000000', …)`;
+//! - `CREATE CONTINUOUS VIEW v [WITH (…)] AS SELECT … [EMIT ON WINDOW CLOSE | EMIT ON UPDATE]`
+//!   becomes `CREATE VIEW v WITH (spate_emit = 'close', …) AS SELECT …`.
+//!
+//! The engine then recognises the options (`Engine::execute_statement`) and creates a stream or
+//! a continuous view instead of a table or a view. The rewrite splices the original text, so
+//! quoting and everything else in the statement survives as written.
+
+use std::borrow::Cow;
+
+use datafusion::sql::sqlparser::dialect::Dialect;
+use datafusion::sql::sqlparser::tokenizer::{Location, Token, TokenWithSpan, Tokenizer};
+
+use super::interval::parse_duration_micros;
+use crate::error::{Result, SpateError};
+
+/// The option naming a stream's event-time column (its presence makes a table a stream).
+pub const STREAM_OPTION: &str = "spate_stream";
+/// The option holding a stream's watermark delay, in microseconds.
+pub const DELAY_OPTION: &str = "spate_watermark_delay";
+/// The option making a view continuous, with its emit mode (`close` or `update`).
+pub const EMIT_OPTION: &str = "spate_emit";
+
+/// The tokens of a SQL text, with byte offsets back into it.
+struct Tokens<'a> {
+    sql: &'a str,
+    tokens: Vec<TokenWithSpan>,
+    line_starts: Vec<usize>,
+}
+
+impl<'a> Tokens<'a> {
+    fn new(sql: &'a str, dialect: &dyn Dialect) -> Option<Self> {
+        let tokens = Tokenizer::new(dialect, sql)
+            .with_unescape(false)
+            .tokenize_with_location()
+            .ok()?;
+        let line_starts = std::iter::once(0)
+            .chain(sql.match_indices('\n').map(|(i, _)| i + 1))
+            .collect();
+        Some(Tokens {
+            sql,
+            tokens,
+            line_starts,
+        })
+    }
+
+    /// The byte offset of a location (lines and columns count from 1, columns in chars).
+    fn offset(&self, at: Location) -> Option<usize> {
+        let start = *self
+            .line_starts
+            .get(usize::try_from(at.line).ok()?.checked_sub(1)?)?;
+        let column = usize::try_from(at.column).ok()?.checked_sub(1)?;
+        Some(match self.sql[start..].char_indices().nth(column) {
+            Some((i, _)) => start + i,
+            None => self.sql.len(),
+        })
+    }
+
+    fn start(&self, i: usize) -> Option<usize> {
+        self.offset(self.tokens[i].span.start)
+    }
+
+    fn end(&self, i: usize) -> Option<usize> {
+        self.offset(self.tokens[i].span.end)
+    }
+
+    fn is_word(&self, i: usize, word: &str) -> bool {
+        matches!(&self.tokens[i].token, Token::Word(w) if w.quote_style.is_none() && w.value.eq_ignore_ascii_case(word))
+    }
+}
+
+fn sql_error(message: String) -> SpateError {
+    SpateError::Sql {
+        message,
+        location: None,
+    }
+}
+
+/// Rewrites the streaming statements in `sql` (see the module docs); other text is returned
+/// as it is.
+pub fn rewrite<'a>(sql: &'a str, dialect: &dyn Dialect) -> Result<Cow<'a, str>> {
+    let Some(t) = Tokens::new(sql, dialect) else {
+        return Ok(sql.into());
+    };
+    let interesting =
+        (0..t.tokens.len()).any(|i| t.is_word(i, "STREAM") || t.is_word(i, "CONTINUOUS"));
+    if !interesting {
+        return Ok(sql.into());
+    }
+    // Each statement's significant tokens, split at semicolons.
+    let mut edits: Vec<(usize, usize, String)> = Vec::new();
+    let mut statement: Vec<usize> = Vec::new();
+    for i in 0..=t.tokens.len() {
+        let end = i == t.tokens.len() || matches!(t.tokens[i].token, Token::SemiColon | Token::EOF);
+        if end {
+            rewrite_statement(&t, &statement, &mut edits)?;
+            statement.clear();
+            if i == t.tokens.len() {
+                break;
+            }
+            continue;
+        }
+        if !matches!(t.tokens[i].token, Token::Whitespace(_)) {
+            statement.push(i);
+        }
+    }
+    if edits.is_empty() {
+        return Ok(sql.into());
+    }
+    edits.sort_by_key(|e| (e.0, e.1));
+    let mut out = String::with_capacity(sql.len() + 64);
+    let mut at = 0;
+    for (start, end, replacement) in edits {
+        if start < at || end < start {
+            return Err(SpateError::Internal {
+                message: "overlapping edits in a streaming statement".into(),
+            });
+        }
+        out.push_str(&sql[at..start]);
+        out.push_str(&replacement);
+        at = end;
+    }
+    out.push_str(&sql[at..]);
+    Ok(out.into())
+}
+
+/// The edits that turn one statement (its significant token indices) into DataFusion's SQL.
+fn rewrite_statement(
+    t: &Tokens<'_>,
+    sig: &[usize],
+    edits: &mut Vec<(usize, usize, String)>,
+) -> Result<()> {
+    let word = |k: usize, w: &str| sig.get(k).is_some_and(|&i| t.is_word(i, w));
+    if !word(0, "CREATE") {
+        return Ok(());
+    }
+    let kind = if word(1, "OR") && word(2, "REPLACE") {
+        3
+    } else {
+        1
+    };
+    if word(kind, "STREAM") {
+        create_stream(t, sig, kind, edits)
+    } else if word(kind, "CONTINUOUS") && word(kind + 1, "VIEW") {
+        create_continuous_view(t, sig, kind, edits)
+    } else {
+        Ok(())
+    }
+}
+
+/// Where in `sig` the parenthesis opened at `sig[open]` closes.
+fn closing(t: &Tokens<'_>, sig: &[usize], open: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    for (k, &i) in sig.iter().enumerate().skip(open) {
+        match t.tokens[i].token {
+            Token::LParen => depth += 1,
+            Token::RParen => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(k);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+fn create_stream(
+    t: &Tokens<'_>,
+    sig: &[usize],
+    kind: usize,
+    edits: &mut Vec<(usize, usize, String)>,
+) -> Result<()> {
+    let located = |k: usize| -> Result<(usize, usize)> {
+        let i = sig[k];
+        match (t.start(i), t.end(i)) {
+            (Some(s), Some(e)) => Ok((s, e)),
+            _ => Err(SpateError::Internal {
+                message: "a token without a location in CREATE STREAM".into(),
+            }),
+        }
+    };
+    let (s, e) = located(kind)?;
+    edits.push((s, e, "TABLE".into()));
+    let open = (kind + 1..sig.len())
+        .find(|&k| matches!(t.tokens[sig[k]].token, Token::LParen))
+        .ok_or_else(|| sql_error("CREATE STREAM needs its columns in parentheses".into()))?;
+    let close = closing(t, sig, open)
+        .ok_or_else(|| sql_error("CREATE STREAM: unclosed parenthesis".into()))?;
+    // The WATERMARK element: at depth 1, after `(` or `,`.
+    let mut depth = 0usize;
+    let mut watermark = None;
+    for k in open..close {
+        match t.tokens[sig[k]].token {
+            Token::LParen => depth += 1,
+            Token::RParen => depth -= 1,
+            _ => {}
+        }
+        if depth == 1
+            && t.is_word(sig[k], "WATERMARK")
+            && matches!(t.tokens[sig[k - 1]].token, Token::LParen | Token::Comma)
+        {
+            watermark = Some(k);
+        }
+    }
+    let Some(w) = watermark else {
+        return Err(sql_error(
+            "CREATE STREAM needs a watermark among its columns: WATERMARK FOR ts AS ts - \
+             INTERVAL '5' SECOND"
+                .into(),
+        ));
+    };
+    // The element ends at the next comma at depth 1, or the closing parenthesis.
+    let mut depth = 1usize;
+    let mut end = close;
+    for k in w..close {
+        match t.tokens[sig[k]].token {
+            Token::LParen => depth += 1,
+            Token::RParen => depth -= 1,
+            Token::Comma if depth == 1 => {
+                end = k;
+                break;
+            }
+            _ => {}
+        }
+    }
+    let clause_start = located(w)?.0;
+    let clause_end = located(end - 1)?.1;
+    let clause = &t.sql[clause_start..clause_end];
+    let (column, delay) = parse_watermark(t, &sig[w..end], clause)?;
+    // Remove the element with one of the commas beside it.
+    let (cut_start, cut_end) = if matches!(t.tokens[sig[w - 1]].token, Token::Comma) {
+        (located(w - 1)?.0, clause_end)
+    } else if end < close {
+        (clause_start, located(end)?.1)
+    } else {
+        return Err(sql_error(
+            "CREATE STREAM needs at least one column besides its WATERMARK".into(),
+        ));
+    };
+    edits.push((cut_start, cut_end, String::new()));
+    let ours = format!(
+        "{STREAM_OPTION} = '{}', {DELAY_OPTION} = '{delay}'",
+        column.replace('\'', "''")
+    );
+    if close + 2 < sig.len()
+        && t.is_word(sig[close + 1], "WITH")
+        && matches!(t.tokens[sig[close + 2]].token, Token::LParen)
+    {
+        let at = located(close + 2)?.1;
+        let empty =
+            close + 3 < sig.len() && matches!(t.tokens[sig[close + 3]].token, Token::RParen);
+        edits.push((at, at, if empty { ours } else { format!("{ours}, ") }));
+    } else {
+        let at = located(close)?.1;
+        edits.push((at, at, format!(" WITH ({ours})")));
+    }
+    Ok(())
+}
+
+/// `WATERMARK FOR col AS col [- INTERVAL …]`: the column and the delay in microseconds.
+fn parse_watermark(t: &Tokens<'_>, sig: &[usize], clause: &str) -> Result<(String, i64)> {
+    let usage = || {
+        sql_error(format!(
+            "cannot read `{clause}`: write WATERMARK FOR ts AS ts - INTERVAL '5' SECOND"
+        ))
+    };
+    let name = |i: usize| match &t.tokens[i].token {
+        Token::Word(w) => Some(w.value.clone()),
+        _ => None,
+    };
+    if sig.len() < 4 || !t.is_word(sig[1], "FOR") || !t.is_word(sig[3], "AS") {
+        return Err(usage());
+    }
+    let column = name(sig[2]).ok_or_else(usage)?;
+    let again = sig.get(4).and_then(|&i| name(i)).ok_or_else(usage)?;
+    if !again.eq_ignore_ascii_case(&column) {
+        return Err(sql_error(format!(
+            "the watermark of `{column}` must be `{column}` less an interval, not `{again}`"
+        )));
+    }
+    if sig.len() == 5 {
+        return Ok((column, 0));
+    }
+    if !matches!(t.tokens[sig[5]].token, Token::Minus) || sig.len() < 7 {
+        return Err(usage());
+    }
+    let from = t.start(sig[6]).ok_or_else(usage)?;
+    let to = t.end(*sig.last().ok_or_else(usage)?).ok_or_else(usage)?;
+    let delay = parse_duration_micros(&t.sql[from..to])?;
+    Ok((column, delay))
+}
+
+fn create_continuous_view(
+    t: &Tokens<'_>,
+    sig: &[usize],
+    kind: usize,
+    edits: &mut Vec<(usize, usize, String)>,
+) -> Result<()> {
+    let at = |k: usize| -> Result<(usize, usize)> {
+        match (t.start(sig[k]), t.end(sig[k])) {
+            (Some(s), Some(e)) => Ok((s, e)),
+            _ => Err(SpateError::Internal {
+                message: "a token without a location in CREATE CONTINUOUS VIEW".into(),
+            }),
+        }
+    };
+    // `CONTINUOUS ` goes, up to `VIEW`.
+    edits.push((at(kind)?.0, at(kind + 1)?.0, String::new()));
+    // The emit clause: the last `EMIT ON …` at depth 0.
+    let mut depth = 0usize;
+    let mut emit = None;
+    for k in 0..sig.len() {
+        match t.tokens[sig[k]].token {
+            Token::LParen => depth += 1,
+            Token::RParen => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        if depth == 0 && t.is_word(sig[k], "EMIT") {
+            emit = Some(k);
+        }
+    }
+    let mode = match emit {
+        None => "close",
+        Some(k) => {
+            let rest: Vec<String> = sig[k + 1..]
+                .iter()
+                .map(|&i| t.tokens[i].token.to_string().to_ascii_uppercase())
+                .collect();
+            let mode = match rest.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+                ["ON", "WINDOW", "CLOSE"] => "close",
+                ["ON", "UPDATE"] => "update",
+                _ => {
+                    return Err(sql_error(
+                        "a continuous view ends with EMIT ON WINDOW CLOSE or EMIT ON UPDATE".into(),
+                    ));
+                }
+            };
+            let end = at(sig.len() - 1)?.1;
+            edits.push((at(k)?.0, end, String::new()));
+            mode
+        }
+    };
+    let ours = format!("{EMIT_OPTION} = '{mode}'");
+    // The options go before `AS`, inside a `WITH (…)` already there.
+    let view = kind + 1;
+    let as_at = (view + 1..sig.len())
+        .find(|&k| t.is_word(sig[k], "AS") || t.is_word(sig[k], "WITH"))
+        .ok_or_else(|| sql_error("CREATE CONTINUOUS VIEW v AS SELECT …: no AS".into()))?;
+    if t.is_word(sig[as_at], "WITH")
+        && as_at + 1 < sig.len()
+        && matches!(t.tokens[sig[as_at + 1]].token, Token::LParen)
+    {
+        let after = at(as_at + 1)?.1;
+        let empty =
+            as_at + 2 < sig.len() && matches!(t.tokens[sig[as_at + 2]].token, Token::RParen);
+        edits.push((after, after, if empty { ours } else { format!("{ours}, ") }));
+    } else {
+        let before = at(as_at)?.0;
+        edits.push((before, before, format!("WITH ({ours}) ")));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::sql::sqlparser::dialect::GenericDialect;
+
+    fn rewritten(sql: &str) -> String {
+        rewrite(sql, &GenericDialect {}).unwrap().into_owned()
+    }
+
+    #[test]
+    fn create_stream_becomes_a_table_with_its_watermark_as_options() {
+        assert_eq!(
+            rewritten(
+                "CREATE STREAM tx (card BIGINT, ts TIMESTAMP, WATERMARK FOR ts AS ts - INTERVAL '5' SECOND)"
+            ),
+            "CREATE TABLE tx (card BIGINT, ts TIMESTAMP) WITH (spate_stream = 'ts', \
+             spate_watermark_delay = '5000000')"
+        );
+        assert_eq!(
+            rewritten(
+                "create stream s (WATERMARK FOR t AS t, t TIMESTAMP) with (lateness = '1s');"
+            ),
+            "create TABLE s (t TIMESTAMP) with (spate_stream = 't', \
+             spate_watermark_delay = '0', lateness = '1s');"
+        );
+        let e = rewrite("CREATE STREAM s (t TIMESTAMP)", &GenericDialect {}).unwrap_err();
+        assert!(e.to_string().contains("WATERMARK FOR"), "{e}");
+        let e = rewrite(
+            "CREATE STREAM s (t TIMESTAMP, WATERMARK FOR t AS u - INTERVAL '1' SECOND)",
+            &GenericDialect {},
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("must be `t`"), "{e}");
+    }
+
+    #[test]
+    fn continuous_views_keep_their_query_and_name_their_emit_mode() {
+        assert_eq!(
+            rewritten("CREATE CONTINUOUS VIEW v AS SELECT 1 EMIT ON UPDATE"),
+            "CREATE VIEW v WITH (spate_emit = 'update') AS SELECT 1 "
+        );
+        assert_eq!(
+            rewritten("CREATE CONTINUOUS VIEW v AS SELECT 'emit' FROM t"),
+            "CREATE VIEW v WITH (spate_emit = 'close') AS SELECT 'emit' FROM t"
+        );
+        assert!(
+            rewrite(
+                "CREATE CONTINUOUS VIEW v AS SELECT 1 EMIT NOW",
+                &GenericDialect {}
+            )
+            .is_err()
+        );
+        // Other statements pass untouched.
+        assert_eq!(rewritten("SELECT stream FROM s"), "SELECT stream FROM s");
+    }
+}

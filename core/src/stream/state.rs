@@ -1,0 +1,538 @@
+//! A stream's rows: what writers push, the watermark, late rows, and the rows it keeps for its
+//! continuous views.
+//!
+//! **Arrival and lateness.** A push is judged row by row in arrival order. A row is late when
+//! its event time is NULL or below the watermark as it stood when the row arrived: the lowest
+//! `max event time - delay` over the writers still sending, less the allowed lateness, never
+//! moving back. Late rows go to the side table `<stream>$late`, and are counted; the others
+//! wait for the next micro-batch. So what a stream accepts depends on the order of arrival,
+//! never on how rows were cut into micro-batches. A writer silent for longer than the idle
+//! timeout stops holding the watermark back; once every writer has finished, the watermark
+//! passes every time and every window closes.
+//!
+//! **Micro-batches.** A push flushes once `flush_rows` rows wait or the oldest waiting row is
+//! `flush_interval` old (a timer flushes a quiet stream too). A flush uploads the rows once on
+//! a GPU backend (a one-batch [`DeviceTable`], which the spill coordinator may move to host
+//! memory under pressure), keeps them, and advances the continuous views that read the stream.
+//! Reading the stream as a table (`SELECT … FROM tx`) scans the rows it keeps.
+//!
+//! **Retention.** After the views have advanced, each kept micro-batch whose latest time is
+//! below every view's horizon (`view.rs`) is dropped.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arrow::array::{Array, BooleanArray, Int64Array};
+use arrow::compute::{cast, concat_batches, filter_record_batch};
+use arrow::datatypes::{DataType, SchemaRef, TimeUnit};
+use arrow::record_batch::RecordBatch;
+use async_trait::async_trait;
+use datafusion::catalog::{MemTable, Session};
+use datafusion::datasource::{TableProvider, TableType};
+use datafusion::error::Result as DFResult;
+use datafusion::logical_expr::Expr;
+use datafusion::physical_plan::ExecutionPlan;
+
+use crate::device::GpuContext;
+use crate::error::{Result, SpateError};
+use crate::exec::cache::{DeviceTable, GpuCachedScanExec};
+
+/// How a stream was declared (`CREATE STREAM … WITH (…)`).
+#[derive(Debug, Clone)]
+pub struct StreamConfig {
+    /// The stream's name.
+    pub name: String,
+    /// Its columns.
+    pub schema: SchemaRef,
+    /// The event-time column (a timestamp).
+    pub time_column: usize,
+    /// The event-time column's unit.
+    pub unit: TimeUnit,
+    /// `WATERMARK FOR ts AS ts - delay`, in the time column's ticks.
+    pub delay: i64,
+    /// How far below the watermark a row is still accepted, in ticks.
+    pub lateness: i64,
+    /// A writer silent this long stops holding the watermark back.
+    pub idle_timeout: Option<Duration>,
+    /// A micro-batch is cut once this many rows wait.
+    pub flush_rows: usize,
+    /// … or once the oldest waiting row is this old.
+    pub flush_interval: Option<Duration>,
+}
+
+/// Ticks of `unit` in `micros` microseconds (rounded down for seconds and milliseconds).
+pub fn micros_to_ticks(unit: TimeUnit, micros: i64) -> i64 {
+    match unit {
+        TimeUnit::Second => micros / 1_000_000,
+        TimeUnit::Millisecond => micros / 1_000,
+        TimeUnit::Microsecond => micros,
+        TimeUnit::Nanosecond => micros.saturating_mul(1_000),
+    }
+}
+
+/// Microseconds in `ticks` of `unit`.
+pub fn ticks_to_micros(unit: TimeUnit, ticks: i64) -> i64 {
+    match unit {
+        TimeUnit::Second => ticks.saturating_mul(1_000_000),
+        TimeUnit::Millisecond => ticks.saturating_mul(1_000),
+        TimeUnit::Microsecond => ticks,
+        TimeUnit::Nanosecond => ticks / 1_000,
+    }
+}
+
+/// One writer's part in the watermark.
+#[derive(Debug)]
+struct Writer {
+    /// The latest event time it has sent.
+    latest: Option<i64>,
+    last_push: Instant,
+    finished: bool,
+    /// Dropped without finishing: no longer holds the watermark back.
+    detached: bool,
+}
+
+/// A kept micro-batch.
+#[derive(Debug, Clone)]
+pub(crate) enum Rows {
+    Host(RecordBatch),
+    Device(Arc<DeviceTable>),
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Kept {
+    pub(crate) rows: Rows,
+    pub(crate) count: usize,
+    pub(crate) bytes: usize,
+    /// The latest event time among them.
+    pub(crate) latest: i64,
+}
+
+#[derive(Debug, Default)]
+struct Ingest {
+    writers: HashMap<u64, Writer>,
+    next_writer: u64,
+    waiting: Vec<RecordBatch>,
+    waiting_rows: usize,
+    oldest_waiting: Option<Instant>,
+    late: Vec<RecordBatch>,
+    /// The watermark in ticks (`None` before any event), never moving back.
+    watermark: Option<i64>,
+    /// The latest event time accepted.
+    latest: Option<i64>,
+}
+
+/// Counts shown by `\streams` and [`crate::Engine::streams`].
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) events: AtomicU64,
+    pub(crate) late: AtomicU64,
+    pub(crate) micro_batches: AtomicU64,
+}
+
+/// A stream: its declaration, what waits, what it keeps, and its views.
+#[derive(Debug)]
+pub struct Stream {
+    pub(crate) config: StreamConfig,
+    gpu: Option<Arc<GpuContext>>,
+    ingest: Mutex<Ingest>,
+    pub(crate) kept: Mutex<Vec<Kept>>,
+    /// Held while a micro-batch is flushed: flushes happen one at a time.
+    pub(crate) flushing: tokio::sync::Mutex<()>,
+    pub(crate) counters: Counters,
+}
+
+impl Stream {
+    pub(crate) fn new(config: StreamConfig, gpu: Option<Arc<GpuContext>>) -> Self {
+        Stream {
+            config,
+            gpu,
+            ingest: Mutex::new(Ingest::default()),
+            kept: Mutex::new(Vec::new()),
+            flushing: tokio::sync::Mutex::new(()),
+            counters: Counters::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Ingest> {
+        self.ingest.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn lock_kept(&self) -> std::sync::MutexGuard<'_, Vec<Kept>> {
+        self.kept.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A new writer's id.
+    pub(crate) fn add_writer(&self) -> u64 {
+        let mut ingest = self.lock();
+        let id = ingest.next_writer;
+        ingest.next_writer += 1;
+        ingest.writers.insert(
+            id,
+            Writer {
+                latest: None,
+                last_push: Instant::now(),
+                finished: false,
+                detached: false,
+            },
+        );
+        id
+    }
+
+    /// Ends writer `id`: it no longer holds the watermark back, and once every writer has
+    /// finished the watermark passes every event time.
+    pub(crate) fn finish_writer(&self, id: u64) {
+        let mut ingest = self.lock();
+        if let Some(w) = ingest.writers.get_mut(&id) {
+            w.finished = true;
+        }
+        self.advance_watermark(&mut ingest, Instant::now());
+    }
+
+    /// A writer dropped without finishing stops holding the watermark back.
+    pub(crate) fn detach_writer(&self, id: u64) {
+        let mut ingest = self.lock();
+        if let Some(w) = ingest.writers.get_mut(&id) {
+            w.detached = true;
+        }
+    }
+
+    /// The watermark writers other than `except` allow, before lateness: the lowest
+    /// `latest - delay` of those still sending, or `None` when none holds it back.
+    fn held_by_others(&self, ingest: &Ingest, except: Option<u64>, now: Instant) -> Option<i64> {
+        ingest
+            .writers
+            .iter()
+            .filter(|(id, w)| Some(**id) != except && self.holds_back(w, now))
+            .filter_map(|(_, w)| w.latest)
+            .map(|t| t.saturating_sub(self.config.delay))
+            .min()
+    }
+
+    fn holds_back(&self, w: &Writer, now: Instant) -> bool {
+        let idle = self
+            .config
+            .idle_timeout
+            .is_some_and(|limit| now.duration_since(w.last_push) > limit);
+        !w.finished && !w.detached && !idle && w.latest.is_some()
+    }
+
+    /// Moves the watermark as far as the writers allow (never back).
+    fn advance_watermark(&self, ingest: &mut Ingest, now: Instant) {
+        let all_finished =
+            !ingest.writers.is_empty() && ingest.writers.values().all(|w| w.finished);
+        let allowed = if all_finished {
+            Some(i64::MAX)
+        } else {
+            // With nobody holding it back, the latest time any writer sent sets it.
+            self.held_by_others(ingest, None, now)
+                .or_else(|| {
+                    ingest
+                        .writers
+                        .values()
+                        .filter_map(|w| w.latest)
+                        .max()
+                        .map(|t| t.saturating_sub(self.config.delay))
+                })
+                .map(|w| w.saturating_sub(self.config.lateness))
+        };
+        if allowed > ingest.watermark {
+            ingest.watermark = allowed;
+        }
+    }
+
+    /// The watermark now, in ticks (`None` before any event); idle writers are let go here.
+    pub(crate) fn watermark(&self) -> Option<i64> {
+        let mut ingest = self.lock();
+        self.advance_watermark(&mut ingest, Instant::now());
+        ingest.watermark
+    }
+
+    /// The latest event time accepted.
+    pub(crate) fn latest(&self) -> Option<i64> {
+        self.lock().latest
+    }
+
+    /// Rows waiting for the next micro-batch.
+    pub(crate) fn waiting_rows(&self) -> usize {
+        self.lock().waiting_rows
+    }
+
+    /// The late rows so far.
+    pub(crate) fn late_batches(&self) -> Vec<RecordBatch> {
+        self.lock().late.clone()
+    }
+
+    /// `batch` with the stream's columns, by name, cast where the types differ.
+    fn conform(&self, batch: RecordBatch) -> Result<RecordBatch> {
+        let schema = &self.config.schema;
+        if batch.schema().fields() == schema.fields() {
+            return Ok(RecordBatch::try_new(
+                Arc::clone(schema),
+                batch.columns().to_vec(),
+            )?);
+        }
+        let columns = schema
+            .fields()
+            .iter()
+            .map(|f| {
+                let (i, _) = batch.schema().column_with_name(f.name()).ok_or_else(|| {
+                    SpateError::Config {
+                        message: format!(
+                            "a batch pushed to stream '{}' has no column '{}'",
+                            self.config.name,
+                            f.name()
+                        ),
+                    }
+                })?;
+                let column = batch.column(i);
+                if column.data_type() == f.data_type() {
+                    Ok(Arc::clone(column))
+                } else {
+                    cast(column, f.data_type()).map_err(|e| SpateError::Config {
+                        message: format!(
+                            "column '{}' pushed to stream '{}' is {}, and cannot be read as {}: \
+                             {e}",
+                            f.name(),
+                            self.config.name,
+                            column.data_type(),
+                            f.data_type()
+                        ),
+                    })
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
+    }
+
+    /// Takes `batch` from writer `writer`: late rows to the side table, the others to wait for
+    /// the next micro-batch. True when a micro-batch is due.
+    pub(crate) fn accept(&self, writer: u64, batch: RecordBatch) -> Result<bool> {
+        let batch = self.conform(batch)?;
+        let times = cast(batch.column(self.config.time_column), &DataType::Int64)?;
+        let times =
+            times
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .ok_or_else(|| SpateError::Internal {
+                    message: "an event-time column that did not cast to Int64".into(),
+                })?;
+        let now = Instant::now();
+        let mut ingest = self.lock();
+        let floor = ingest.watermark;
+        let others = self.held_by_others(&ingest, Some(writer), now);
+        let Some(state) = ingest.writers.get(&writer) else {
+            return Err(SpateError::Config {
+                message: format!(
+                    "writer {writer} of stream '{}' has finished",
+                    self.config.name
+                ),
+            });
+        };
+        let mut running = state.latest;
+        let (delay, lateness) = (self.config.delay, self.config.lateness);
+        let mut on_time = Vec::with_capacity(times.len());
+        for i in 0..times.len() {
+            let mine = running.map(|t| t.saturating_sub(delay));
+            let held = match (others, mine) {
+                (Some(o), Some(m)) => Some(o.min(m)),
+                (o, m) => o.or(m),
+            };
+            let threshold = held.map(|h| h.saturating_sub(lateness)).max(floor);
+            let keep = times.is_valid(i) && threshold.is_none_or(|th| times.value(i) >= th);
+            if keep {
+                let t = times.value(i);
+                running = Some(running.map_or(t, |r| r.max(t)));
+            }
+            on_time.push(keep);
+        }
+        let mask = BooleanArray::from(on_time);
+        let kept = filter_record_batch(&batch, &mask)?;
+        let late = filter_record_batch(&batch, &arrow::compute::not(&mask)?)?;
+        if let Some(state) = ingest.writers.get_mut(&writer) {
+            state.latest = running;
+            state.last_push = now;
+        }
+        ingest.latest = ingest.latest.max(running);
+        self.counters
+            .events
+            .fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
+        if late.num_rows() > 0 {
+            self.counters
+                .late
+                .fetch_add(late.num_rows() as u64, Ordering::Relaxed);
+            ingest.late.push(late);
+        }
+        if kept.num_rows() > 0 {
+            ingest.waiting_rows += kept.num_rows();
+            ingest.oldest_waiting.get_or_insert(now);
+            ingest.waiting.push(kept);
+        }
+        self.advance_watermark(&mut ingest, now);
+        Ok(self.due(&ingest, now))
+    }
+
+    fn due(&self, ingest: &Ingest, now: Instant) -> bool {
+        ingest.waiting_rows >= self.config.flush_rows.max(1)
+            || ingest.oldest_waiting.is_some_and(|t| {
+                self.config
+                    .flush_interval
+                    .is_some_and(|limit| now.duration_since(t) >= limit)
+            })
+    }
+
+    /// True when the rows waiting are due to be flushed (the timer's question).
+    pub(crate) fn is_due(&self) -> bool {
+        let ingest = self.lock();
+        self.due(&ingest, Instant::now())
+    }
+
+    /// Takes the waiting rows as one micro-batch and keeps it (uploaded once on a GPU
+    /// backend). Returns the rows taken.
+    pub(crate) async fn take_micro_batch(&self) -> Result<usize> {
+        let waiting = {
+            let mut ingest = self.lock();
+            ingest.waiting_rows = 0;
+            ingest.oldest_waiting = None;
+            std::mem::take(&mut ingest.waiting)
+        };
+        if waiting.is_empty() {
+            return Ok(0);
+        }
+        let batch = concat_batches(&self.config.schema, &waiting)?;
+        let count = batch.num_rows();
+        let times = cast(batch.column(self.config.time_column), &DataType::Int64)?;
+        let latest =
+            arrow::compute::max(times.as_any().downcast_ref::<Int64Array>().ok_or_else(|| {
+                SpateError::Internal {
+                    message: "an event-time column that did not cast to Int64".into(),
+                }
+            })?)
+            .unwrap_or(i64::MIN);
+        let kept = match &self.gpu {
+            Some(gpu) => {
+                let gpu = Arc::clone(gpu);
+                let schema = Arc::clone(&self.config.schema);
+                let table = tokio::task::spawn_blocking(move || {
+                    DeviceTable::load(&gpu, schema, vec![vec![batch]], usize::MAX, Vec::new())
+                        .map(|t| (Arc::new(t), gpu))
+                })
+                .await
+                .map_err(|e| SpateError::Internal {
+                    message: format!("uploading a micro-batch stopped: {e}"),
+                })??;
+                let (table, gpu) = table;
+                let spillable: std::sync::Weak<dyn crate::exec::coordinator::Spillable> =
+                    Arc::downgrade(&table) as _;
+                gpu.register_spillable(spillable);
+                Kept {
+                    bytes: table.device_bytes(),
+                    rows: Rows::Device(table),
+                    count,
+                    latest,
+                }
+            }
+            None => Kept {
+                bytes: batch.get_array_memory_size(),
+                rows: Rows::Host(batch),
+                count,
+                latest,
+            },
+        };
+        self.lock_kept().push(kept);
+        self.counters.micro_batches.fetch_add(1, Ordering::Relaxed);
+        Ok(count)
+    }
+
+    /// Drops the kept micro-batches whose latest time is below `keep_from` (ticks).
+    pub(crate) fn drop_before(&self, keep_from: i64) {
+        self.lock_kept().retain(|k| k.latest >= keep_from);
+    }
+}
+
+/// The stream read as a table: the rows it keeps.
+#[derive(Debug)]
+pub(crate) struct StreamTable {
+    pub(crate) stream: Arc<Stream>,
+}
+
+#[async_trait]
+impl TableProvider for StreamTable {
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.stream.config.schema)
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        let kept = self.stream.lock_kept().clone();
+        let schema = self.schema();
+        match &self.stream.gpu {
+            Some(gpu) => {
+                let parts: Vec<Arc<DeviceTable>> = kept
+                    .iter()
+                    .filter_map(|k| match &k.rows {
+                        Rows::Device(t) => Some(Arc::clone(t)),
+                        Rows::Host(_) => None,
+                    })
+                    .collect();
+                let table = DeviceTable::merged(gpu, schema, &parts)
+                    .map_err(datafusion::error::DataFusionError::from)?;
+                Ok(Arc::new(GpuCachedScanExec::new(
+                    Arc::new(table),
+                    projection.cloned(),
+                )?))
+            }
+            None => {
+                let batches = kept
+                    .iter()
+                    .filter_map(|k| match &k.rows {
+                        Rows::Host(b) => Some(b.clone()),
+                        Rows::Device(_) => None,
+                    })
+                    .collect();
+                MemTable::try_new(schema, vec![batches])?
+                    .scan(state, projection, filters, limit)
+                    .await
+            }
+        }
+    }
+}
+
+/// A stream's late rows, `<stream>$late`.
+#[derive(Debug)]
+pub(crate) struct LateTable {
+    pub(crate) stream: Arc<Stream>,
+}
+
+#[async_trait]
+impl TableProvider for LateTable {
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.stream.config.schema)
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        MemTable::try_new(self.schema(), vec![self.stream.late_batches()])?
+            .scan(state, projection, filters, limit)
+            .await
+    }
+}

@@ -1,0 +1,494 @@
+//! Continuous views: a query over streams (and tables) whose results are emitted as the
+//! watermark moves.
+//!
+//! **Final rows.** A view's output must hold `window_end` (a window table function's) or the
+//! stream's event-time column (per-event features). A row is final once the watermark `W`
+//! passes it: `window_end <= W` (no row still to come falls in the window), or `ts < W` (every
+//! row at or before `ts` has arrived). `C` below is the latest final value.
+//!
+//! **Each micro-batch** runs the view's query over the rows the streams keep, on the session's
+//! backend (GPU operators over the micro-batches already on the device), and downloads its
+//! result once:
+//! - `EMIT ON WINDOW CLOSE` emits the rows that became final, `C_prev < f <= C`;
+//! - `EMIT ON UPDATE` emits a changelog: the rows with `f > C_prev` against those it emitted
+//!   before and that were not final then. An `op` column says `+` (a row added) or `-` (a row
+//!   retracted). Adding up the changelog gives the final rows, which equal the batch query's.
+//!
+//! **Horizon.** The rows a stream must keep for the view follow from its plan: a TUMBLE or HOP
+//! window keeps rows `size` behind `C`, a `RANGE BETWEEN INTERVAL … PRECEDING` frame its
+//! interval, SESSION windows keep the open sessions (their earliest `window_start`, which the
+//! output must then hold). Frames the watermark cannot bound (`LAG`, `ROWS`, unbounded
+//! preceding) keep every row.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use arrow::array::{ArrayRef, Int64Array, StringArray};
+use arrow::compute::{cast, concat_batches};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use arrow::record_batch::RecordBatch;
+use arrow::row::{OwnedRow, RowConverter, SortField};
+use async_trait::async_trait;
+use datafusion::catalog::{MemTable, Session};
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{Column, ScalarValue};
+use datafusion::datasource::{TableProvider, TableType, source_as_provider};
+use datafusion::error::Result as DFResult;
+use datafusion::logical_expr::{
+    Expr, LogicalPlan, WindowFrameBound, WindowFrameUnits, expr::WindowFunction, lit,
+};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::prelude::SessionContext;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+
+use super::interval::interval_expr_micros;
+use super::state::{Stream, StreamTable, micros_to_ticks};
+use super::windows::{Window, WindowedTable};
+use crate::error::{Result, SpateError};
+
+/// When a continuous view emits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Emit {
+    /// Final rows, once the watermark closes them.
+    OnWindowClose,
+    /// A changelog of additions and retractions, every micro-batch.
+    OnUpdate,
+}
+
+/// How far behind the final bound a view needs its streams' rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Horizon {
+    /// This many microseconds.
+    Bounded(i64),
+    /// The open sessions' earliest start.
+    Sessions,
+    /// Every row.
+    Unbounded,
+}
+
+impl Horizon {
+    fn widen(self, other: Horizon) -> Horizon {
+        use Horizon::*;
+        match (self, other) {
+            (Unbounded, _) | (_, Unbounded) => Unbounded,
+            (Sessions, _) | (_, Sessions) => Sessions,
+            (Bounded(a), Bounded(b)) => Bounded(a.max(b)),
+        }
+    }
+}
+
+/// What a view has emitted, and to whom it sends.
+#[derive(Debug, Default)]
+struct Emitted {
+    /// The latest final value `C` so far, in ticks.
+    closed: Option<i64>,
+    /// `EMIT ON UPDATE`: the rows emitted that were not final yet, with their multiplicity.
+    open: HashMap<OwnedRow, i64>,
+    /// The earliest start of an open session (SESSION views).
+    session_floor: Option<i64>,
+    subscribers: Vec<UnboundedSender<RecordBatch>>,
+    /// Encodes output rows for `open` (rows of one converter compare only with its own).
+    converter: Option<RowConverter>,
+    /// Everything emitted, which reading the view as a table returns.
+    history: Vec<RecordBatch>,
+    rows: u64,
+}
+
+/// A continuous view.
+#[derive(Debug)]
+pub struct ContinuousView {
+    pub(crate) name: String,
+    emit: Emit,
+    plan: LogicalPlan,
+    /// The query's output schema.
+    output: SchemaRef,
+    /// What is emitted: the output, with `op` first for `EMIT ON UPDATE`.
+    emitted_schema: SchemaRef,
+    /// The column that decides when a row is final, and whether it is `window_end` (final at
+    /// `<= W`) or the event time (final at `< W`).
+    final_column: usize,
+    window_end: bool,
+    window_start: Option<usize>,
+    unit: TimeUnit,
+    horizon: Horizon,
+    pub(crate) streams: Vec<Arc<Stream>>,
+    state: Mutex<Emitted>,
+}
+
+fn sql_error(message: String) -> SpateError {
+    SpateError::Sql {
+        message,
+        location: None,
+    }
+}
+
+/// The streams a plan reads and how far back its windows look (not looked at inside a window
+/// table function's plan, whose windows are its own: `frames` false).
+fn inspect(plan: &LogicalPlan, frames: bool) -> Result<(Vec<Arc<Stream>>, Horizon)> {
+    let mut streams: Vec<Arc<Stream>> = Vec::new();
+    let mut horizon = Horizon::Bounded(0);
+    let mut failure = None;
+    let add_stream = |s: &Arc<Stream>, streams: &mut Vec<Arc<Stream>>| {
+        if !streams.iter().any(|x| Arc::ptr_eq(x, s)) {
+            streams.push(Arc::clone(s));
+        }
+    };
+    plan.apply_with_subqueries(|node| {
+        match node {
+            LogicalPlan::TableScan(scan) => {
+                if let Ok(provider) = source_as_provider(&scan.source) {
+                    if let Some(table) = provider.downcast_ref::<StreamTable>() {
+                        add_stream(&table.stream, &mut streams);
+                    } else if let Some(windowed) = provider.downcast_ref::<WindowedTable>() {
+                        horizon = horizon.widen(match windowed.window() {
+                            Window::Tumble { size } | Window::Hop { size, .. } => {
+                                Horizon::Bounded(size)
+                            }
+                            Window::Session { .. } => Horizon::Sessions,
+                        });
+                        // The streams under the window function.
+                        let (inner, _) = inspect(windowed.plan(), false)?;
+                        for s in &inner {
+                            add_stream(s, &mut streams);
+                        }
+                    }
+                }
+            }
+            LogicalPlan::Window(window) if frames => {
+                for e in &window.window_expr {
+                    let look_back = frame_look_back(e);
+                    match look_back {
+                        Ok(h) => horizon = horizon.widen(h),
+                        Err(e) => {
+                            failure = Some(e);
+                            return Ok(TreeNodeRecursion::Stop);
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    Ok((streams, horizon))
+}
+
+/// How far back a window expression looks, or an error for one that looks ahead.
+fn frame_look_back(e: &Expr) -> Result<Horizon> {
+    let e = match e {
+        Expr::Alias(a) => a.expr.as_ref(),
+        e => e,
+    };
+    let Expr::WindowFunction(f) = e else {
+        return Ok(Horizon::Unbounded);
+    };
+    let WindowFunction { fun, params } = f.as_ref();
+    let name = fun.name().to_ascii_lowercase();
+    if name == "lead" {
+        return Err(SpateError::Unsupported {
+            message: "LEAD in a continuous view: it reads rows after the event, which no \
+                      watermark closes"
+                .into(),
+        });
+    }
+    let frame = &params.window_frame;
+    if !matches!(frame.end_bound, WindowFrameBound::CurrentRow)
+        && !matches!(&frame.end_bound, WindowFrameBound::Preceding(_))
+    {
+        return Err(SpateError::Unsupported {
+            message: format!(
+                "`{e}` in a continuous view: a frame that ends after the current row reads \
+                 rows no watermark closes"
+            ),
+        });
+    }
+    Ok(match (&frame.units, &frame.start_bound, name.as_str()) {
+        (_, _, "lag" | "row_number" | "rank" | "dense_rank" | "first_value") => Horizon::Unbounded,
+        (WindowFrameUnits::Range, WindowFrameBound::Preceding(v), _) if !v.is_null() => {
+            match interval_expr_micros(&lit(v.clone()), "a RANGE frame's bound") {
+                Ok(micros) => Horizon::Bounded(micros),
+                Err(_) => Horizon::Unbounded,
+            }
+        }
+        _ => Horizon::Unbounded,
+    })
+}
+
+impl ContinuousView {
+    /// A view named `name` over `plan` (the query, not yet optimised).
+    pub(crate) fn new(name: String, plan: LogicalPlan, emit: Emit) -> Result<Self> {
+        let (streams, horizon) = inspect(&plan, true)?;
+        let Some(first) = streams.first() else {
+            return Err(sql_error(format!(
+                "continuous view '{name}' reads no stream; CREATE VIEW makes a view of tables"
+            )));
+        };
+        let output: SchemaRef = Arc::new(plan.schema().as_arrow().clone());
+        let time_name = first.config.schema.field(first.config.time_column).name();
+        let (final_column, window_end) = match output.column_with_name("window_end") {
+            Some((i, _)) => (i, true),
+            None => match output.column_with_name(time_name) {
+                Some((i, _)) => (i, false),
+                None => {
+                    return Err(sql_error(format!(
+                        "continuous view '{name}' must output window_end or the event time \
+                         '{time_name}': they say when a row is final"
+                    )));
+                }
+            },
+        };
+        let unit = first.config.unit;
+        match output.field(final_column).data_type() {
+            DataType::Timestamp(u, _) if *u == unit => {}
+            other => {
+                return Err(sql_error(format!(
+                    "continuous view '{name}': '{}' is {other}, not the stream's timestamp \
+                     type",
+                    output.field(final_column).name()
+                )));
+            }
+        }
+        let window_start = output.column_with_name("window_start").map(|(i, _)| i);
+        let horizon = if horizon == Horizon::Sessions && window_start.is_none() {
+            Horizon::Unbounded
+        } else {
+            horizon
+        };
+        let emit_schema = match emit {
+            Emit::OnWindowClose => Arc::clone(&output),
+            Emit::OnUpdate => {
+                let mut fields = vec![Arc::new(Field::new("op", DataType::Utf8, false))];
+                fields.extend(output.fields().iter().cloned());
+                Arc::new(Schema::new(fields))
+            }
+        };
+        Ok(ContinuousView {
+            name,
+            emit,
+            plan,
+            output,
+            emitted_schema: emit_schema,
+            final_column,
+            window_end,
+            window_start,
+            unit,
+            horizon,
+            streams,
+            state: Mutex::new(Emitted::default()),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Emitted> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The schema of what the view emits.
+    pub fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.emitted_schema)
+    }
+
+    /// A new subscriber's receiving end.
+    pub(crate) fn subscribe(&self) -> UnboundedReceiver<RecordBatch> {
+        let (tx, rx) = unbounded_channel();
+        self.lock().subscribers.push(tx);
+        rx
+    }
+
+    /// The watermark of the view's streams: the lowest.
+    fn watermark(&self) -> Option<i64> {
+        self.streams
+            .iter()
+            .map(|s| s.watermark())
+            .collect::<Option<Vec<_>>>()
+            .and_then(|w| w.into_iter().min())
+    }
+
+    /// The earliest event time the view still needs from its streams, in ticks (`None`: all).
+    pub(crate) fn keep_from(&self) -> Option<i64> {
+        let state = self.lock();
+        let closed = state.closed?;
+        match self.horizon {
+            Horizon::Bounded(micros) => {
+                Some(closed.saturating_sub(micros_to_ticks(self.unit, micros)))
+            }
+            Horizon::Sessions => Some(state.session_floor.unwrap_or(closed)),
+            Horizon::Unbounded => None,
+        }
+    }
+
+    fn bound(&self, ticks: i64) -> Result<Expr> {
+        let ty = self.output.field(self.final_column).data_type();
+        Ok(lit(ScalarValue::Int64(Some(ticks)).cast_to(ty)?))
+    }
+
+    /// Runs the view for the watermark now and emits what it gives. `fresh_rows` says whether
+    /// the streams took rows since the last call.
+    pub(crate) async fn advance(&self, ctx: &SessionContext, fresh_rows: bool) -> Result<()> {
+        let Some(w) = self.watermark() else {
+            return Ok(());
+        };
+        let closed = if self.window_end {
+            w
+        } else {
+            w.saturating_sub(1)
+        };
+        let previous = self.lock().closed;
+        let moved = previous != Some(closed);
+        let wanted = match self.emit {
+            Emit::OnWindowClose => moved,
+            Emit::OnUpdate => moved || fresh_rows,
+        };
+        if !wanted {
+            return Ok(());
+        }
+        let f = Expr::Column(Column::from_name(
+            self.output.field(self.final_column).name(),
+        ));
+        let mut df = ctx.execute_logical_plan(self.plan.clone()).await?;
+        if let Some(p) = previous {
+            df = df.filter(f.clone().gt(self.bound(p)?))?;
+        }
+        let need_open = self.emit == Emit::OnUpdate || self.horizon == Horizon::Sessions;
+        if !need_open {
+            df = df.filter(f.lt_eq(self.bound(closed)?))?;
+        }
+        let batches = df.collect().await?;
+        let rows = concat_batches(&self.output, &batches)?;
+        let finals = is_final(&rows, self.final_column, closed)?;
+        let out = match self.emit {
+            Emit::OnWindowClose => arrow::compute::filter_record_batch(&rows, &finals)?,
+            Emit::OnUpdate => self.changelog(&rows, &finals)?,
+        };
+        let mut state = self.lock();
+        if self.horizon == Horizon::Sessions
+            && let Some(start) = self.window_start
+        {
+            let open = arrow::compute::filter_record_batch(&rows, &arrow::compute::not(&finals)?)?;
+            let starts = cast(open.column(start), &DataType::Int64)?;
+            state.session_floor = starts
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .and_then(arrow::compute::min);
+        }
+        state.closed = Some(closed);
+        if out.num_rows() > 0 {
+            state.rows += out.num_rows() as u64;
+            state.history.push(out.clone());
+            state.subscribers.retain(|s| s.send(out.clone()).is_ok());
+        }
+        Ok(())
+    }
+
+    /// `EMIT ON UPDATE`: the changes from what was emitted and not final, to `rows`, and the
+    /// rows that stay open.
+    fn changelog(
+        &self,
+        rows: &RecordBatch,
+        finals: &arrow::array::BooleanArray,
+    ) -> Result<RecordBatch> {
+        let mut state = self.lock();
+        if state.converter.is_none() {
+            let fields = self
+                .output
+                .fields()
+                .iter()
+                .map(|f| SortField::new(f.data_type().clone()))
+                .collect();
+            state.converter = Some(RowConverter::new(fields)?);
+        }
+        let Emitted {
+            converter, open, ..
+        } = &mut *state;
+        let Some(converter) = converter.as_ref() else {
+            return Err(SpateError::Internal {
+                message: "a view's row converter went missing".into(),
+            });
+        };
+        let encoded = converter.convert_columns(rows.columns())?;
+        let mut now: HashMap<OwnedRow, i64> = HashMap::new();
+        let mut open_now: HashMap<OwnedRow, i64> = HashMap::new();
+        for (i, row) in encoded.iter().enumerate() {
+            *now.entry(row.owned()).or_default() += 1;
+            if !finals.value(i) {
+                *open_now.entry(row.owned()).or_default() += 1;
+            }
+        }
+        let before = std::mem::replace(open, open_now);
+        let (mut retract, mut add) = (Vec::new(), Vec::new());
+        for (row, &n) in &before {
+            let m = now.get(row).copied().unwrap_or(0);
+            for _ in m..n {
+                retract.push(row.row());
+            }
+        }
+        for (row, &m) in &now {
+            let n = before.get(row).copied().unwrap_or(0);
+            for _ in n..m {
+                add.push(row.row());
+            }
+        }
+        let ops: ArrayRef = Arc::new(StringArray::from(
+            std::iter::repeat_n("-", retract.len())
+                .chain(std::iter::repeat_n("+", add.len()))
+                .collect::<Vec<_>>(),
+        ));
+        let mut columns = vec![ops];
+        columns.extend(converter.convert_rows(retract.into_iter().chain(add))?);
+        Ok(RecordBatch::try_new(
+            Arc::clone(&self.emitted_schema),
+            columns,
+        )?)
+    }
+
+    /// Everything the view has emitted.
+    pub(crate) fn history(&self) -> Vec<RecordBatch> {
+        self.lock().history.clone()
+    }
+}
+
+/// Which rows of `rows` are final at `closed`.
+fn is_final(rows: &RecordBatch, column: usize, closed: i64) -> Result<arrow::array::BooleanArray> {
+    let values = cast(rows.column(column), &DataType::Int64)?;
+    let values = values
+        .as_any()
+        .downcast_ref::<Int64Array>()
+        .ok_or_else(|| SpateError::Internal {
+            message: "a final column that did not cast to Int64".into(),
+        })?;
+    Ok(values
+        .iter()
+        .map(|v| Some(v.is_some_and(|v| v <= closed)))
+        .collect())
+}
+
+/// A continuous view read as a table: everything it has emitted.
+#[derive(Debug)]
+pub(crate) struct ViewTable {
+    pub(crate) view: Arc<ContinuousView>,
+}
+
+#[async_trait]
+impl TableProvider for ViewTable {
+    fn schema(&self) -> SchemaRef {
+        self.view.schema()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::View
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        MemTable::try_new(self.schema(), vec![self.view.history()])?
+            .scan(state, projection, filters, limit)
+            .await
+    }
+}

@@ -1,0 +1,339 @@
+//! Streams and continuous views, on the `cpu` and `emulated` backends, against the batch query
+//! over the same events replayed as a table: TUMBLE, HOP and SESSION windows, both emit modes,
+//! per-event RANGE windows, a stream joined with a table, watermarks and late rows.
+//!
+//! Events arrive out of order, a few past the watermark. A replay keeps the rows the stream
+//! accepted by its rule, computed here independently: a row is late when its time is below the
+//! latest time accepted before it, less the delay and the allowed lateness.
+
+#![allow(
+    clippy::unwrap_used,
+    reason = "test helpers: a failed unwrap is a failed test"
+)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, Decimal128Array, Int64Array, TimestampMicrosecondArray};
+use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+use arrow::record_batch::RecordBatch;
+use arrow::util::display::{ArrayFormatter, FormatOptions};
+use spate::{Backend, Engine};
+
+const BASE_MICROS: i64 = 1_767_225_600_000_000; // 2026-01-01T00:00:00Z
+const DELAY_MICROS: i64 = 2_000_000;
+
+fn schema() -> Arc<Schema> {
+    Arc::new(Schema::new(vec![
+        Field::new("card", DataType::Int64, false),
+        Field::new("amount", DataType::Decimal128(12, 2), false),
+        Field::new("ts", DataType::Timestamp(TimeUnit::Microsecond, None), true),
+    ]))
+}
+
+/// `n` events in arrival order, in batches of `batch` rows: times 10 ms apart with up to 1.5 s
+/// of disorder, and one in 80 ten seconds behind (late).
+fn events(n: usize, batch: usize) -> Vec<RecordBatch> {
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let mut cards = Vec::new();
+    let mut amounts = Vec::new();
+    let mut times = Vec::new();
+    for i in 0..n {
+        let r = next();
+        cards.push((r % 12) as i64);
+        amounts.push(i128::from((r >> 8) % 50_000 + 100));
+        let jitter = ((r >> 24) % 2_000_000) as i64 - 1_500_000;
+        let late = if (r >> 48) % 80 == 0 { -10_000_000 } else { 0 };
+        times.push(BASE_MICROS + i as i64 * 10_000 + jitter + late);
+    }
+    (0..n)
+        .step_by(batch)
+        .map(|start| {
+            let end = (start + batch).min(n);
+            let columns: Vec<ArrayRef> = vec![
+                Arc::new(Int64Array::from(cards[start..end].to_vec())),
+                Arc::new(
+                    Decimal128Array::from(amounts[start..end].to_vec())
+                        .with_precision_and_scale(12, 2)
+                        .unwrap(),
+                ),
+                Arc::new(TimestampMicrosecondArray::from(times[start..end].to_vec())),
+            ];
+            RecordBatch::try_new(schema(), columns).unwrap()
+        })
+        .collect()
+}
+
+/// The rows a stream with `delay` and `lateness` accepts, and how many it sends to `$late`.
+fn accepted(batches: &[RecordBatch], lateness: i64) -> (Vec<RecordBatch>, usize) {
+    let mut latest: Option<i64> = None;
+    let mut late = 0;
+    let kept = batches
+        .iter()
+        .map(|b| {
+            let times = b
+                .column(2)
+                .as_any()
+                .downcast_ref::<TimestampMicrosecondArray>()
+                .unwrap();
+            let mask: Vec<bool> = times
+                .values()
+                .iter()
+                .map(|&t| {
+                    let ok = latest.is_none_or(|l| t >= l - DELAY_MICROS - lateness);
+                    if ok {
+                        latest = Some(latest.map_or(t, |l| l.max(t)));
+                    } else {
+                        late += 1;
+                    }
+                    ok
+                })
+                .collect();
+            arrow::compute::filter_record_batch(b, &mask.into()).unwrap()
+        })
+        .collect();
+    (kept, late)
+}
+
+/// Each row as text, counted.
+fn multiset(batches: &[RecordBatch]) -> BTreeMap<String, i64> {
+    let mut rows = BTreeMap::new();
+    let options = FormatOptions::default().with_null("NULL");
+    for b in batches {
+        let formatters: Vec<_> = b
+            .columns()
+            .iter()
+            .map(|c| ArrayFormatter::try_new(c.as_ref(), &options).unwrap())
+            .collect();
+        for r in 0..b.num_rows() {
+            let line: Vec<String> = formatters.iter().map(|f| f.value(r).to_string()).collect();
+            *rows.entry(line.join("|")).or_default() += 1;
+        }
+    }
+    rows
+}
+
+/// A changelog (`op` first) added up.
+fn applied(changes: &[RecordBatch]) -> BTreeMap<String, i64> {
+    let mut rows: BTreeMap<String, i64> = BTreeMap::new();
+    for (line, n) in multiset(changes) {
+        let (op, row) = line.split_once('|').unwrap();
+        let sign = if op == "+" { 1 } else { -1 };
+        *rows.entry(row.to_string()).or_default() += sign * n;
+    }
+    rows.retain(|_, n| *n != 0);
+    rows
+}
+
+const PROFILES: &str = "profiles";
+
+fn profiles() -> RecordBatch {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("card", DataType::Int64, false),
+        Field::new("risk", DataType::Int64, false),
+    ]));
+    RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(Int64Array::from((0..10).collect::<Vec<i64>>())),
+            Arc::new(Int64Array::from(
+                (0..10).map(|c| c % 3).collect::<Vec<i64>>(),
+            )),
+        ],
+    )
+    .unwrap()
+}
+
+struct Run {
+    emitted: Vec<RecordBatch>,
+    late_rows: usize,
+    replay: BTreeMap<String, i64>,
+    expected_late: usize,
+}
+
+/// Streams the events through `view` (its query and `EMIT …` clause) on `backend`, and runs
+/// the query as a batch over the accepted rows on the CPU.
+async fn run(backend: Backend, query: &str, emit: &str, options: &str, lateness: i64) -> Run {
+    let engine = Engine::builder().backend(backend).build().unwrap();
+    engine.register_batches(PROFILES, vec![profiles()]).unwrap();
+    engine
+        .sql(&format!(
+            "CREATE STREAM tx (card BIGINT NOT NULL, amount DECIMAL(12,2) NOT NULL, \
+             ts TIMESTAMP, WATERMARK FOR ts AS ts - INTERVAL '2' SECOND) \
+             WITH (flush_rows = 100000000, flush_interval = '1 hour'{options})"
+        ))
+        .await
+        .unwrap();
+    engine
+        .sql(&format!("CREATE CONTINUOUS VIEW v AS {query} {emit}"))
+        .await
+        .unwrap();
+    let mut subscription = engine.subscribe("v").unwrap();
+    let batches = events(3_000, 200);
+    let writer = engine.stream_writer("tx").unwrap();
+    for b in &batches {
+        writer.push(b.clone()).await.unwrap();
+        writer.flush().await.unwrap();
+    }
+    writer.finish().await.unwrap();
+    let mut emitted = Vec::new();
+    while let Some(b) = subscription.try_next_batch() {
+        emitted.push(b);
+    }
+    let late = engine
+        .collect("SELECT count(*) FROM \"tx$late\"")
+        .await
+        .unwrap();
+    let late_rows = late[0]
+        .column(0)
+        .as_any()
+        .downcast_ref::<Int64Array>()
+        .unwrap()
+        .value(0) as usize;
+
+    let (kept, expected_late) = accepted(&batches, lateness);
+    let replay = Engine::builder().backend(Backend::Cpu).build().unwrap();
+    replay.register_batches(PROFILES, vec![profiles()]).unwrap();
+    replay.register_batches("tx", kept).unwrap();
+    let want = multiset(&replay.collect(query).await.unwrap());
+    Run {
+        emitted,
+        late_rows,
+        replay: want,
+        expected_late,
+    }
+}
+
+async fn final_rows_equal_replay(query: &str) {
+    for backend in [Backend::Cpu, Backend::Emulated] {
+        let r = run(backend, query, "EMIT ON WINDOW CLOSE", "", 0).await;
+        assert!(r.expected_late > 0, "the events must hold late rows");
+        assert_eq!(r.late_rows, r.expected_late, "{backend:?}: late rows");
+        let got = multiset(&r.emitted);
+        assert!(!got.is_empty(), "{backend:?}: nothing emitted");
+        assert_eq!(got, r.replay, "{backend:?}: {query}");
+        // Final rows are emitted once each, across micro-batches.
+        assert!(
+            r.emitted.len() > 1,
+            "{backend:?}: emitted in one batch only"
+        );
+    }
+}
+
+const TUMBLE: &str = "SELECT card, window_start, window_end, count(*) AS n, sum(amount) AS total, \
+                      max(amount) AS top FROM TUMBLE(tx, ts, INTERVAL '10' SECOND) \
+                      GROUP BY card, window_start, window_end";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tumbling_windows_equal_the_batch_replay() {
+    final_rows_equal_replay(TUMBLE).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hopping_windows_equal_the_batch_replay() {
+    final_rows_equal_replay(
+        "SELECT card, window_start, window_end, count(*) AS n, min(amount) AS low \
+         FROM HOP(tx, ts, INTERVAL '5' SECOND, INTERVAL '20' SECOND) \
+         GROUP BY card, window_start, window_end",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_windows_equal_the_batch_replay() {
+    final_rows_equal_replay(
+        "SELECT card, window_start, window_end, count(*) AS n, sum(amount) AS total \
+         FROM SESSION(tx, ts, INTERVAL '300' MILLISECOND, card) \
+         GROUP BY card, window_start, window_end",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_event_range_windows_equal_the_batch_replay() {
+    final_rows_equal_replay(
+        "SELECT card, ts, amount, count(*) OVER w AS n, sum(amount) OVER w AS s, \
+         max(amount) OVER w AS top, min(amount) OVER w AS low FROM tx \
+         WINDOW w AS (PARTITION BY card ORDER BY ts \
+         RANGE BETWEEN INTERVAL '5' SECOND PRECEDING AND CURRENT ROW)",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_joined_with_a_table_equals_the_batch_replay() {
+    final_rows_equal_replay(
+        "SELECT t.card, t.ts, t.amount, p.risk FROM tx t JOIN profiles p ON t.card = p.card \
+         WHERE p.risk > 0",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn emit_on_update_is_a_changelog_that_adds_up_to_the_replay() {
+    for backend in [Backend::Cpu, Backend::Emulated] {
+        let r = run(backend, TUMBLE, "EMIT ON UPDATE", "", 0).await;
+        assert_eq!(applied(&r.emitted), r.replay, "{backend:?}");
+        // Windows updated while open were retracted and emitted again.
+        let retractions = multiset(&r.emitted)
+            .keys()
+            .filter(|k| k.starts_with("-|"))
+            .count();
+        assert!(retractions > 0, "{backend:?}: no retraction");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allowed_lateness_accepts_rows_behind_the_watermark() {
+    for backend in [Backend::Cpu, Backend::Emulated] {
+        let strict = run(backend, TUMBLE, "EMIT ON WINDOW CLOSE", "", 0).await;
+        let lenient = run(
+            backend,
+            TUMBLE,
+            "EMIT ON WINDOW CLOSE",
+            ", lateness = INTERVAL '20' SECOND",
+            20_000_000,
+        )
+        .await;
+        assert_eq!(lenient.late_rows, lenient.expected_late, "{backend:?}");
+        assert!(lenient.late_rows < strict.late_rows, "{backend:?}");
+        assert_eq!(multiset(&lenient.emitted), lenient.replay, "{backend:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_report_their_watermark_and_refuse_bad_declarations() {
+    let engine = Engine::builder().backend(Backend::Cpu).build().unwrap();
+    engine
+        .sql(
+            "CREATE STREAM s (k BIGINT, ts TIMESTAMP, \
+             WATERMARK FOR ts AS ts - INTERVAL '1' SECOND)",
+        )
+        .await
+        .unwrap();
+    let info = &engine.streams()[0];
+    assert_eq!((info.name.as_str(), info.watermark_micros), ("s", None));
+    let e = engine
+        .sql("CREATE STREAM bad (k BIGINT, WATERMARK FOR k AS k)")
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("not a timestamp"), "{e}");
+    let e = engine
+        .sql("CREATE CONTINUOUS VIEW w AS SELECT k, count(*) FROM s GROUP BY k")
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("must output window_end"), "{e}");
+    let e = engine
+        .sql("CREATE STREAM t (ts TIMESTAMP, WATERMARK FOR ts AS ts) WITH (flush_rowz = 1)")
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("unknown option 'flush_rowz'"), "{e}");
+    assert!(engine.stream_writer("nope").is_err());
+    assert!(engine.subscribe("nope").is_err());
+}
