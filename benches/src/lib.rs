@@ -20,6 +20,7 @@ pub mod duckdb;
 pub mod fraud;
 pub mod report;
 pub mod runner;
+pub mod stream;
 pub mod suite;
 pub mod tpcds;
 pub mod workload;

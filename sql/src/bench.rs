@@ -59,6 +59,8 @@ pub enum Suite {
     /// The 99 TPC-DS queries (103 statements) over Parquet files generated once per scale
     /// factor.
     Tpcds(TpcdsArgs),
+    /// Streaming: a scenario's events pushed through continuous views (`--scenario fraud`).
+    Stream(crate::bench_stream::StreamArgs),
 }
 
 #[derive(Debug, Args)]
@@ -206,6 +208,7 @@ pub fn run(suite: Suite) -> Result<ExitCode, String> {
             args: args.benchmark,
         }),
         Suite::Tpcds(args) => tpcds(args),
+        Suite::Stream(args) => crate::bench_stream::run(args),
     }
 }
 

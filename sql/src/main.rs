@@ -11,6 +11,7 @@
 //! ```
 
 mod bench;
+mod bench_stream;
 mod cluster;
 mod format;
 mod script;

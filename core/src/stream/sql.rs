@@ -217,8 +217,8 @@ fn create_stream(
     // The element ends at the next comma at depth 1, or the closing parenthesis.
     let mut depth = 1usize;
     let mut end = close;
-    for k in w..close {
-        match t.tokens[sig[k]].token {
+    for (k, &i) in sig.iter().enumerate().take(close).skip(w) {
+        match t.tokens[i].token {
             Token::LParen => depth += 1,
             Token::RParen => depth -= 1,
             Token::Comma if depth == 1 => {
@@ -314,13 +314,13 @@ fn create_continuous_view(
     // The emit clause: the last `EMIT ON …` at depth 0.
     let mut depth = 0usize;
     let mut emit = None;
-    for k in 0..sig.len() {
-        match t.tokens[sig[k]].token {
+    for (k, &i) in sig.iter().enumerate() {
+        match t.tokens[i].token {
             Token::LParen => depth += 1,
             Token::RParen => depth = depth.saturating_sub(1),
             _ => {}
         }
-        if depth == 0 && t.is_word(sig[k], "EMIT") {
+        if depth == 0 && t.is_word(i, "EMIT") {
             emit = Some(k);
         }
     }

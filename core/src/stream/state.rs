@@ -115,6 +115,9 @@ struct Ingest {
     next_writer: u64,
     waiting: Vec<RecordBatch>,
     waiting_rows: usize,
+    /// Rows pushed since the last micro-batch was cut, late ones included: what `flush_rows`
+    /// counts, so a micro-batch follows the pushes whatever is late.
+    arrived: usize,
     oldest_waiting: Option<Instant>,
     late: Vec<RecordBatch>,
     /// The watermark in ticks (`None` before any event), never moving back.
@@ -358,6 +361,7 @@ impl Stream {
         self.counters
             .events
             .fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
+        ingest.arrived += batch.num_rows();
         if late.num_rows() > 0 {
             self.counters
                 .late
@@ -374,7 +378,7 @@ impl Stream {
     }
 
     fn due(&self, ingest: &Ingest, now: Instant) -> bool {
-        ingest.waiting_rows >= self.config.flush_rows.max(1)
+        ingest.arrived >= self.config.flush_rows.max(1)
             || ingest.oldest_waiting.is_some_and(|t| {
                 self.config
                     .flush_interval
@@ -394,6 +398,7 @@ impl Stream {
         let waiting = {
             let mut ingest = self.lock();
             ingest.waiting_rows = 0;
+            ingest.arrived = 0;
             ingest.oldest_waiting = None;
             std::mem::take(&mut ingest.waiting)
         };
