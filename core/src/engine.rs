@@ -40,7 +40,8 @@ use crate::plan::GpuOffloadRule;
 use crate::plan::{PhysicalRule, physical_optimizer_rules};
 use crate::source::FileFormat;
 use crate::stream::{
-    StreamInfo, StreamWriter, Subscription, WindowFunctionKind, WindowTableFunction,
+    CheckpointStream, StreamInfo, StreamWriter, Subscription, WindowFunctionKind,
+    WindowTableFunction,
 };
 
 /// Configures and builds an [`Engine`].
@@ -633,8 +634,8 @@ impl Engine {
     /// here.
     pub async fn execute_statement(&self, statement: Statement) -> Result<DataFrame> {
         if let Statement::Statement(sql) = &statement {
-            if self.streams.execute(sql).await?.is_some() {
-                return Ok(self.ctx.read_empty()?);
+            if let Some(df) = self.streams.execute(sql).await? {
+                return Ok(df);
             }
             match sql.as_ref() {
                 SqlStatement::Cache {
@@ -1016,6 +1017,20 @@ impl Engine {
     /// The results of continuous view `name` from now on, as they are emitted.
     pub fn subscribe(&self, name: &str) -> Result<Subscription> {
         Ok(Subscription::new(self.streams.view(name)?.as_ref()))
+    }
+
+    /// Writes the state of every stream and continuous view to `folder` (`CHECKPOINT
+    /// 'folder'`), after cutting a micro-batch of whatever waits. Returns each stream's
+    /// offset: the rows it had taken.
+    pub async fn checkpoint(&self, folder: impl AsRef<Path>) -> Result<Vec<CheckpointStream>> {
+        self.streams.checkpoint(folder.as_ref()).await
+    }
+
+    /// Declares the streams and views of the checkpoint in `folder` and puts their state back
+    /// (`RESTORE 'folder'`), in a session that has none of them yet. Writers resume from each
+    /// stream's offset.
+    pub async fn restore(&self, folder: impl AsRef<Path>) -> Result<Vec<CheckpointStream>> {
+        self.streams.restore(folder.as_ref()).await
     }
 
     /// The session's streams: watermark, lag, late rows, what they keep, and their views.

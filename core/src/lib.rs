@@ -59,7 +59,8 @@ pub use model::ModelInputs;
 pub use plan::GpuOffloadRule;
 pub use source::FileFormat;
 pub use stream::{
-    Emit, StreamInfo, StreamWriter, Subscription, WindowFunctionKind, WindowTableFunction,
+    CheckpointStream, Emit, StreamInfo, StreamWriter, Subscription, WindowFunctionKind,
+    WindowTableFunction,
 };
 
 /// Where each operator of a physical plan runs: on the GPU, or on the CPU with the reason.

@@ -159,7 +159,8 @@ struct Run {
 
 /// Streams the events through `view` (its query and `EMIT …` clause) on `backend`, and runs
 /// the query as a batch over the accepted rows on the CPU.
-async fn run(backend: Backend, query: &str, emit: &str, options: &str, lateness: i64) -> Run {
+/// A session with stream `tx` (its `options` added) and view `v` (`query` and `emit`).
+async fn declare(backend: Backend, query: &str, emit: &str, options: &str) -> Engine {
     let engine = Engine::builder().backend(backend).build().unwrap();
     engine.register_batches(PROFILES, vec![profiles()]).unwrap();
     engine
@@ -174,18 +175,32 @@ async fn run(backend: Backend, query: &str, emit: &str, options: &str, lateness:
         .sql(&format!("CREATE CONTINUOUS VIEW v AS {query} {emit}"))
         .await
         .unwrap();
+    engine
+}
+
+/// Pushes `batches` into `tx`, a micro-batch each, finishing the writer when asked, and
+/// returns what `v` emitted meanwhile.
+async fn push(engine: &Engine, batches: &[RecordBatch], finish: bool) -> Vec<RecordBatch> {
     let mut subscription = engine.subscribe("v").unwrap();
-    let batches = events(3_000, 200);
     let writer = engine.stream_writer("tx").unwrap();
-    for b in &batches {
+    for b in batches {
         writer.push(b.clone()).await.unwrap();
         writer.flush().await.unwrap();
     }
-    writer.finish().await.unwrap();
+    if finish {
+        writer.finish().await.unwrap();
+    }
     let mut emitted = Vec::new();
     while let Some(b) = subscription.try_next_batch() {
         emitted.push(b);
     }
+    emitted
+}
+
+async fn run(backend: Backend, query: &str, emit: &str, options: &str, lateness: i64) -> Run {
+    let engine = declare(backend, query, emit, options).await;
+    let batches = events(3_000, 200);
+    let emitted = push(&engine, &batches, true).await;
     let late = engine
         .collect("SELECT count(*) FROM \"tx$late\"")
         .await
@@ -247,12 +262,7 @@ async fn hopping_windows_equal_the_batch_replay() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_windows_equal_the_batch_replay() {
-    final_rows_equal_replay(
-        "SELECT card, window_start, window_end, count(*) AS n, sum(amount) AS total \
-         FROM SESSION(tx, ts, INTERVAL '300' MILLISECOND, card) \
-         GROUP BY card, window_start, window_end",
-    )
-    .await;
+    final_rows_equal_replay(SESSIONS).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -336,4 +346,79 @@ async fn streams_report_their_watermark_and_refuse_bad_declarations() {
     assert!(e.to_string().contains("unknown option 'flush_rowz'"), "{e}");
     assert!(engine.stream_writer("nope").is_err());
     assert!(engine.subscribe("nope").is_err());
+}
+
+const SESSIONS: &str = "SELECT card, window_start, window_end, count(*) AS n, sum(amount) AS total \
+                        FROM SESSION(tx, ts, INTERVAL '300' MILLISECOND, card) \
+                        GROUP BY card, window_start, window_end";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_from_a_checkpoint_gives_the_output_of_a_run_without_one() {
+    let batches = events(3_000, 200);
+    for backend in [Backend::Cpu, Backend::Emulated] {
+        for (query, emit) in [
+            (TUMBLE, "EMIT ON WINDOW CLOSE"),
+            (TUMBLE, "EMIT ON UPDATE"),
+            (SESSIONS, "EMIT ON WINDOW CLOSE"),
+        ] {
+            let whole = run(backend, query, emit, "", 0).await;
+            let folder = tempfile::tempdir().unwrap();
+            let path = folder.path().join("checkpoint");
+            let before = {
+                let engine = declare(backend, query, emit, "").await;
+                let emitted = push(&engine, &batches[..7], false).await;
+                let report = engine
+                    .collect(&format!("CHECKPOINT '{}'", path.display()))
+                    .await
+                    .unwrap();
+                assert_eq!(report[0].num_rows(), 1, "one stream");
+                emitted
+            };
+            // A new session, as after a crash: the statements come from the checkpoint.
+            let engine = Engine::builder().backend(backend).build().unwrap();
+            let offsets = engine.restore(&path).await.unwrap();
+            assert_eq!(offsets.len(), 1);
+            let offset = offsets[0].events as usize;
+            assert_eq!(offset, 1_400, "the rows taken before the checkpoint");
+            let after = push(&engine, &batches[offset / 200..], true).await;
+            let all: Vec<RecordBatch> = before.into_iter().chain(after).collect();
+            if emit == "EMIT ON UPDATE" {
+                assert_eq!(applied(&all), applied(&whole.emitted), "{backend:?} {emit}");
+            } else {
+                assert_eq!(
+                    multiset(&all),
+                    multiset(&whole.emitted),
+                    "{backend:?} {query}"
+                );
+            }
+            // Late rows survive the restart.
+            let late = engine
+                .collect("SELECT count(*) FROM \"tx$late\"")
+                .await
+                .unwrap();
+            let late = late[0]
+                .column(0)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap()
+                .value(0) as usize;
+            assert_eq!(late, whole.late_rows, "{backend:?}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_into_a_session_that_has_the_stream_is_refused() {
+    let folder = tempfile::tempdir().unwrap();
+    let path = folder.path().join("c");
+    let engine = declare(Backend::Cpu, TUMBLE, "", "").await;
+    engine.checkpoint(&path).await.unwrap();
+    let e = engine.restore(&path).await.unwrap_err();
+    assert!(e.to_string().contains("exists already"), "{e}");
+    let e = Engine::new()
+        .unwrap()
+        .restore(folder.path().join("missing"))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, spate::SpateError::Source { .. }), "{e:?}");
 }

@@ -277,6 +277,22 @@ impl DeviceTable {
         })
     }
 
+    /// The table's rows on the host, partition by partition (downloaded from the device, or
+    /// as the spill coordinator left them).
+    pub fn to_host(&self) -> Result<Vec<RecordBatch>> {
+        if let Residence::Host(partitions) = &*self.read_rows() {
+            return Ok(partitions.iter().flatten().cloned().collect());
+        }
+        let mut out = Vec::new();
+        for (p, home) in self.devices.iter().enumerate().take(self.partition_count) {
+            let stream = home.new_stream()?;
+            for b in self.partition(p)?.0 {
+                out.push(download_batch(&stream, &b)?);
+            }
+        }
+        Ok(out)
+    }
+
     /// Rows and device bytes of each partition (each shard, with several devices), while the
     /// rows are in device memory (none after the coordinator moved them to the host).
     pub fn shards(&self) -> Vec<(usize, usize)> {

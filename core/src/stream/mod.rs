@@ -9,6 +9,7 @@
 //! - this file: the session's streams and views, and the embedding API
 //!   ([`StreamWriter`], [`Subscription`]).
 
+pub mod checkpoint;
 pub mod interval;
 pub mod sql;
 pub mod state;
@@ -23,12 +24,16 @@ use std::time::Duration;
 
 use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
+use datafusion::dataframe::DataFrame;
 use datafusion::prelude::SessionContext;
-use datafusion::sql::sqlparser::ast::{CreateTableOptions, SqlOption, Statement as SqlStatement};
+use datafusion::sql::sqlparser::ast::{
+    CreateTableOptions, Set, SqlOption, Statement as SqlStatement,
+};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::device::GpuContext;
 use crate::error::{Result, SpateError};
+pub use checkpoint::CheckpointStream;
 pub use state::StreamConfig;
 use state::{LateTable, Stream, StreamTable};
 pub use view::Emit;
@@ -73,6 +78,8 @@ pub(crate) struct Catalog {
     gpu: Option<Arc<GpuContext>>,
     streams: Mutex<HashMap<String, Arc<Stream>>>,
     views: Mutex<HashMap<String, Arc<ContinuousView>>>,
+    /// The statements that declared them, in order, for a checkpoint.
+    statements: Mutex<Vec<String>>,
 }
 
 impl std::fmt::Debug for Catalog {
@@ -116,6 +123,7 @@ impl Catalog {
             gpu,
             streams: Mutex::new(HashMap::new()),
             views: Mutex::new(HashMap::new()),
+            statements: Mutex::new(Vec::new()),
         }
     }
 
@@ -127,10 +135,66 @@ impl Catalog {
         self.views.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Runs `statement` when it is one of Spate's streaming statements (see `sql.rs`); `None`
-    /// for any other.
-    pub(crate) async fn execute(self: &Arc<Self>, statement: &SqlStatement) -> Result<Option<()>> {
+    pub(crate) fn statements(&self) -> Vec<String> {
+        self.statements
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn record(&self, statement: &SqlStatement) {
+        self.statements
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(statement.to_string());
+    }
+
+    pub(crate) fn sorted_streams(&self) -> Vec<Arc<Stream>> {
+        let mut streams: Vec<Arc<Stream>> = self.lock_streams().values().cloned().collect();
+        streams.sort_by(|a, b| a.config.name.cmp(&b.config.name));
+        streams
+    }
+
+    pub(crate) fn sorted_views(&self) -> Vec<Arc<ContinuousView>> {
+        let mut views: Vec<Arc<ContinuousView>> = self.lock_views().values().cloned().collect();
+        views.sort_by(|a, b| a.name.cmp(&b.name));
+        views
+    }
+
+    /// Runs `statement` when it is one of Spate's streaming statements (see `sql.rs`), giving
+    /// its result; `None` for any other.
+    pub(crate) async fn execute(
+        self: &Arc<Self>,
+        statement: &SqlStatement,
+    ) -> Result<Option<DataFrame>> {
         match statement {
+            SqlStatement::Set(Set::SingleAssignment {
+                variable, values, ..
+            }) => {
+                let name = variable.to_string().to_ascii_lowercase();
+                let restore = name == sql::RESTORE_VARIABLE;
+                if name != sql::CHECKPOINT_VARIABLE && !restore {
+                    return Ok(None);
+                }
+                let folder = match values.as_slice() {
+                    [value] => {
+                        let text = value.to_string();
+                        text.strip_prefix('\'')
+                            .and_then(|t| t.strip_suffix('\''))
+                            .map(|t| t.replace("''", "'"))
+                            .unwrap_or(text)
+                    }
+                    _ => return Err(config_error("CHECKPOINT takes one folder".into())),
+                };
+                let folder = std::path::Path::new(&folder);
+                let report = if restore {
+                    // A restore runs the checkpoint's statements through `execute` again.
+                    Box::pin(self.restore(folder)).await?
+                } else {
+                    self.checkpoint(folder).await?
+                };
+                Ok(Some(self.checkpoint_report(&report)?))
+            }
             SqlStatement::CreateTable(create) => {
                 let options = option_text(&create.table_options);
                 let Some(time) = options.get(sql::STREAM_OPTION).cloned() else {
@@ -154,7 +218,8 @@ impl Catalog {
                 };
                 let schema: SchemaRef = Arc::new(table.input.schema().as_arrow().clone());
                 self.create_stream(&table.name.to_string(), schema, &time, &options)?;
-                Ok(Some(()))
+                self.record(statement);
+                Ok(Some(self.ctx.read_empty()?))
             }
             SqlStatement::CreateView(create) => {
                 let options = option_text(&create.options);
@@ -172,7 +237,8 @@ impl Catalog {
                 let plan = self.ctx.state().statement_to_plan(query).await?;
                 self.create_view(&create.name.to_string(), plan, emit)
                     .await?;
-                Ok(Some(()))
+                self.record(statement);
+                Ok(Some(self.ctx.read_empty()?))
             }
             _ => Ok(None),
         }
@@ -335,10 +401,37 @@ impl Catalog {
         })
     }
 
+    /// `(stream, events, watermark)` per stream of a checkpoint.
+    fn checkpoint_report(&self, streams: &[CheckpointStream]) -> Result<DataFrame> {
+        use arrow::array::{ArrayRef, Int64Array, StringArray, UInt64Array};
+        let schema = Arc::new(arrow::datatypes::Schema::new(vec![
+            arrow::datatypes::Field::new("stream", DataType::Utf8, false),
+            arrow::datatypes::Field::new("events", DataType::UInt64, false),
+            arrow::datatypes::Field::new("watermark", DataType::Int64, true),
+        ]));
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(StringArray::from_iter_values(
+                streams.iter().map(|s| s.name.as_str()),
+            )),
+            Arc::new(UInt64Array::from_iter_values(
+                streams.iter().map(|s| s.events),
+            )),
+            Arc::new(Int64Array::from_iter(streams.iter().map(|s| s.watermark))),
+        ];
+        Ok(self
+            .ctx
+            .read_batch(RecordBatch::try_new(schema, columns)?)?)
+    }
+
     /// Cuts a micro-batch of `stream`'s waiting rows and advances every view reading it, then
     /// lets go of the rows no view needs.
     pub(crate) async fn flush(&self, stream: &Arc<Stream>) -> Result<()> {
         let _one_at_a_time = stream.flushing.lock().await;
+        self.flush_locked(stream).await
+    }
+
+    /// [`Catalog::flush`], with the stream's flush lock held by the caller.
+    pub(crate) async fn flush_locked(&self, stream: &Arc<Stream>) -> Result<()> {
         let taken = stream.take_micro_batch().await?;
         let views: Vec<Arc<ContinuousView>> = self
             .lock_views()

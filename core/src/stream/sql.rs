@@ -23,6 +23,10 @@ pub const STREAM_OPTION: &str = "spate_stream";
 pub const DELAY_OPTION: &str = "spate_watermark_delay";
 /// The option making a view continuous, with its emit mode (`close` or `update`).
 pub const EMIT_OPTION: &str = "spate_emit";
+/// `CHECKPOINT 'folder'` becomes `SET spate_checkpoint = 'folder'`.
+pub const CHECKPOINT_VARIABLE: &str = "spate_checkpoint";
+/// `RESTORE 'folder'` becomes `SET spate_restore = 'folder'`.
+pub const RESTORE_VARIABLE: &str = "spate_restore";
 
 /// The tokens of a SQL text, with byte offsets back into it.
 struct Tokens<'a> {
@@ -85,8 +89,11 @@ pub fn rewrite<'a>(sql: &'a str, dialect: &dyn Dialect) -> Result<Cow<'a, str>> 
     let Some(t) = Tokens::new(sql, dialect) else {
         return Ok(sql.into());
     };
-    let interesting =
-        (0..t.tokens.len()).any(|i| t.is_word(i, "STREAM") || t.is_word(i, "CONTINUOUS"));
+    let interesting = (0..t.tokens.len()).any(|i| {
+        ["STREAM", "CONTINUOUS", "CHECKPOINT", "RESTORE"]
+            .iter()
+            .any(|w| t.is_word(i, w))
+    });
     if !interesting {
         return Ok(sql.into());
     }
@@ -134,6 +141,28 @@ fn rewrite_statement(
     edits: &mut Vec<(usize, usize, String)>,
 ) -> Result<()> {
     let word = |k: usize, w: &str| sig.get(k).is_some_and(|&i| t.is_word(i, w));
+    for (command, variable) in [
+        ("CHECKPOINT", CHECKPOINT_VARIABLE),
+        ("RESTORE", RESTORE_VARIABLE),
+    ] {
+        if word(0, command) {
+            let folder = match sig.get(1).map(|&i| &t.tokens[i].token) {
+                Some(Token::SingleQuotedString(folder)) if sig.len() == 2 => folder.clone(),
+                _ => return Err(sql_error(format!("write {command} 'folder'"))),
+            };
+            let (start, end) = match (t.start(sig[0]), t.end(sig[1])) {
+                (Some(s), Some(e)) => (s, e),
+                _ => {
+                    return Err(SpateError::Internal {
+                        message: format!("a token without a location in {command}"),
+                    });
+                }
+            };
+            // The folder is passed through as written (quotes doubled inside stay doubled).
+            edits.push((start, end, format!("SET {variable} = '{folder}'")));
+            return Ok(());
+        }
+    }
     if !word(0, "CREATE") {
         return Ok(());
     }
@@ -418,6 +447,11 @@ mod tests {
             )
             .is_err()
         );
+        assert_eq!(
+            rewritten("CHECKPOINT '/tmp/c'; RESTORE 'c'"),
+            "SET spate_checkpoint = '/tmp/c'; SET spate_restore = 'c'"
+        );
+        assert!(rewrite("CHECKPOINT", &GenericDialect {}).is_err());
         // Other statements pass untouched.
         assert_eq!(rewritten("SELECT stream FROM s"), "SELECT stream FROM s");
     }

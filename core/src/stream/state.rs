@@ -124,6 +124,20 @@ struct Ingest {
     watermark: Option<i64>,
     /// The latest event time accepted.
     latest: Option<i64>,
+    /// After a restore: the latest time the checkpointed writers had sent, which the first
+    /// new writer starts from.
+    inherited: Option<i64>,
+}
+
+/// A stream's state in a checkpoint.
+#[derive(Debug, Clone)]
+pub(crate) struct StreamSnapshot {
+    pub(crate) events: u64,
+    pub(crate) micro_batches: u64,
+    pub(crate) watermark: Option<i64>,
+    pub(crate) latest: Option<i64>,
+    pub(crate) kept: Vec<RecordBatch>,
+    pub(crate) late: Vec<RecordBatch>,
 }
 
 /// Counts shown by `\streams` and [`crate::Engine::streams`].
@@ -171,10 +185,11 @@ impl Stream {
         let mut ingest = self.lock();
         let id = ingest.next_writer;
         ingest.next_writer += 1;
+        let inherited = ingest.inherited.take();
         ingest.writers.insert(
             id,
             Writer {
-                latest: None,
+                latest: inherited,
                 last_push: Instant::now(),
                 finished: false,
                 detached: false,
@@ -407,6 +422,14 @@ impl Stream {
         }
         let batch = concat_batches(&self.config.schema, &waiting)?;
         let count = batch.num_rows();
+        self.keep(batch).await?;
+        self.counters.micro_batches.fetch_add(1, Ordering::Relaxed);
+        Ok(count)
+    }
+
+    /// Keeps `batch` for the views: uploaded once on a GPU backend.
+    async fn keep(&self, batch: RecordBatch) -> Result<()> {
+        let count = batch.num_rows();
         let times = cast(batch.column(self.config.time_column), &DataType::Int64)?;
         let latest =
             arrow::compute::max(times.as_any().downcast_ref::<Int64Array>().ok_or_else(|| {
@@ -446,8 +469,62 @@ impl Stream {
             },
         };
         self.lock_kept().push(kept);
-        self.counters.micro_batches.fetch_add(1, Ordering::Relaxed);
-        Ok(count)
+        Ok(())
+    }
+
+    /// What a checkpoint saves of the stream (after a flush: nothing waits).
+    pub(crate) fn snapshot(&self) -> Result<StreamSnapshot> {
+        let kept = self.lock_kept().clone();
+        let mut rows = Vec::with_capacity(kept.len());
+        for k in kept {
+            match k.rows {
+                Rows::Host(b) => rows.push(b),
+                Rows::Device(t) => rows.extend(t.to_host()?),
+            }
+        }
+        let ingest = self.lock();
+        Ok(StreamSnapshot {
+            events: self.counters.events.load(Ordering::Relaxed),
+            micro_batches: self.counters.micro_batches.load(Ordering::Relaxed),
+            watermark: ingest.watermark,
+            latest: ingest.writers.values().filter_map(|w| w.latest).max(),
+            kept: rows,
+            late: ingest.late.clone(),
+        })
+    }
+
+    /// Puts a checkpoint's state back into a stream with no rows and no writers yet. The next
+    /// writer carries on from the latest event time the old writers had sent.
+    pub(crate) async fn restore(&self, snapshot: StreamSnapshot) -> Result<()> {
+        {
+            let mut ingest = self.lock();
+            if !ingest.writers.is_empty() || ingest.watermark.is_some() {
+                return Err(SpateError::Config {
+                    message: format!(
+                        "stream '{}' has taken rows already; restore into a new session",
+                        self.config.name
+                    ),
+                });
+            }
+            ingest.watermark = snapshot.watermark;
+            ingest.latest = snapshot.latest;
+            ingest.inherited = snapshot.latest;
+            let late: u64 = snapshot.late.iter().map(|b| b.num_rows() as u64).sum();
+            ingest.late = snapshot.late;
+            self.counters.late.store(late, Ordering::Relaxed);
+            self.counters
+                .events
+                .store(snapshot.events, Ordering::Relaxed);
+            self.counters
+                .micro_batches
+                .store(snapshot.micro_batches, Ordering::Relaxed);
+        }
+        for batch in snapshot.kept {
+            if batch.num_rows() > 0 {
+                self.keep(batch).await?;
+            }
+        }
+        Ok(())
     }
 
     /// Drops the kept micro-batches whose latest time is below `keep_from` (ticks).

@@ -285,6 +285,13 @@ impl ContinuousView {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The schema of a checkpoint's open rows: the output, and how many of each.
+    pub(crate) fn open_schema(&self) -> SchemaRef {
+        let mut fields: Vec<Arc<Field>> = self.output.fields().iter().cloned().collect();
+        fields.push(Arc::new(Field::new(OPEN_COUNT, DataType::Int64, false)));
+        Arc::new(Schema::new(fields))
+    }
+
     /// The schema of what the view emits.
     pub fn schema(&self) -> SchemaRef {
         Arc::clone(&self.emitted_schema)
@@ -447,6 +454,80 @@ impl ContinuousView {
     pub(crate) fn history(&self) -> Vec<RecordBatch> {
         self.lock().history.clone()
     }
+
+    /// What a checkpoint saves of the view: the final bound, the open sessions' floor, and for
+    /// `EMIT ON UPDATE` the rows emitted and not final yet, with a `__spate_count` column.
+    pub(crate) fn snapshot(&self) -> Result<ViewSnapshot> {
+        let state = self.lock();
+        let open = match (&state.converter, state.open.is_empty()) {
+            (Some(converter), false) => {
+                let (rows, counts): (Vec<_>, Vec<i64>) =
+                    state.open.iter().map(|(r, &n)| (r.row(), n)).unzip();
+                let mut columns = converter.convert_rows(rows)?;
+                columns.push(Arc::new(Int64Array::from(counts)));
+                Some(RecordBatch::try_new(self.open_schema(), columns)?)
+            }
+            _ => None,
+        };
+        Ok(ViewSnapshot {
+            closed: state.closed,
+            session_floor: state.session_floor,
+            rows: state.rows,
+            open,
+        })
+    }
+
+    /// Puts a checkpoint's state back into a view that has emitted nothing yet.
+    pub(crate) fn restore(&self, snapshot: ViewSnapshot) -> Result<()> {
+        let mut state = self.lock();
+        state.closed = snapshot.closed;
+        state.session_floor = snapshot.session_floor;
+        state.rows = snapshot.rows;
+        state.open.clear();
+        if let Some(open) = snapshot.open {
+            let fields = self
+                .output
+                .fields()
+                .iter()
+                .map(|f| SortField::new(f.data_type().clone()))
+                .collect();
+            let converter = RowConverter::new(fields)?;
+            let width = self.output.fields().len();
+            if open.num_columns() != width + 1 {
+                return Err(SpateError::Config {
+                    message: format!(
+                        "the checkpoint of view '{}' does not match its columns",
+                        self.name
+                    ),
+                });
+            }
+            let rows = converter.convert_columns(&open.columns()[..width])?;
+            let counts = open
+                .column(width)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .ok_or_else(|| SpateError::Config {
+                    message: format!("the checkpoint of view '{}' has no row counts", self.name),
+                })?;
+            for (i, row) in rows.iter().enumerate() {
+                state.open.insert(row.owned(), counts.value(i));
+            }
+            state.converter = Some(converter);
+        }
+        Ok(())
+    }
+}
+
+/// The column of a view checkpoint's open rows that counts each.
+const OPEN_COUNT: &str = "__spate_count";
+
+/// A view's state in a checkpoint.
+#[derive(Debug, Clone)]
+pub(crate) struct ViewSnapshot {
+    pub(crate) closed: Option<i64>,
+    pub(crate) session_floor: Option<i64>,
+    pub(crate) rows: u64,
+    pub(crate) open: Option<RecordBatch>,
 }
 
 /// Which rows of `rows` are final at `closed`.
