@@ -422,3 +422,51 @@ async fn a_restore_into_a_session_that_has_the_stream_is_refused() {
         .unwrap_err();
     assert!(matches!(e, spate::SpateError::Source { .. }), "{e:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn insert_into_a_stream_pushes_rows_that_views_emit() {
+    for backend in [Backend::Cpu, Backend::Emulated] {
+        let engine = Engine::builder().backend(backend).build().unwrap();
+        engine
+            .sql("CREATE STREAM s (k BIGINT, ts TIMESTAMP, WATERMARK FOR ts AS ts)")
+            .await
+            .unwrap();
+        engine
+            .sql(
+                "CREATE CONTINUOUS VIEW w AS SELECT k, window_start, count(*) AS n \
+                 FROM TUMBLE(s, ts, INTERVAL '1' MINUTE) GROUP BY k, window_start, window_end",
+            )
+            .await
+            .unwrap_err();
+        engine
+            .sql(
+                "CREATE CONTINUOUS VIEW w AS SELECT k, window_end, count(*) AS n \
+                 FROM TUMBLE(s, ts, INTERVAL '1' MINUTE) GROUP BY k, window_start, window_end",
+            )
+            .await
+            .unwrap();
+        let rows = |sql: &'static str| {
+            let engine = engine.clone();
+            async move { multiset(&engine.collect(sql).await.unwrap()) }
+        };
+        rows(
+            "INSERT INTO s VALUES (1, TIMESTAMP '2026-01-01 00:00:10'), \
+             (1, TIMESTAMP '2026-01-01 00:00:20'), (2, TIMESTAMP '2026-01-01 00:00:30')",
+        )
+        .await;
+        assert!(rows("SELECT * FROM w").await.is_empty(), "{backend:?}");
+        rows("INSERT INTO s VALUES (1, TIMESTAMP '2026-01-01 00:01:00')").await;
+        let got = rows("SELECT * FROM w ORDER BY k").await;
+        let want: BTreeMap<String, i64> = [
+            ("1|2026-01-01T00:01:00|2".to_string(), 1),
+            ("2|2026-01-01T00:01:00|1".to_string(), 1),
+        ]
+        .into();
+        assert_eq!(got, want, "{backend:?}");
+        rows("INSERT INTO s VALUES (3, TIMESTAMP '2026-01-01 00:00:05')").await;
+        let info = &engine.streams()[0];
+        assert_eq!((info.events, info.late_rows), (5, 1), "{backend:?}");
+        assert_eq!(info.views, ["w"]);
+        assert_eq!(rows("SELECT k FROM \"s$late\"").await.len(), 1);
+    }
+}

@@ -32,6 +32,7 @@ from spate.errors import (
 )
 from spate.frame import Column, DataFrame, GroupBy, StringMethods
 from spate.session import Session, default_session, set_default_session
+from spate.streaming import Listener, Stream, Subscription
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas
@@ -46,6 +47,9 @@ __all__ = [
     "Column",
     "GroupBy",
     "StringMethods",
+    "Stream",
+    "Subscription",
+    "Listener",
     "Device",
     "Devices",
     "devices",

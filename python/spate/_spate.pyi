@@ -59,6 +59,37 @@ class Session:
         """Loads a table into GPU memory (host memory on ``cpu``)."""
     def uncache_table(self, name: str) -> None:
         """Frees a cached table."""
+    def stream_writer(self, name: str) -> StreamWriter:
+        """A writer of stream ``name``. Errors: ``ConfigError`` for no such stream."""
+    def subscribe(self, name: str) -> Subscription:
+        """What continuous view ``name`` emits from now on."""
+    def streams(
+        self,
+    ) -> list[
+        tuple[str, str, int | None, int | None, int, int, int, int, int, int, list[str]]
+    ]:
+        """Each stream: (name, time column, watermark µs, lag µs, events, late rows,
+        micro-batches, waiting rows, kept rows, kept bytes, views)."""
+    def checkpoint(self, folder: str) -> list[tuple[str, int]]:
+        """Writes a checkpoint; (stream, events taken) each."""
+    def restore(self, folder: str) -> list[tuple[str, int]]:
+        """Restores a checkpoint into this session; (stream, events taken) each."""
+
+class StreamWriter:
+    """Pushes Arrow data into one stream."""
+
+    def push(self, data: Any) -> None:
+        """Pushes ``__arrow_c_stream__`` or ``__arrow_c_array__`` data."""
+    def flush(self) -> None:
+        """Cuts a micro-batch of what waits."""
+    def finish(self) -> None:
+        """Ends the writer. Errors: ``ConfigError`` when it has finished already."""
+
+class Subscription:
+    """What a continuous view emits."""
+
+    def next(self, timeout: float | None = None) -> tuple[Any | None, bool]:
+        """(Arrow C stream capsule or None, ended)."""
 
 class Frame:
     """A lazy DataFusion DataFrame. Only ``count``, ``explain`` and ``__arrow_c_stream__`` run

@@ -8,6 +8,7 @@ import re
 import threading
 import weakref
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Mapping
 
 import pyarrow as pa
@@ -15,6 +16,7 @@ import pyarrow as pa
 from spate import _spate
 from spate.errors import PlanError
 from spate.frame import DataFrame
+from spate.streaming import Listener, Stream, Subscription
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas
@@ -209,6 +211,54 @@ class Session:
         dropped unless ``preserve_index``, which keeps it as columns."""
         table = pa.Table.from_pandas(df, preserve_index=preserve_index)
         return self.from_arrow(table, name)
+
+    def stream(self, name: str) -> Stream:
+        """A writer of stream ``name`` (``CREATE STREAM``): ``push`` pandas or Arrow data."""
+        return Stream(self._inner.stream_writer(name), name)
+
+    def subscribe(
+        self,
+        view: str,
+        callback: Callable[[Any], object] | None = None,
+        *,
+        format: str = "arrow",  # noqa: A002 - pandas' word for it
+        timeout: float | None = None,
+    ) -> Subscription | Listener:
+        """What continuous view ``view`` emits from now on. Without ``callback``, an iterator of
+        ``pyarrow.RecordBatch`` (or pandas with ``format="pandas"``); with one, a
+        :class:`Listener` calling it with each emission on a thread of its own."""
+        subscription = Subscription(self._inner.subscribe(view), format, timeout)
+        if callback is None:
+            return subscription
+        return Listener(subscription, callback)
+
+    def streams(self) -> list[dict[str, Any]]:
+        """Each stream's watermark (µs since the epoch), lag (µs), events, late rows,
+        micro-batches, waiting and kept rows, and the views reading it."""
+        keys = (
+            "name",
+            "time_column",
+            "watermark_micros",
+            "lag_micros",
+            "events",
+            "late_rows",
+            "micro_batches",
+            "waiting_rows",
+            "kept_rows",
+            "kept_bytes",
+            "views",
+        )
+        return [dict(zip(keys, row)) for row in self._inner.streams()]
+
+    def checkpoint(self, folder: str | os.PathLike[str]) -> dict[str, int]:
+        """Writes the streams' and views' state to ``folder``; returns each stream's offset
+        (the rows it had taken), where its writers resume after a restore."""
+        return dict(self._inner.checkpoint(os.fspath(folder)))
+
+    def restore(self, folder: str | os.PathLike[str]) -> dict[str, int]:
+        """Declares the streams and views of a checkpoint in this session and puts their
+        state back; returns each stream's offset."""
+        return dict(self._inner.restore(os.fspath(folder)))
 
     def from_polars(self, df: polars.DataFrame, name: str | None = None) -> DataFrame:
         """Registers a Polars DataFrame without copying it."""

@@ -17,6 +17,7 @@ mod frame;
 mod interchange;
 mod runtime;
 mod session;
+mod stream;
 
 use pyo3::prelude::*;
 
@@ -49,6 +50,8 @@ fn _spate(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<session::PySession>()?;
     m.add_class::<frame::PyFrame>()?;
     m.add_class::<expr::PyExpr>()?;
+    m.add_class::<stream::PyStreamWriter>()?;
+    m.add_class::<stream::PySubscription>()?;
     m.add_function(wrap_pyfunction!(devices, m)?)?;
     Ok(())
 }

@@ -288,6 +288,79 @@ impl PySession {
             .map(|_| ())
     }
 
+    /// A writer pushing into stream `name` (`CREATE STREAM`).
+    fn stream_writer(&self, name: &str) -> PyResult<crate::stream::PyStreamWriter> {
+        let writer = self.engine.stream_writer(name).py(Origin::Frame)?;
+        Ok(crate::stream::PyStreamWriter::new(writer, name.to_string()))
+    }
+
+    /// What continuous view `name` emits from now on.
+    fn subscribe(&self, name: &str) -> PyResult<crate::stream::PySubscription> {
+        let subscription = self.engine.subscribe(name).py(Origin::Frame)?;
+        Ok(crate::stream::PySubscription::new(subscription))
+    }
+
+    /// The streams: (name, time column, watermark µs, lag µs, events, late rows,
+    /// micro-batches, waiting rows, kept rows, kept bytes, views).
+    #[allow(
+        clippy::type_complexity,
+        reason = "a plain tuple for the Python side to name"
+    )]
+    fn streams(
+        &self,
+    ) -> Vec<(
+        String,
+        String,
+        Option<i64>,
+        Option<i64>,
+        u64,
+        u64,
+        u64,
+        usize,
+        usize,
+        usize,
+        Vec<String>,
+    )> {
+        self.engine
+            .streams()
+            .into_iter()
+            .map(|s| {
+                (
+                    s.name,
+                    s.time_column,
+                    s.watermark_micros,
+                    s.lag_micros,
+                    s.events,
+                    s.late_rows,
+                    s.micro_batches,
+                    s.waiting_rows,
+                    s.kept_rows,
+                    s.kept_bytes,
+                    s.views,
+                )
+            })
+            .collect()
+    }
+
+    /// Writes a checkpoint of the streams and views; returns (stream, events taken) each.
+    fn checkpoint(
+        &self,
+        py: Python<'_>,
+        folder: std::path::PathBuf,
+    ) -> PyResult<Vec<(String, u64)>> {
+        let engine = Arc::clone(&self.engine);
+        let report =
+            wait(py, async move { engine.checkpoint(&folder).await })?.py(Origin::Frame)?;
+        Ok(report.into_iter().map(|s| (s.name, s.events)).collect())
+    }
+
+    /// Restores a checkpoint into this session; returns (stream, events taken) each.
+    fn restore(&self, py: Python<'_>, folder: std::path::PathBuf) -> PyResult<Vec<(String, u64)>> {
+        let engine = Arc::clone(&self.engine);
+        let report = wait(py, async move { engine.restore(&folder).await })?.py(Origin::Frame)?;
+        Ok(report.into_iter().map(|s| (s.name, s.events)).collect())
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "Session(backend='{}', requested='{}')",

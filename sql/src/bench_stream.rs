@@ -82,7 +82,7 @@ pub fn run(args: StreamArgs) -> Result<ExitCode, String> {
     let runtime = crate::runtime()?;
     let events = spate_bench::stream::fraud_events(args.events, args.batch);
     if let Ok(engine) = spate::Engine::builder().backend(args.backend).build() {
-        println!("backend: {}", engine.backend());
+        println!("{}", engine.backend());
     }
     println!(
         "stream bench: scenario fraud, {} events in pushes of {} rows, views {}",

@@ -18,6 +18,7 @@ mod script;
 mod selftest;
 mod session;
 mod shell;
+mod streams;
 
 use std::io::{IsTerminal, Read};
 use std::path::PathBuf;

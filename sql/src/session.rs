@@ -112,8 +112,13 @@ impl Session {
                 let started = Instant::now();
                 // A panic is a bug (the panic hook has reported it); contain it so that the
                 // shell survives and scripts fail with an error instead of an abort.
-                let result = std::panic::catch_unwind(AssertUnwindSafe(|| self.run_sql(&text)))
-                    .unwrap_or(Err(RunError::Panicked));
+                let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    match crate::streams::subscribe_target(&text) {
+                        Some(view) => self.subscribe(&view),
+                        None => self.run_sql(&text),
+                    }
+                }))
+                .unwrap_or(Err(RunError::Panicked));
                 if self.interactive {
                     self.refresh_completions();
                 }
@@ -181,6 +186,29 @@ impl Session {
         }
     }
 
+    /// `SUBSCRIBE view`: prints each batch the view emits as it comes, until Ctrl-C.
+    fn subscribe(&self, view: &str) -> Result<(), RunError> {
+        let mut subscription = self.engine.subscribe(view)?;
+        eprintln!("Subscribed to {view}: its rows print as they are emitted; Ctrl-C stops.");
+        let work = async {
+            while let Some(batch) = subscription.next_batch().await {
+                let mut stdout = std::io::stdout();
+                let mut writer =
+                    ResultWriter::new(self.format, &mut stdout, batch.schema(), self.max_rows);
+                writer.write(&batch).map_err(output_error)?;
+                writer.finish().map_err(output_error)?;
+                stdout.flush().map_err(output_error)?;
+            }
+            Ok(())
+        };
+        self.runtime.block_on(async {
+            tokio::select! {
+                result = work => result,
+                _ = tokio::signal::ctrl_c() => Ok(()),
+            }
+        })
+    }
+
     /// A spinner on stderr for the interactive shell; none for scripts and pipes.
     fn progress(&self) -> Option<ProgressBar> {
         if !self.interactive || !std::io::stderr().is_terminal() {
@@ -214,6 +242,7 @@ impl Session {
                 self.print(&format!("Timing is {state}."))?;
             }
             ("\\d" | ".tables", []) => self.list_tables()?,
+            ("\\streams", []) => self.print(&crate::streams::streams_table(&self.engine))?,
             ("\\d" | ".schema", [table]) => self.describe(table)?,
             ("\\gpu", []) => {
                 let inventory = GpuInventory::discover();
@@ -406,7 +435,7 @@ fn report(err: &SpateError, text: &str, line_offset: u64, column_offset: u64, or
 }
 
 /// The border style of arrow's result tables, so that listings look like results.
-const TABLE_STYLE: &str = "||--+-++|    ++++++";
+pub(crate) const TABLE_STYLE: &str = "||--+-++|    ++++++";
 
 const HELP: &str = r"Statements end with ';' and may span lines.
 
@@ -414,6 +443,8 @@ const HELP: &str = r"Statements end with ';' and may span lines.
   \d NAME         describe a table           (.schema NAME)
   \timing [on|off]  show elapsed time after each statement (.timer)
   \gpu            show GPUs, the backend in use and the cached tables
+  \streams        show streams: watermark, lag, late rows, views
+  SUBSCRIBE VIEW  print what a continuous view emits, until Ctrl-C
   \?              this help                  (.help)
   \q              quit                       (.quit, Ctrl-D)
 

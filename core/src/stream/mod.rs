@@ -6,11 +6,14 @@
 //! - `windows.rs`: `TUMBLE`, `HOP` and `SESSION` in `FROM`;
 //! - `state.rs`: a stream's writers, watermark, late rows and kept micro-batches;
 //! - `view.rs`: continuous views and their emit modes;
+//! - `sink.rs`: `INSERT INTO` a stream;
+//! - `checkpoint.rs`: `CHECKPOINT` and `RESTORE`;
 //! - this file: the session's streams and views, and the embedding API
 //!   ([`StreamWriter`], [`Subscription`]).
 
 pub mod checkpoint;
 pub mod interval;
+mod sink;
 pub mod sql;
 pub mod state;
 pub mod view;
@@ -219,7 +222,7 @@ impl Catalog {
                 let schema: SchemaRef = Arc::new(table.input.schema().as_arrow().clone());
                 self.create_stream(&table.name.to_string(), schema, &time, &options)?;
                 self.record(statement);
-                Ok(Some(self.ctx.read_empty()?))
+                Ok(Some(self.done()?))
             }
             SqlStatement::CreateView(create) => {
                 let options = option_text(&create.options);
@@ -238,7 +241,7 @@ impl Catalog {
                 self.create_view(&create.name.to_string(), plan, emit)
                     .await?;
                 self.record(statement);
-                Ok(Some(self.ctx.read_empty()?))
+                Ok(Some(self.done()?))
             }
             _ => Ok(None),
         }
@@ -320,6 +323,7 @@ impl Catalog {
             name,
             Arc::new(StreamTable {
                 stream: Arc::clone(&stream),
+                catalog: Arc::downgrade(self),
             }),
         )?;
         self.ctx.register_table(
@@ -399,6 +403,17 @@ impl Catalog {
                  one)"
             ))
         })
+    }
+
+    /// What a declaration returns: no rows, as DataFusion's DDL.
+    fn done(&self) -> Result<DataFrame> {
+        let empty = datafusion::logical_expr::LogicalPlan::EmptyRelation(
+            datafusion::logical_expr::EmptyRelation {
+                produce_one_row: false,
+                schema: Arc::new(datafusion::common::DFSchema::empty()),
+            },
+        );
+        Ok(DataFrame::new(self.ctx.state(), empty))
     }
 
     /// `(stream, events, watermark)` per stream of a checkpoint.
@@ -580,7 +595,8 @@ impl Drop for StreamWriter {
 }
 
 /// The results of a continuous view as they are emitted (`Engine::subscribe`): a
-/// `futures::Stream` of record batches, ending when the session does.
+/// `futures::Stream` of record batches, ending once every writer of the view's streams has
+/// finished and the last rows are out, or when the session ends.
 #[derive(Debug)]
 pub struct Subscription {
     schema: SchemaRef,
@@ -600,7 +616,8 @@ impl Subscription {
         Arc::clone(&self.schema)
     }
 
-    /// The next batch, waiting for it; `None` once the view is gone.
+    /// The next batch, waiting for it; `None` once the view has emitted its last (every writer
+    /// of its streams finished) or is gone.
     pub async fn next_batch(&mut self) -> Option<RecordBatch> {
         self.receiver.recv().await
     }

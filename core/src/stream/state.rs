@@ -30,9 +30,11 @@ use arrow::datatypes::{DataType, SchemaRef, TimeUnit};
 use arrow::record_batch::RecordBatch;
 use async_trait::async_trait;
 use datafusion::catalog::{MemTable, Session};
+use datafusion::datasource::sink::DataSinkExec;
 use datafusion::datasource::{TableProvider, TableType};
 use datafusion::error::Result as DFResult;
 use datafusion::logical_expr::Expr;
+use datafusion::logical_expr::dml::InsertOp;
 use datafusion::physical_plan::ExecutionPlan;
 
 use crate::device::GpuContext;
@@ -533,10 +535,11 @@ impl Stream {
     }
 }
 
-/// The stream read as a table: the rows it keeps.
+/// The stream read as a table: the rows it keeps. `INSERT INTO` pushes rows (`sink.rs`).
 #[derive(Debug)]
 pub(crate) struct StreamTable {
     pub(crate) stream: Arc<Stream>,
+    pub(crate) catalog: std::sync::Weak<super::Catalog>,
 }
 
 #[async_trait]
@@ -547,6 +550,25 @@ impl TableProvider for StreamTable {
 
     fn table_type(&self) -> TableType {
         TableType::Base
+    }
+
+    async fn insert_into(
+        &self,
+        _state: &dyn Session,
+        input: Arc<dyn ExecutionPlan>,
+        insert_op: InsertOp,
+    ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        if insert_op != InsertOp::Append {
+            return Err(datafusion::error::DataFusionError::Plan(format!(
+                "stream '{}' takes rows appended (INSERT INTO), not {insert_op}",
+                self.stream.config.name
+            )));
+        }
+        let sink = super::sink::StreamSink {
+            stream: Arc::clone(&self.stream),
+            catalog: std::sync::Weak::clone(&self.catalog),
+        };
+        Ok(Arc::new(DataSinkExec::new(input, Arc::new(sink), None)))
     }
 
     async fn scan(

@@ -87,9 +87,13 @@ struct Emitted {
     /// The earliest start of an open session (SESSION views).
     session_floor: Option<i64>,
     subscribers: Vec<UnboundedSender<RecordBatch>>,
+    /// Every writer of the view's streams has finished and everything is emitted: the
+    /// subscriptions end.
+    ended: bool,
     /// Encodes output rows for `open` (rows of one converter compare only with its own).
     converter: Option<RowConverter>,
-    /// Everything emitted, which reading the view as a table returns.
+    /// The latest emissions (about [`HISTORY_ROWS`]), which reading the view as a table
+    /// returns.
     history: Vec<RecordBatch>,
     rows: u64,
 }
@@ -300,7 +304,11 @@ impl ContinuousView {
     /// A new subscriber's receiving end.
     pub(crate) fn subscribe(&self) -> UnboundedReceiver<RecordBatch> {
         let (tx, rx) = unbounded_channel();
-        self.lock().subscribers.push(tx);
+        let mut state = self.lock();
+        // After the end a subscription ends at once (the sender goes with `tx`).
+        if !state.ended {
+            state.subscribers.push(tx);
+        }
         rx
     }
 
@@ -384,7 +392,17 @@ impl ContinuousView {
         if out.num_rows() > 0 {
             state.rows += out.num_rows() as u64;
             state.history.push(out.clone());
+            // Reading the view as a table gives its latest rows, not all it ever emitted.
+            let mut held: usize = state.history.iter().map(RecordBatch::num_rows).sum();
+            while held > HISTORY_ROWS && state.history.len() > 1 {
+                held -= state.history.remove(0).num_rows();
+            }
             state.subscribers.retain(|s| s.send(out.clone()).is_ok());
+        }
+        if w == i64::MAX {
+            // Every writer has finished: nothing more will come.
+            state.ended = true;
+            state.subscribers.clear();
         }
         Ok(())
     }
@@ -517,6 +535,10 @@ impl ContinuousView {
         Ok(())
     }
 }
+
+/// About how many of its latest emitted rows a view keeps for `SELECT * FROM view` (whole
+/// emissions, so the last one may take it past).
+const HISTORY_ROWS: usize = 1_000_000;
 
 /// The column of a view checkpoint's open rows that counts each.
 const OPEN_COUNT: &str = "__spate_count";
