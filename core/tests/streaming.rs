@@ -470,3 +470,170 @@ async fn insert_into_a_stream_pushes_rows_that_views_emit() {
         assert_eq!(rows("SELECT k FROM \"s$late\"").await.len(), 1);
     }
 }
+
+const LAGS: &str = "SELECT card, ts, amount, \
+                    LAG(amount) OVER (PARTITION BY card ORDER BY ts) AS previous, \
+                    LAG(ts, 2) OVER (PARTITION BY card ORDER BY ts) AS before_last FROM tx";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lag_equals_the_batch_replay() {
+    final_rows_equal_replay(LAGS).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lag_keeps_each_keys_latest_rows_not_the_whole_stream() {
+    let batches = events(3_000, 200);
+    for backend in [Backend::Cpu, Backend::Emulated] {
+        let engine = declare(backend, LAGS, "", "").await;
+        push(&engine, &batches, false).await;
+        let info = &engine.streams()[0];
+        // Each card's two latest rows, and the micro-batches still open: far from all 3,000.
+        assert!(info.kept_rows < 800, "{backend:?}: kept {}", info.kept_rows);
+        // A LAG over filtered rows needs every row: the stream keeps them all.
+        let engine = declare(
+            backend,
+            "SELECT card, ts, LAG(amount) OVER (PARTITION BY card ORDER BY ts) AS previous \
+             FROM tx WHERE amount > 10",
+            "",
+            "",
+        )
+        .await;
+        push(&engine, &batches, false).await;
+        let info = &engine.streams()[0];
+        assert!(
+            info.kept_rows > 2_900,
+            "{backend:?}: kept {}",
+            info.kept_rows
+        );
+    }
+}
+
+/// Rows keyed by their first `keys` columns, the others as floats.
+fn keyed_floats(batches: &[RecordBatch], keys: usize) -> BTreeMap<String, Vec<Option<f64>>> {
+    let mut out = BTreeMap::new();
+    let options = FormatOptions::default().with_null("NULL");
+    for b in batches {
+        let formatters: Vec<_> = b
+            .columns()
+            .iter()
+            .map(|c| ArrayFormatter::try_new(c.as_ref(), &options).unwrap())
+            .collect();
+        for r in 0..b.num_rows() {
+            let key: Vec<String> = formatters[..keys]
+                .iter()
+                .map(|f| f.value(r).to_string())
+                .collect();
+            let values = formatters[keys..]
+                .iter()
+                .map(|f| f.value(r).to_string().parse::<f64>().ok())
+                .collect();
+            assert!(
+                out.insert(key.join("|"), values).is_none(),
+                "a repeated key"
+            );
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_event_float_features_equal_the_replay_within_1e9() {
+    // A z-score against the card's last five seconds: floats summed in another order over
+    // the rows the stream keeps than over the whole replay. (DataFusion has no sliding
+    // approx_distinct, in a batch either.)
+    let query = "SELECT card, ts, amount, stddev(CAST(amount AS DOUBLE)) OVER w AS sd, \
+                 (CAST(amount AS DOUBLE) - avg(CAST(amount AS DOUBLE)) OVER w) \
+                 / stddev(CAST(amount AS DOUBLE)) OVER w AS z FROM tx \
+                 WINDOW w AS (PARTITION BY card ORDER BY ts \
+                 RANGE BETWEEN INTERVAL '5' SECOND PRECEDING AND CURRENT ROW)";
+    for backend in [Backend::Cpu, Backend::Emulated] {
+        let r = run(backend, query, "EMIT ON WINDOW CLOSE", "", 0).await;
+        let replay = Engine::builder().backend(Backend::Cpu).build().unwrap();
+        let (kept, _) = accepted(&events(3_000, 200), 0);
+        replay.register_batches("tx", kept).unwrap();
+        let want = keyed_floats(&replay.collect(query).await.unwrap(), 3);
+        let got = keyed_floats(&r.emitted, 3);
+        assert_eq!(got.len(), want.len(), "{backend:?}");
+        for (key, w) in &want {
+            let g = got
+                .get(key)
+                .unwrap_or_else(|| panic!("{backend:?}: no row {key}"));
+            for (a, b) in g.iter().zip(w) {
+                match (a, b) {
+                    (Some(a), Some(b)) => assert!(
+                        (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0),
+                        "{backend:?} {key}: {a} against {b}"
+                    ),
+                    _ => assert_eq!(a.is_some(), b.is_some(), "{backend:?} {key}"),
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mistakes_in_streaming_sql_are_clear_errors() {
+    let engine = declare(Backend::Cpu, TUMBLE, "", "").await;
+    for (sql, wanted) in [
+        (
+            "SELECT * FROM HOP(tx, ts, INTERVAL '0' SECOND, INTERVAL '1' MINUTE)",
+            "positive",
+        ),
+        ("SELECT * FROM TUMBLE(tx, ts, '0 s')", "positive"),
+        (
+            "CREATE CONTINUOUS VIEW a AS SELECT card, max(ts) AS ts FROM tx GROUP BY card",
+            "group by window_end",
+        ),
+        (
+            "CREATE CONTINUOUS VIEW b AS SELECT card, ts, \
+             cume_dist() OVER (PARTITION BY card ORDER BY ts) AS c FROM tx",
+            "whole partition",
+        ),
+        (
+            "CREATE CONTINUOUS VIEW c AS SELECT card, ts, \
+             sum(amount) OVER (PARTITION BY card ORDER BY ts DESC \
+             RANGE BETWEEN INTERVAL '1' SECOND PRECEDING AND CURRENT ROW) AS s FROM tx",
+            "newest first",
+        ),
+    ] {
+        let e = engine.collect(sql).await.unwrap_err();
+        assert!(e.to_string().contains(wanted), "{sql}: {e}");
+    }
+    // A view on a stream that has taken rows would miss the rows retention let go of.
+    push(&engine, &events(400, 200), false).await;
+    let e = engine
+        .sql("CREATE CONTINUOUS VIEW late_view AS SELECT card, ts FROM tx")
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("has taken rows already"), "{e}");
+    // Names are case-insensitive unless quoted, as for tables.
+    assert!(engine.subscribe("V").is_ok());
+    // A checkpoint never replaces a folder that is not one.
+    let folder = tempfile::tempdir().unwrap();
+    std::fs::write(folder.path().join("precious.txt"), "keep me").unwrap();
+    let e = engine.checkpoint(folder.path()).await.unwrap_err();
+    assert!(
+        e.to_string().contains("something other than a checkpoint"),
+        "{e}"
+    );
+    assert!(folder.path().join("precious.txt").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_ends_when_its_writers_finish_whatever_inserts_came_before() {
+    let engine = declare(Backend::Cpu, TUMBLE, "", "").await;
+    let mut subscription = engine.subscribe("v").unwrap();
+    engine
+        .collect("INSERT INTO tx VALUES (1, 2.50, TIMESTAMP '2026-01-01 00:00:01')")
+        .await
+        .unwrap();
+    let writer = engine.stream_writer("tx").unwrap();
+    writer.push(events(200, 200).remove(0)).await.unwrap();
+    writer.finish().await.unwrap();
+    let mut rows = 0;
+    while let Some(b) = subscription.next_batch().await {
+        rows += b.num_rows();
+    }
+    assert!(rows > 0, "every window closed and the subscription ended");
+    assert_eq!(engine.streams()[0].watermark_micros, Some(i64::MAX));
+}

@@ -9,8 +9,9 @@
 //! - `view-NNN.arrow`: a view's final bound and, for `EMIT ON UPDATE`, the rows it emitted that
 //!   were not final yet.
 //!
-//! It writes a new folder beside the target and renames it into place, so a folder holds one
-//! whole checkpoint or none. `RESTORE` runs the statements in a new session and puts the state
+//! It writes a new folder beside the target and renames it into place (the old checkpoint
+//! aside first, deleted last), so a folder holds one whole checkpoint or none. A folder that
+//! holds anything but a checkpoint is refused. `RESTORE` runs the statements in a new session and puts the state
 //! back. Each stream reports how many rows it had taken (its source offset): a writer resumes
 //! from the next row, and the first writer carries on from the latest event time the old ones
 //! had sent, so the output from then on is what a run without the restart gives.
@@ -92,6 +93,20 @@ fn parse_number(metadata: &HashMap<String, String>, key: &str, path: &Path) -> R
 impl Catalog {
     /// Writes a checkpoint of every stream and view to `folder` (see the module docs).
     pub(crate) async fn checkpoint(&self, folder: &Path) -> Result<Vec<CheckpointStream>> {
+        // Only a checkpoint, or nothing, is replaced: never some other folder.
+        if folder.exists() {
+            let empty = std::fs::read_dir(folder)
+                .map_err(|e| source_error(folder, e))?
+                .next()
+                .is_none();
+            if !empty && !folder.join("statement-000.sql").is_file() {
+                return Err(source_error(
+                    folder,
+                    "the folder holds something other than a checkpoint; name a new or empty \
+                     folder",
+                ));
+            }
+        }
         let streams = self.sorted_streams();
         let mut guards = Vec::new();
         for stream in &streams {
@@ -163,10 +178,22 @@ impl Catalog {
             )?;
         }
         drop(guards);
-        if folder.exists() {
-            std::fs::remove_dir_all(folder).map_err(|e| source_error(folder, e))?;
+        // The old checkpoint goes aside until the new one is in place.
+        let old = folder.with_file_name(format!(
+            ".{}.old-{}",
+            folder
+                .file_name()
+                .map_or_else(|| "checkpoint".into(), |n| n.to_string_lossy().into_owned()),
+            std::process::id()
+        ));
+        let replaced = folder.exists();
+        if replaced {
+            std::fs::rename(folder, &old).map_err(|e| source_error(folder, e))?;
         }
         std::fs::rename(&staging, folder).map_err(|e| source_error(folder, e))?;
+        if replaced {
+            std::fs::remove_dir_all(&old).map_err(|e| source_error(&old, e))?;
+        }
         Ok(report)
     }
 

@@ -8,14 +8,25 @@ use crate::error::{Result, SpateError};
 
 /// Microseconds in one of the units written after a number, or `None` for an unknown unit.
 fn unit_micros(unit: &str) -> Option<f64> {
-    Some(match unit.to_ascii_lowercase().trim_end_matches('s') {
-        "microsecond" | "us" | "µ" | "micro" => 1.0,
-        "millisecond" | "m" | "milli" => 1e3,
-        "second" | "sec" | "" => 1e6,
-        "minute" | "min" => 60e6,
-        "hour" | "h" | "hr" => 3_600e6,
-        "day" | "d" => 86_400e6,
-        _ => return None,
+    let unit = unit.to_ascii_lowercase();
+    // Short forms exactly; long forms with or without a plural "s".
+    let short = match unit.as_str() {
+        "us" | "µs" => Some(1.0),
+        "ms" => Some(1e3),
+        "s" => Some(1e6),
+        "m" | "min" | "mins" => Some(60e6),
+        "h" | "hr" | "hrs" => Some(3_600e6),
+        "d" => Some(86_400e6),
+        _ => None,
+    };
+    short.or(match unit.strip_suffix('s').unwrap_or(&unit) {
+        "microsecond" | "micro" => Some(1.0),
+        "millisecond" | "milli" => Some(1e3),
+        "second" | "sec" => Some(1e6),
+        "minute" => Some(60e6),
+        "hour" => Some(3_600e6),
+        "day" => Some(86_400e6),
+        _ => None,
     })
 }
 
@@ -81,7 +92,7 @@ pub fn interval_expr_micros(expr: &Expr, what: &str) -> Result<i64> {
         ScalarValue::DurationMillisecond(Some(v)) => i128::from(*v) * 1_000_000,
         ScalarValue::DurationSecond(Some(v)) => i128::from(*v) * 1_000_000_000,
         ScalarValue::DurationNanosecond(Some(v)) => i128::from(*v),
-        ScalarValue::Utf8(Some(s)) => return parse_duration_micros(s),
+        ScalarValue::Utf8(Some(s)) => i128::from(parse_duration_micros(s)?) * 1_000,
         _ => return Err(bad()),
     };
     if nanos <= 0 || nanos % 1_000 != 0 {
@@ -111,6 +122,17 @@ mod tests {
         assert_eq!(parse_duration_micros("'2' HOURS").unwrap(), 7_200_000_000);
         assert_eq!(parse_duration_micros("3").unwrap(), 3_000_000);
         assert_eq!(parse_duration_micros("250 us").unwrap(), 250);
+        assert_eq!(parse_duration_micros("5m").unwrap(), 300_000_000);
+        assert_eq!(parse_duration_micros("2 mins").unwrap(), 120_000_000);
+        assert_eq!(parse_duration_micros("1 hours").unwrap(), 3_600_000_000);
+        // A window of no length is refused where a window is asked for.
+        assert!(
+            interval_expr_micros(
+                &Expr::Literal(ScalarValue::Utf8(Some("0 s".into())), None),
+                "a size"
+            )
+            .is_err()
+        );
         assert!(parse_duration_micros("5 fortnights").is_err());
         assert!(parse_duration_micros("-1 s").is_err());
     }

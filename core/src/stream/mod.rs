@@ -37,10 +37,13 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use crate::device::GpuContext;
 use crate::error::{Result, SpateError};
 pub use checkpoint::CheckpointStream;
+use datafusion::common::Column;
+use datafusion::functions_window::expr_fn::row_number;
+use datafusion::logical_expr::{Expr, ExprFunctionExt, lit};
 pub use state::StreamConfig;
 use state::{LateTable, Stream, StreamTable};
 pub use view::Emit;
-use view::{ContinuousView, ViewTable};
+use view::{ContinuousView, LatestRows, ViewTable};
 pub use windows::{WindowFunctionKind, WindowTableFunction};
 
 /// Default rows per micro-batch.
@@ -113,6 +116,13 @@ fn option_text(options: &CreateTableOptions) -> HashMap<String, String> {
             _ => None,
         })
         .collect()
+}
+
+/// A table name as the catalog holds it: unquoted letters in lower case (DataFusion's rule).
+fn normalized(name: &str) -> String {
+    datafusion::common::TableReference::from(name)
+        .table()
+        .to_string()
 }
 
 fn config_error(message: String) -> SpateError {
@@ -220,7 +230,7 @@ impl Catalog {
                     ));
                 };
                 let schema: SchemaRef = Arc::new(table.input.schema().as_arrow().clone());
-                self.create_stream(&table.name.to_string(), schema, &time, &options)?;
+                self.create_stream(table.name.table(), schema, &time, &options)?;
                 self.record(statement);
                 Ok(Some(self.done()?))
             }
@@ -238,7 +248,7 @@ impl Catalog {
                     SqlStatement::Query(create.query.clone()),
                 ));
                 let plan = self.ctx.state().statement_to_plan(query).await?;
-                self.create_view(&create.name.to_string(), plan, emit)
+                self.create_view(&normalized(&create.name.to_string()), plan, emit)
                     .await?;
                 self.record(statement);
                 Ok(Some(self.done()?))
@@ -375,6 +385,18 @@ impl Catalog {
             )));
         }
         let view = Arc::new(ContinuousView::new(name.to_string(), plan, emit)?);
+        // Other views' retention has let go of rows the new view's open windows would need.
+        if let Some(busy) = view
+            .streams
+            .iter()
+            .find(|s| s.counters.events.load(std::sync::atomic::Ordering::Relaxed) > 0)
+        {
+            return Err(config_error(format!(
+                "stream '{}' has taken rows already: create continuous view '{name}' before \
+                 rows are pushed (or in a new session, with RESTORE)",
+                busy.config.name
+            )));
+        }
         self.ctx.register_table(
             name,
             Arc::new(ViewTable {
@@ -383,26 +405,30 @@ impl Catalog {
         )?;
         self.lock_views()
             .insert(name.to_string(), Arc::clone(&view));
-        // Rows the streams keep already count.
-        view.advance(&self.ctx, true).await?;
         Ok(())
     }
 
     pub(crate) fn stream(&self, name: &str) -> Result<Arc<Stream>> {
-        self.lock_streams().get(name).cloned().ok_or_else(|| {
-            config_error(format!(
-                "no stream named '{name}' (CREATE STREAM {name} (…, WATERMARK FOR …) makes one)"
-            ))
-        })
+        self.lock_streams()
+            .get(&normalized(name))
+            .cloned()
+            .ok_or_else(|| {
+                config_error(format!(
+                    "no stream named '{name}' (CREATE STREAM {name} (…, WATERMARK FOR …) makes one)"
+                ))
+            })
     }
 
     pub(crate) fn view(&self, name: &str) -> Result<Arc<ContinuousView>> {
-        self.lock_views().get(name).cloned().ok_or_else(|| {
-            config_error(format!(
-                "no continuous view named '{name}' (CREATE CONTINUOUS VIEW {name} AS … makes \
+        self.lock_views()
+            .get(&normalized(name))
+            .cloned()
+            .ok_or_else(|| {
+                config_error(format!(
+                    "no continuous view named '{name}' (CREATE CONTINUOUS VIEW {name} AS … makes \
                  one)"
-            ))
-        })
+                ))
+            })
     }
 
     /// What a declaration returns: no rows, as DataFusion's DDL.
@@ -454,20 +480,100 @@ impl Catalog {
             .filter(|v| v.streams.iter().any(|s| Arc::ptr_eq(s, stream)))
             .cloned()
             .collect();
+        // A view that fails leaves the others to advance and the retention to run; the rows
+        // were taken, so the error says so (pushing them again would repeat them).
+        let mut failure = None;
         for view in &views {
-            view.advance(&self.ctx, taken > 0)
-                .await
-                .map_err(|e| SpateError::Execution {
-                    message: format!("continuous view '{}': {e}", view.name),
-                })?;
+            if let Err(e) = view.advance(&self.ctx, taken > 0).await {
+                failure.get_or_insert(SpateError::Execution {
+                    message: format!(
+                        "continuous view '{}' failed on a micro-batch of stream '{}' (its rows \
+                         were taken): {e}",
+                        view.name, stream.config.name
+                    ),
+                });
+            }
         }
         // Every view's horizon bounds what the stream keeps; without views, nothing is kept.
         let keep_from = views
             .iter()
             .map(|v| v.keep_from())
             .try_fold(i64::MAX, |low, k| k.map(|k| low.min(k)));
-        if let Some(keep_from) = keep_from {
-            stream.drop_before(keep_from);
+        // One need per key and order, the most rows asked: two equal row numberings would be
+        // merged into one by DataFusion's optimizer, leaving a window without its function.
+        let mut latest: Vec<LatestRows> = Vec::new();
+        for need in views.iter().flat_map(|v| v.latest_rows().iter()) {
+            match latest
+                .iter_mut()
+                .find(|l| l.keys == need.keys && l.order == need.order)
+            {
+                Some(l) => l.rows = l.rows.max(need.rows),
+                None => latest.push(need.clone()),
+            }
+        }
+        match keep_from {
+            Some(keep_from) if latest.is_empty() => stream.drop_before(keep_from),
+            Some(keep_from) => self.carry_latest(stream, keep_from, &latest).await?,
+            None => {}
+        }
+        failure.map_or(Ok(()), Err)
+    }
+
+    /// Lets go of `stream`'s micro-batches older than `keep_from`, keeping of them each key's
+    /// latest rows the views' LAGs read (`latest`): a query over those micro-batches and the
+    /// rows carried before, on the session's backend, whose result is kept in their place.
+    async fn carry_latest(
+        &self,
+        stream: &Arc<Stream>,
+        keep_from: i64,
+        latest: &[LatestRows],
+    ) -> Result<()> {
+        let old = stream.take_before(keep_from);
+        if old.iter().all(|k| k.carried) {
+            // Nothing new to let go of: what was carried stays as it is.
+            stream.put_back(old);
+            return Ok(());
+        }
+        let column = |name: &str| Expr::Column(Column::from_name(name));
+        let mut df = self.ctx.read_table(Arc::new(stream.table_of(old)))?;
+        let mut keep: Option<Expr> = None;
+        let mut numbers = Vec::new();
+        for (i, need) in latest.iter().enumerate() {
+            let name = format!("__spate_latest_{i}");
+            // Newest first, ties broken as the LAG breaks them, the other way round.
+            let order = need
+                .order
+                .iter()
+                .map(|(c, asc)| column(c).sort(!asc, *asc))
+                .collect();
+            numbers.push(
+                row_number()
+                    .partition_by(need.keys.iter().map(|k| column(k)).collect())
+                    .order_by(order)
+                    .build()?
+                    .alias(&name),
+            );
+            let wanted = column(&name).lt_eq(lit(need.rows as u64));
+            keep = Some(match keep {
+                None => wanted,
+                Some(k) => k.or(wanted),
+            });
+        }
+        let originals: Vec<Expr> = stream
+            .config
+            .schema
+            .fields()
+            .iter()
+            .map(|f| column(f.name()))
+            .collect();
+        df = df.window(numbers)?;
+        if let Some(keep) = keep {
+            df = df.filter(keep)?;
+        }
+        let batches = df.select(originals)?.collect().await?;
+        let rows = arrow::compute::concat_batches(&stream.config.schema, &batches)?;
+        if rows.num_rows() > 0 {
+            stream.keep(rows, true).await?;
         }
         Ok(())
     }

@@ -109,6 +109,8 @@ pub(crate) struct Kept {
     pub(crate) bytes: usize,
     /// The latest event time among them.
     pub(crate) latest: i64,
+    /// Rows carried for the views' LAGs (each key's latest), not a micro-batch.
+    pub(crate) carried: bool,
 }
 
 #[derive(Debug, Default)]
@@ -124,6 +126,9 @@ struct Ingest {
     late: Vec<RecordBatch>,
     /// The watermark in ticks (`None` before any event), never moving back.
     watermark: Option<i64>,
+    /// The watermark when the last micro-batch was cut: what the views close windows by, so
+    /// that a window closes only once the rows before the watermark are in what they read.
+    cut_watermark: Option<i64>,
     /// The latest event time accepted.
     latest: Option<i64>,
     /// After a restore: the latest time the checkpointed writers had sent, which the first
@@ -210,12 +215,13 @@ impl Stream {
         self.advance_watermark(&mut ingest, Instant::now());
     }
 
-    /// A writer dropped without finishing stops holding the watermark back.
+    /// A writer dropped without finishing stops holding the watermark back (and goes: the
+    /// latest time it sent is in the stream's latest).
     pub(crate) fn detach_writer(&self, id: u64) {
         let mut ingest = self.lock();
-        if let Some(w) = ingest.writers.get_mut(&id) {
-            w.detached = true;
-        }
+        ingest.writers.remove(&id);
+        // A stream whose other writers all finished ends now.
+        self.advance_watermark(&mut ingest, Instant::now());
     }
 
     /// The watermark writers other than `except` allow, before lateness: the lowest
@@ -240,21 +246,14 @@ impl Stream {
 
     /// Moves the watermark as far as the writers allow (never back).
     fn advance_watermark(&self, ingest: &mut Ingest, now: Instant) {
-        let all_finished =
-            !ingest.writers.is_empty() && ingest.writers.values().all(|w| w.finished);
+        let all_finished = ingest.writers.values().any(|w| w.finished)
+            && ingest.writers.values().all(|w| w.finished || w.detached);
         let allowed = if all_finished {
             Some(i64::MAX)
         } else {
-            // With nobody holding it back, the latest time any writer sent sets it.
+            // With nobody holding it back, the latest time accepted sets it.
             self.held_by_others(ingest, None, now)
-                .or_else(|| {
-                    ingest
-                        .writers
-                        .values()
-                        .filter_map(|w| w.latest)
-                        .max()
-                        .map(|t| t.saturating_sub(self.config.delay))
-                })
+                .or_else(|| ingest.latest.map(|t| t.saturating_sub(self.config.delay)))
                 .map(|w| w.saturating_sub(self.config.lateness))
         };
         if allowed > ingest.watermark {
@@ -267,6 +266,11 @@ impl Stream {
         let mut ingest = self.lock();
         self.advance_watermark(&mut ingest, Instant::now());
         ingest.watermark
+    }
+
+    /// The watermark as the last micro-batch was cut: every row below it is in the kept rows.
+    pub(crate) fn cut_watermark(&self) -> Option<i64> {
+        self.lock().cut_watermark
     }
 
     /// The latest event time accepted.
@@ -414,6 +418,8 @@ impl Stream {
     pub(crate) async fn take_micro_batch(&self) -> Result<usize> {
         let waiting = {
             let mut ingest = self.lock();
+            self.advance_watermark(&mut ingest, Instant::now());
+            ingest.cut_watermark = ingest.watermark;
             ingest.waiting_rows = 0;
             ingest.arrived = 0;
             ingest.oldest_waiting = None;
@@ -424,13 +430,14 @@ impl Stream {
         }
         let batch = concat_batches(&self.config.schema, &waiting)?;
         let count = batch.num_rows();
-        self.keep(batch).await?;
+        self.keep(batch, false).await?;
         self.counters.micro_batches.fetch_add(1, Ordering::Relaxed);
         Ok(count)
     }
 
-    /// Keeps `batch` for the views: uploaded once on a GPU backend.
-    async fn keep(&self, batch: RecordBatch) -> Result<()> {
+    /// Keeps `batch` for the views: uploaded once on a GPU backend. `carried`: rows kept for
+    /// the views' LAGs when their micro-batches went.
+    pub(crate) async fn keep(&self, batch: RecordBatch, carried: bool) -> Result<()> {
         let count = batch.num_rows();
         let times = cast(batch.column(self.config.time_column), &DataType::Int64)?;
         let latest =
@@ -461,6 +468,7 @@ impl Stream {
                     rows: Rows::Device(table),
                     count,
                     latest,
+                    carried,
                 }
             }
             None => Kept {
@@ -468,28 +476,31 @@ impl Stream {
                 rows: Rows::Host(batch),
                 count,
                 latest,
+                carried,
             },
         };
         self.lock_kept().push(kept);
         Ok(())
     }
 
-    /// What a checkpoint saves of the stream (after a flush: nothing waits).
+    /// What a checkpoint saves of the stream: the rows kept and those waiting (pushed since
+    /// the checkpoint's flush), with the counts and the watermark as they stand together.
     pub(crate) fn snapshot(&self) -> Result<StreamSnapshot> {
-        let kept = self.lock_kept().clone();
-        let mut rows = Vec::with_capacity(kept.len());
-        for k in kept {
-            match k.rows {
-                Rows::Host(b) => rows.push(b),
+        let kept = self.lock_kept();
+        let ingest = self.lock();
+        let mut rows = Vec::with_capacity(kept.len() + ingest.waiting.len());
+        for k in kept.iter() {
+            match &k.rows {
+                Rows::Host(b) => rows.push(b.clone()),
                 Rows::Device(t) => rows.extend(t.to_host()?),
             }
         }
-        let ingest = self.lock();
+        rows.extend(ingest.waiting.iter().cloned());
         Ok(StreamSnapshot {
             events: self.counters.events.load(Ordering::Relaxed),
             micro_batches: self.counters.micro_batches.load(Ordering::Relaxed),
             watermark: ingest.watermark,
-            latest: ingest.writers.values().filter_map(|w| w.latest).max(),
+            latest: ingest.latest,
             kept: rows,
             late: ingest.late.clone(),
         })
@@ -509,6 +520,7 @@ impl Stream {
                 });
             }
             ingest.watermark = snapshot.watermark;
+            ingest.cut_watermark = snapshot.watermark;
             ingest.latest = snapshot.latest;
             ingest.inherited = snapshot.latest;
             let late: u64 = snapshot.late.iter().map(|b| b.num_rows() as u64).sum();
@@ -523,7 +535,7 @@ impl Stream {
         }
         for batch in snapshot.kept {
             if batch.num_rows() > 0 {
-                self.keep(batch).await?;
+                self.keep(batch, false).await?;
             }
         }
         Ok(())
@@ -532,6 +544,29 @@ impl Stream {
     /// Drops the kept micro-batches whose latest time is below `keep_from` (ticks).
     pub(crate) fn drop_before(&self, keep_from: i64) {
         self.lock_kept().retain(|k| k.latest >= keep_from);
+    }
+
+    /// Takes out the kept micro-batches (and carried rows) whose latest time is below
+    /// `keep_from`, and returns them.
+    pub(crate) fn take_before(&self, keep_from: i64) -> Vec<Kept> {
+        let mut kept = self.lock_kept();
+        let (old, young): (Vec<Kept>, Vec<Kept>) =
+            kept.drain(..).partition(|k| k.latest < keep_from);
+        *kept = young;
+        old
+    }
+
+    /// Puts back micro-batches taken out by [`Stream::take_before`].
+    pub(crate) fn put_back(&self, parts: Vec<Kept>) {
+        self.lock_kept().extend(parts);
+    }
+
+    /// A table of `parts` of the stream's rows, for a query over them.
+    pub(crate) fn table_of(self: &Arc<Self>, parts: Vec<Kept>) -> KeptTable {
+        KeptTable {
+            stream: Arc::clone(self),
+            parts,
+        }
     }
 }
 
@@ -579,8 +614,60 @@ impl TableProvider for StreamTable {
         limit: Option<usize>,
     ) -> DFResult<Arc<dyn ExecutionPlan>> {
         let kept = self.stream.lock_kept().clone();
-        let schema = self.schema();
-        match &self.stream.gpu {
+        scan_kept(&self.stream, kept, state, projection, filters, limit).await
+    }
+}
+
+/// Some of a stream's kept rows as a table (the micro-batches a LAG's latest rows are taken
+/// from).
+#[derive(Debug)]
+pub(crate) struct KeptTable {
+    stream: Arc<Stream>,
+    parts: Vec<Kept>,
+}
+
+#[async_trait]
+impl TableProvider for KeptTable {
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.stream.config.schema)
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Temporary
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        scan_kept(
+            &self.stream,
+            self.parts.clone(),
+            state,
+            projection,
+            filters,
+            limit,
+        )
+        .await
+    }
+}
+
+/// A scan of `kept` micro-batches of `stream`: their device batches handed to the GPU
+/// operators on a GPU backend, a memory scan on the CPU.
+async fn scan_kept(
+    stream: &Stream,
+    kept: Vec<Kept>,
+    state: &dyn Session,
+    projection: Option<&Vec<usize>>,
+    filters: &[Expr],
+    limit: Option<usize>,
+) -> DFResult<Arc<dyn ExecutionPlan>> {
+    let schema = Arc::clone(&stream.config.schema);
+    {
+        match &stream.gpu {
             Some(gpu) => {
                 let parts: Vec<Arc<DeviceTable>> = kept
                     .iter()

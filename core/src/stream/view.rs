@@ -17,8 +17,10 @@
 //! **Horizon.** The rows a stream must keep for the view follow from its plan: a TUMBLE or HOP
 //! window keeps rows `size` behind `C`, a `RANGE BETWEEN INTERVAL … PRECEDING` frame its
 //! interval, SESSION windows keep the open sessions (their earliest `window_start`, which the
-//! output must then hold). Frames the watermark cannot bound (`LAG`, `ROWS`, unbounded
-//! preceding) keep every row.
+//! output must then hold). A `LAG` over the stream's rows, keyed and ordered by its columns
+//! (time first), keeps each key's latest rows however old ([`LatestRows`]). Frames the
+//! watermark cannot bound (`ROWS`, unbounded preceding, a LAG over filtered or joined rows)
+//! keep every row.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -71,6 +73,8 @@ impl Horizon {
         use Horizon::*;
         match (self, other) {
             (Unbounded, _) | (_, Unbounded) => Unbounded,
+            // The open sessions' floor says nothing of a look-back beside them.
+            (Sessions, Bounded(b)) | (Bounded(b), Sessions) if b > 0 => Unbounded,
             (Sessions, _) | (_, Sessions) => Sessions,
             (Bounded(a), Bounded(b)) => Bounded(a.max(b)),
         }
@@ -115,8 +119,12 @@ pub struct ContinuousView {
     window_start: Option<usize>,
     unit: TimeUnit,
     horizon: Horizon,
+    /// The latest rows per key its LAGs read, whatever their age.
+    latest_rows: Vec<LatestRows>,
     pub(crate) streams: Vec<Arc<Stream>>,
     state: Mutex<Emitted>,
+    /// Held while the view advances: two of its streams flushing at once take turns.
+    advancing: tokio::sync::Mutex<()>,
 }
 
 fn sql_error(message: String) -> SpateError {
@@ -126,11 +134,43 @@ fn sql_error(message: String) -> SpateError {
     }
 }
 
-/// The streams a plan reads and how far back its windows look (not looked at inside a window
-/// table function's plan, whose windows are its own: `frames` false).
-fn inspect(plan: &LogicalPlan, frames: bool) -> Result<(Vec<Arc<Stream>>, Horizon)> {
+/// A view's need for each key's latest rows at or before the final bound, whatever their age:
+/// `LAG(x, rows) OVER (PARTITION BY keys ORDER BY ts, …)` over a stream's rows. The stream
+/// keeps them when it lets older micro-batches go (`Catalog::carry_latest`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LatestRows {
+    /// The stream's columns the rows are keyed by.
+    pub(crate) keys: Vec<String>,
+    /// The window's order: the stream's time column first, ascending, then any tie-breakers
+    /// (column, ascending).
+    pub(crate) order: Vec<(String, bool)>,
+    /// How many rows per key.
+    pub(crate) rows: usize,
+}
+
+/// Whether `plan` gives a stream's rows one for one (projections and window functions over
+/// its scan): a key's latest rows in the stream are then its latest rows here.
+fn rows_of_one_stream(plan: &LogicalPlan) -> bool {
+    match plan {
+        LogicalPlan::TableScan(scan) => source_as_provider(&scan.source)
+            .is_ok_and(|p| p.downcast_ref::<StreamTable>().is_some()),
+        LogicalPlan::Projection(_) | LogicalPlan::SubqueryAlias(_) | LogicalPlan::Window(_) => {
+            plan.inputs().len() == 1 && rows_of_one_stream(plan.inputs()[0])
+        }
+        _ => false,
+    }
+}
+
+/// The streams a plan reads, how far back its windows look, and which latest rows per key its
+/// `LAG`s need (windows not looked at inside a window table function's plan, whose windows are
+/// its own: `frames` false).
+fn inspect(
+    plan: &LogicalPlan,
+    frames: bool,
+) -> Result<(Vec<Arc<Stream>>, Horizon, Vec<LatestRows>)> {
     let mut streams: Vec<Arc<Stream>> = Vec::new();
     let mut horizon = Horizon::Bounded(0);
+    let mut latest: Vec<LatestRows> = Vec::new();
     let mut failure = None;
     let add_stream = |s: &Arc<Stream>, streams: &mut Vec<Arc<Stream>>| {
         if !streams.iter().any(|x| Arc::ptr_eq(x, s)) {
@@ -151,7 +191,7 @@ fn inspect(plan: &LogicalPlan, frames: bool) -> Result<(Vec<Arc<Stream>>, Horizo
                             Window::Session { .. } => Horizon::Sessions,
                         });
                         // The streams under the window function.
-                        let (inner, _) = inspect(windowed.plan(), false)?;
+                        let (inner, _, _) = inspect(windowed.plan(), false)?;
                         for s in &inner {
                             add_stream(s, &mut streams);
                         }
@@ -159,10 +199,11 @@ fn inspect(plan: &LogicalPlan, frames: bool) -> Result<(Vec<Arc<Stream>>, Horizo
                 }
             }
             LogicalPlan::Window(window) if frames => {
+                let one_for_one = rows_of_one_stream(&window.input);
                 for e in &window.window_expr {
-                    let look_back = frame_look_back(e);
-                    match look_back {
-                        Ok(h) => horizon = horizon.widen(h),
+                    match frame_look_back(e) {
+                        Ok((_, Some(need))) if one_for_one => latest.push(need),
+                        Ok((h, _)) => horizon = horizon.widen(h),
                         Err(e) => {
                             failure = Some(e);
                             return Ok(TreeNodeRecursion::Stop);
@@ -177,17 +218,80 @@ fn inspect(plan: &LogicalPlan, frames: bool) -> Result<(Vec<Arc<Stream>>, Horizo
     if let Some(e) = failure {
         return Err(e);
     }
-    Ok((streams, horizon))
+    // A LAG keyed and ordered by the stream's own columns, on its time first.
+    if !latest.is_empty() {
+        let valid = match streams.as_slice() {
+            [stream] => {
+                let schema = &stream.config.schema;
+                let time = schema.field(stream.config.time_column).name();
+                latest.iter().all(|need| {
+                    need.order.first().is_some_and(|(c, asc)| c == time && *asc)
+                        && need
+                            .keys
+                            .iter()
+                            .chain(need.order.iter().map(|(c, _)| c))
+                            .all(|c| schema.column_with_name(c).is_some())
+                })
+            }
+            _ => false,
+        };
+        if !valid {
+            latest.clear();
+            horizon = Horizon::Unbounded;
+        }
+    }
+    latest.dedup();
+    Ok((streams, horizon, latest))
 }
 
-/// How far back a window expression looks, or an error for one that looks ahead.
-fn frame_look_back(e: &Expr) -> Result<Horizon> {
+/// Whether `plan` reads a stream (directly or through a window table function).
+fn reads_stream(plan: &LogicalPlan) -> bool {
+    let mut found = false;
+    let _ = plan.apply_with_subqueries(|node| {
+        if let LogicalPlan::TableScan(scan) = node
+            && let Ok(p) = source_as_provider(&scan.source)
+            && (p.downcast_ref::<StreamTable>().is_some()
+                || p.downcast_ref::<WindowedTable>().is_some())
+        {
+            found = true;
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    found
+}
+
+/// The group-by column names of each aggregation over a stream's rows in `plan`.
+fn aggregates(plan: &LogicalPlan) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let _ = plan.apply_with_subqueries(|node| {
+        if let LogicalPlan::Aggregate(a) = node
+            && reads_stream(&a.input)
+        {
+            out.push(
+                a.group_expr
+                    .iter()
+                    .filter_map(|e| match e {
+                        Expr::Column(c) => Some(c.name.clone()),
+                        _ => None,
+                    })
+                    .collect(),
+            );
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    out
+}
+
+/// How far back a window expression looks (with a LAG, the latest rows per key it needs
+/// instead), or an error for one that looks ahead.
+fn frame_look_back(e: &Expr) -> Result<(Horizon, Option<LatestRows>)> {
     let e = match e {
         Expr::Alias(a) => a.expr.as_ref(),
         e => e,
     };
     let Expr::WindowFunction(f) = e else {
-        return Ok(Horizon::Unbounded);
+        return Ok((Horizon::Unbounded, None));
     };
     let WindowFunction { fun, params } = f.as_ref();
     let name = fun.name().to_ascii_lowercase();
@@ -196,6 +300,25 @@ fn frame_look_back(e: &Expr) -> Result<Horizon> {
             message: "LEAD in a continuous view: it reads rows after the event, which no \
                       watermark closes"
                 .into(),
+        });
+    }
+    if matches!(
+        name.as_str(),
+        "cume_dist" | "percent_rank" | "ntile" | "last_value" | "nth_value"
+    ) {
+        return Err(SpateError::Unsupported {
+            message: format!(
+                "`{e}` in a continuous view: it reads the whole partition, rows that no \
+                 watermark closes"
+            ),
+        });
+    }
+    if params.order_by.first().is_some_and(|s| !s.asc) {
+        return Err(SpateError::Unsupported {
+            message: format!(
+                "`{e}` in a continuous view: a window ordered newest first reads rows that \
+                 no watermark closes; order by the event time ascending"
+            ),
         });
     }
     let frame = &params.window_frame;
@@ -209,22 +332,58 @@ fn frame_look_back(e: &Expr) -> Result<Horizon> {
             ),
         });
     }
-    Ok(match (&frame.units, &frame.start_bound, name.as_str()) {
-        (_, _, "lag" | "row_number" | "rank" | "dense_rank" | "first_value") => Horizon::Unbounded,
-        (WindowFrameUnits::Range, WindowFrameBound::Preceding(v), _) if !v.is_null() => {
-            match interval_expr_micros(&lit(v.clone()), "a RANGE frame's bound") {
-                Ok(micros) => Horizon::Bounded(micros),
-                Err(_) => Horizon::Unbounded,
+    if name == "lag" {
+        return Ok((Horizon::Unbounded, lag_need(params)));
+    }
+    Ok((
+        match (&frame.units, &frame.start_bound, name.as_str()) {
+            (_, _, "row_number" | "rank" | "dense_rank" | "first_value") => Horizon::Unbounded,
+            (WindowFrameUnits::Range, WindowFrameBound::Preceding(v), _) if !v.is_null() => {
+                match interval_expr_micros(&lit(v.clone()), "a RANGE frame's bound") {
+                    Ok(micros) => Horizon::Bounded(micros),
+                    Err(_) => Horizon::Unbounded,
+                }
             }
-        }
-        _ => Horizon::Unbounded,
+            _ => Horizon::Unbounded,
+        },
+        None,
+    ))
+}
+
+/// `LAG(x[, rows[, default]]) OVER (PARTITION BY columns ORDER BY columns)`: the latest rows
+/// per key it reads; `None` for keys or orders that are not plain columns.
+fn lag_need(params: &datafusion::logical_expr::expr::WindowFunctionParams) -> Option<LatestRows> {
+    let column = |e: &Expr| match e {
+        Expr::Column(c) => Some(c.name.clone()),
+        _ => None,
+    };
+    let rows = match params.args.get(1) {
+        None => 1,
+        Some(Expr::Literal(v, _)) => match v.cast_to(&DataType::Int64).ok()? {
+            ScalarValue::Int64(Some(k)) if k >= 1 => usize::try_from(k).ok()?,
+            _ => return None,
+        },
+        Some(_) => return None,
+    };
+    Some(LatestRows {
+        keys: params
+            .partition_by
+            .iter()
+            .map(column)
+            .collect::<Option<_>>()?,
+        order: params
+            .order_by
+            .iter()
+            .map(|s| column(&s.expr).map(|c| (c, s.asc)))
+            .collect::<Option<_>>()?,
+        rows,
     })
 }
 
 impl ContinuousView {
     /// A view named `name` over `plan` (the query, not yet optimised).
     pub(crate) fn new(name: String, plan: LogicalPlan, emit: Emit) -> Result<Self> {
-        let (streams, horizon) = inspect(&plan, true)?;
+        let (streams, horizon, latest_rows) = inspect(&plan, true)?;
         let Some(first) = streams.first() else {
             return Err(sql_error(format!(
                 "continuous view '{name}' reads no stream; CREATE VIEW makes a view of tables"
@@ -245,6 +404,26 @@ impl ContinuousView {
             },
         };
         let unit = first.config.unit;
+        if streams.iter().any(|s| s.config.unit != unit) {
+            return Err(sql_error(format!(
+                "continuous view '{name}' reads streams whose times have different units"
+            )));
+        }
+        // The final column must be the stream's time or a window's end, not something
+        // computed from them: an aggregate's rows are final by their window.
+        let grouped: Vec<Vec<String>> = aggregates(&plan);
+        if !grouped.is_empty() {
+            let by_window_end = window_end
+                && grouped
+                    .iter()
+                    .all(|keys| keys.iter().any(|k| k == "window_end"));
+            if !by_window_end {
+                return Err(sql_error(format!(
+                    "continuous view '{name}' aggregates, so it must group by window_end \
+                     (a window table function's): a group is final when its window closes"
+                )));
+            }
+        }
         match output.field(final_column).data_type() {
             DataType::Timestamp(u, _) if *u == unit => {}
             other => {
@@ -280,8 +459,10 @@ impl ContinuousView {
             window_start,
             unit,
             horizon,
+            latest_rows,
             streams,
             state: Mutex::new(Emitted::default()),
+            advancing: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -312,13 +493,18 @@ impl ContinuousView {
         rx
     }
 
-    /// The watermark of the view's streams: the lowest.
+    /// The watermark of the view's streams as their last micro-batches were cut: the lowest.
     fn watermark(&self) -> Option<i64> {
         self.streams
             .iter()
-            .map(|s| s.watermark())
+            .map(|s| s.cut_watermark())
             .collect::<Option<Vec<_>>>()
             .and_then(|w| w.into_iter().min())
+    }
+
+    /// The latest rows per key the view needs whatever their age (its LAGs).
+    pub(crate) fn latest_rows(&self) -> &[LatestRows] {
+        &self.latest_rows
     }
 
     /// The earliest event time the view still needs from its streams, in ticks (`None`: all).
@@ -342,6 +528,7 @@ impl ContinuousView {
     /// Runs the view for the watermark now and emits what it gives. `fresh_rows` says whether
     /// the streams took rows since the last call.
     pub(crate) async fn advance(&self, ctx: &SessionContext, fresh_rows: bool) -> Result<()> {
+        let _one_at_a_time = self.advancing.lock().await;
         let Some(w) = self.watermark() else {
             return Ok(());
         };
