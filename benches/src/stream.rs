@@ -5,8 +5,10 @@
 //!
 //! The pipeline (SQL in [`VIEWS`]):
 //! - `features`: per event, its card's count, sum, average and largest amount over the last
-//!   minute, and a rule-based flag (five or more payments, this one over four times the
-//!   minute's average, or far from the card's last minute of payments);
+//!   minute, how far it is from the card's previous payment (degrees of latitude and longitude)
+//!   and how long since (`LAG`, which keeps each card's latest payment however old), and a
+//!   rule-based flag (five or more payments and this one over four times the minute's
+//!   average, or far from the previous payment);
 //! - `card_minute`: per card and tumbling minute, count, sum, largest amount and distinct
 //!   merchants;
 //! - `merchant_hop`: per merchant, a one-minute window every ten seconds: count and sum.
@@ -41,10 +43,13 @@ pub const VIEWS: [(&str, &str); 3] = [
         "features",
         "SELECT card, ts, amount, count(*) OVER m AS n_1m, sum(amount) OVER m AS sum_1m, \
          avg(amount) OVER m AS avg_1m, max(amount) OVER m AS max_1m, \
+         abs(lat - LAG(lat) OVER p) + abs(lon - LAG(lon) OVER p) AS moved, \
+         CAST(ts AS BIGINT) - CAST(LAG(ts) OVER p AS BIGINT) AS since_last, \
          (count(*) OVER m >= 5 AND amount > 4 * avg(amount) OVER m) \
-         OR abs(lat - CAST(min(lat) OVER m AS DOUBLE)) > 20 AS flag \
+         OR abs(lat - LAG(lat) OVER p) + abs(lon - LAG(lon) OVER p) > 20 AS flag \
          FROM tx WINDOW m AS (PARTITION BY card ORDER BY ts \
-         RANGE BETWEEN INTERVAL '1' MINUTE PRECEDING AND CURRENT ROW)",
+         RANGE BETWEEN INTERVAL '1' MINUTE PRECEDING AND CURRENT ROW), \
+         p AS (PARTITION BY card ORDER BY ts, merchant, amount)",
     ),
     (
         "card_minute",

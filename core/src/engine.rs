@@ -40,7 +40,7 @@ use crate::plan::GpuOffloadRule;
 use crate::plan::{PhysicalRule, physical_optimizer_rules};
 use crate::source::FileFormat;
 use crate::stream::{
-    CheckpointStream, StreamInfo, StreamWriter, Subscription, WindowFunctionKind,
+    CheckpointStream, FolderTail, StreamInfo, StreamWriter, Subscription, WindowFunctionKind,
     WindowTableFunction,
 };
 
@@ -1031,6 +1031,33 @@ impl Engine {
     /// stream's offset.
     pub async fn restore(&self, folder: impl AsRef<Path>) -> Result<Vec<CheckpointStream>> {
         self.streams.restore(folder.as_ref()).await
+    }
+
+    /// Tails `folder` into stream `stream`: each new file of `format` (by default the format
+    /// of the files there) is read once, in name order, once it has settled, and pushed as one
+    /// micro-batch; the folder is looked at every `poll`. See [`FolderTail`].
+    pub fn tail_folder(
+        &self,
+        stream: &str,
+        folder: impl AsRef<Path>,
+        format: Option<FileFormat>,
+        poll: std::time::Duration,
+    ) -> Result<FolderTail> {
+        let folder = folder.as_ref();
+        let format = match format {
+            Some(f) => f,
+            None => {
+                FileFormat::detect(folder)
+                    .map_err(|e| SpateError::Config {
+                        message: format!(
+                            "tailing {}: {e}; name the format of the files to come",
+                            folder.display()
+                        ),
+                    })?
+                    .0
+            }
+        };
+        self.streams.tail_folder(stream, folder, format, poll)
     }
 
     /// The session's streams: watermark, lag, late rows, what they keep, and their views.

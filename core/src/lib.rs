@@ -59,7 +59,7 @@ pub use model::ModelInputs;
 pub use plan::GpuOffloadRule;
 pub use source::FileFormat;
 pub use stream::{
-    CheckpointStream, Emit, StreamInfo, StreamWriter, Subscription, WindowFunctionKind,
+    CheckpointStream, Emit, FolderTail, StreamInfo, StreamWriter, Subscription, WindowFunctionKind,
     WindowTableFunction,
 };
 

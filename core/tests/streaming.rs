@@ -637,3 +637,55 @@ async fn a_stream_ends_when_its_writers_finish_whatever_inserts_came_before() {
     assert!(rows > 0, "every window closed and the subscription ended");
     assert_eq!(engine.streams()[0].watermark_micros, Some(i64::MAX));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tailed_folder_feeds_a_stream_file_by_file() {
+    let folder = tempfile::tempdir().unwrap();
+    let batches = events(1_000, 250);
+    for backend in [Backend::Cpu, Backend::Emulated] {
+        let dir = folder.path().join(format!("{backend:?}"));
+        std::fs::create_dir(&dir).unwrap();
+        let engine = declare(backend, TUMBLE, "", "").await;
+        let mut subscription = engine.subscribe("v").unwrap();
+        let tail = engine
+            .tail_folder(
+                "tx",
+                &dir,
+                Some(spate::FileFormat::Csv),
+                std::time::Duration::from_millis(10),
+            )
+            .unwrap();
+        for (i, b) in batches.iter().enumerate() {
+            // Written under a hidden name, then renamed in whole.
+            let hidden = dir.join(format!(".part-{i}.csv"));
+            let mut writer = arrow::csv::Writer::new(std::fs::File::create(&hidden).unwrap());
+            writer.write(b).unwrap();
+            drop(writer);
+            std::fs::rename(&hidden, dir.join(format!("part-{i:03}.csv"))).unwrap();
+        }
+        std::fs::write(dir.join("notes.txt"), "not a CSV file").unwrap();
+        assert_eq!(tail.finish().await.unwrap(), 4, "{backend:?}");
+        let mut emitted = Vec::new();
+        while let Some(b) = subscription.next_batch().await {
+            emitted.push(b);
+        }
+        let (kept, _) = accepted(&batches, 0);
+        let replay = Engine::builder().backend(Backend::Cpu).build().unwrap();
+        replay.register_batches("tx", kept).unwrap();
+        assert_eq!(
+            multiset(&emitted),
+            multiset(&replay.collect(TUMBLE).await.unwrap()),
+            "{backend:?}"
+        );
+    }
+    let engine = declare(Backend::Cpu, TUMBLE, "", "").await;
+    let e = engine
+        .tail_folder(
+            "tx",
+            folder.path().join("missing"),
+            None,
+            Default::default(),
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("no such file"), "{e}");
+}

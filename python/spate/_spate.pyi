@@ -61,6 +61,10 @@ class Session:
         """Frees a cached table."""
     def stream_writer(self, name: str) -> StreamWriter:
         """A writer of stream ``name``. Errors: ``ConfigError`` for no such stream."""
+    def tail_folder(
+        self, stream: str, folder: str, format: str | None = None, poll: float = 0.05
+    ) -> FolderTail:
+        """Tails a folder of files into a stream."""
     def subscribe(self, name: str) -> Subscription:
         """What continuous view ``name`` emits from now on."""
     def streams(
@@ -74,6 +78,16 @@ class Session:
         """Writes a checkpoint; (stream, events taken) each."""
     def restore(self, folder: str) -> list[tuple[str, int]]:
         """Restores a checkpoint into this session; (stream, events taken) each."""
+
+class FolderTail:
+    """A folder tailed into a stream."""
+
+    def files_read(self) -> int:
+        """Files read so far."""
+    def stop(self) -> int:
+        """Stops tailing; the files read."""
+    def finish(self) -> int:
+        """Reads what is left and finishes the writer; the files read."""
 
 class StreamWriter:
     """Pushes Arrow data into one stream."""

@@ -216,6 +216,20 @@ class Session:
         """A writer of stream ``name`` (``CREATE STREAM``): ``push`` pandas or Arrow data."""
         return Stream(self._inner.stream_writer(name), name)
 
+    def tail(
+        self,
+        stream: str,
+        folder: str | os.PathLike[str],
+        format: str | None = None,  # noqa: A002 - the readers' word for it
+        poll: float = 0.05,
+    ) -> _spate.FolderTail:
+        """Tails ``folder`` into ``stream``: each new file (``format`` parquet, csv, ndjson or
+        arrow; by default that of the files there) is read once, in name order, once it has
+        settled, as one micro-batch. ``stop()`` ends the tail; ``finish()`` reads what is left
+        and finishes its writer. Hidden files (``.`` or ``_`` first) are skipped: write a file
+        under a hidden name and rename it in."""
+        return self._inner.tail_folder(stream, os.fspath(folder), format, poll)
+
     def subscribe(
         self,
         view: str,

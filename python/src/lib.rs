@@ -52,6 +52,7 @@ fn _spate(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<expr::PyExpr>()?;
     m.add_class::<stream::PyStreamWriter>()?;
     m.add_class::<stream::PySubscription>()?;
+    m.add_class::<stream::PyFolderTail>()?;
     m.add_function(wrap_pyfunction!(devices, m)?)?;
     Ok(())
 }

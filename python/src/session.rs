@@ -294,6 +294,31 @@ impl PySession {
         Ok(crate::stream::PyStreamWriter::new(writer, name.to_string()))
     }
 
+    /// Tails `folder` into stream `stream` (files of `format`, or of the files there).
+    #[pyo3(signature = (stream, folder, format = None, poll = 0.05))]
+    fn tail_folder(
+        &self,
+        py: Python<'_>,
+        stream: &str,
+        folder: std::path::PathBuf,
+        format: Option<&str>,
+        poll: f64,
+    ) -> PyResult<crate::stream::PyFolderTail> {
+        let format = format
+            .map(str::parse::<FileFormat>)
+            .transpose()
+            .py(Origin::Frame)?;
+        let engine = Arc::clone(&self.engine);
+        let stream = stream.to_string();
+        let poll = std::time::Duration::from_secs_f64(poll.max(0.001));
+        // The tail's task starts on the shared runtime.
+        let tail = wait(py, async move {
+            engine.tail_folder(&stream, &folder, format, poll)
+        })?
+        .py(Origin::Frame)?;
+        Ok(crate::stream::PyFolderTail::new(tail))
+    }
+
     /// What continuous view `name` emits from now on.
     fn subscribe(&self, name: &str) -> PyResult<crate::stream::PySubscription> {
         let subscription = self.engine.subscribe(name).py(Origin::Frame)?;

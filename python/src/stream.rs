@@ -136,3 +136,62 @@ impl PySubscription {
         }
     }
 }
+
+/// A folder tailed into a stream.
+#[derive(Debug)]
+#[pyclass(
+    name = "FolderTail",
+    module = "spate._spate",
+    frozen,
+    skip_from_py_object
+)]
+pub struct PyFolderTail {
+    tail: Arc<Mutex<Option<spate::FolderTail>>>,
+}
+
+impl PyFolderTail {
+    pub(crate) fn new(tail: spate::FolderTail) -> Self {
+        PyFolderTail {
+            tail: Arc::new(Mutex::new(Some(tail))),
+        }
+    }
+
+    fn end(&self, py: Python<'_>, finish: bool) -> PyResult<u64> {
+        let tail = Arc::clone(&self.tail);
+        wait(py, async move {
+            let Some(tail) = tail.lock().await.take() else {
+                return Err(spate::SpateError::Config {
+                    message: "this folder tail has ended".into(),
+                });
+            };
+            if finish {
+                tail.finish().await
+            } else {
+                tail.stop().await
+            }
+        })?
+        .py(Origin::Frame)
+    }
+}
+
+#[pymethods]
+impl PyFolderTail {
+    /// Files read so far.
+    fn files_read(&self) -> u64 {
+        self.tail
+            .try_lock()
+            .ok()
+            .and_then(|t| t.as_ref().map(spate::FolderTail::files_read))
+            .unwrap_or(0)
+    }
+
+    /// Stops tailing; returns the files read.
+    fn stop(&self, py: Python<'_>) -> PyResult<u64> {
+        self.end(py, false)
+    }
+
+    /// Reads what is left, finishes the writer; returns the files read.
+    fn finish(&self, py: Python<'_>) -> PyResult<u64> {
+        self.end(py, true)
+    }
+}

@@ -151,3 +151,19 @@ def test_stream_errors_are_clear() -> None:
     tx.finish()
     with pytest.raises(spate.ConfigError, match="has finished"):
         tx.finish()
+
+
+def test_a_tailed_folder_feeds_the_stream(tmp_path) -> None:
+    session = spate.Session(backend="cpu")
+    session.sql(STREAM)
+    session.sql(VIEW)
+    subscription = session.subscribe("per_card")
+    tail = session.tail("tx", tmp_path, format="csv", poll=0.01)
+    frame = events(1000)
+    for i, start in enumerate(range(0, len(frame), 250)):
+        hidden = tmp_path / f".part-{i}.csv"
+        frame.iloc[start : start + 250].to_csv(hidden, index=False)
+        hidden.rename(tmp_path / f"part-{i:03}.csv")
+    assert tail.finish() == 4
+    got = normalized(pa.Table.from_batches(list(subscription)).to_pandas())
+    pd.testing.assert_frame_equal(got, expected(frame))

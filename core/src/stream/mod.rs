@@ -8,6 +8,7 @@
 //! - `view.rs`: continuous views and their emit modes;
 //! - `sink.rs`: `INSERT INTO` a stream;
 //! - `checkpoint.rs`: `CHECKPOINT` and `RESTORE`;
+//! - `tail.rs`: a folder of files tailed into a stream;
 //! - this file: the session's streams and views, and the embedding API
 //!   ([`StreamWriter`], [`Subscription`]).
 
@@ -16,6 +17,7 @@ pub mod interval;
 mod sink;
 pub mod sql;
 pub mod state;
+pub mod tail;
 pub mod view;
 pub mod windows;
 
@@ -42,6 +44,7 @@ use datafusion::functions_window::expr_fn::row_number;
 use datafusion::logical_expr::{Expr, ExprFunctionExt, lit};
 pub use state::StreamConfig;
 use state::{LateTable, Stream, StreamTable};
+pub use tail::FolderTail;
 pub use view::Emit;
 use view::{ContinuousView, LatestRows, ViewTable};
 pub use windows::{WindowFunctionKind, WindowTableFunction};

@@ -265,7 +265,8 @@ fn create_stream(
     let (cut_start, cut_end) = if matches!(t.tokens[sig[w - 1]].token, Token::Comma) {
         (located(w - 1)?.0, clause_end)
     } else if end < close {
-        (clause_start, located(end)?.1)
+        // Up to the next element, so no space is left after the parenthesis.
+        (clause_start, located(end + 1)?.0)
     } else {
         return Err(sql_error(
             "CREATE STREAM needs at least one column besides its WATERMARK".into(),
