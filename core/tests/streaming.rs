@@ -689,3 +689,41 @@ async fn a_tailed_folder_feeds_a_stream_file_by_file() {
         .unwrap_err();
     assert!(e.to_string().contains("no such file"), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_of_a_timed_flush_reaches_the_next_push() {
+    let engine = Engine::builder().backend(Backend::Cpu).build().unwrap();
+    engine
+        .sql(
+            "CREATE STREAM tx (card BIGINT NOT NULL, amount DECIMAL(12,2) NOT NULL, \
+             ts TIMESTAMP, WATERMARK FOR ts AS ts) WITH (flush_interval = '5 ms')",
+        )
+        .await
+        .unwrap();
+    engine
+        .sql("CREATE CONTINUOUS VIEW v AS SELECT card, ts, card / (card - card) AS boom FROM tx")
+        .await
+        .unwrap();
+    let writer = engine.stream_writer("tx").unwrap();
+    let batches = events(400, 200);
+    writer.push(batches[0].clone()).await.unwrap();
+    // The timer cuts the micro-batch; the view divides by zero.
+    let mut waited = 0;
+    while engine.streams()[0].timed_failure.is_none() && waited < 1_000 {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        waited += 1;
+    }
+    let failure = engine.streams()[0]
+        .timed_failure
+        .clone()
+        .unwrap_or_default();
+    assert!(failure.contains("continuous view 'v'"), "{failure}");
+    let e = writer.push(batches[1].clone()).await.unwrap_err();
+    assert!(
+        e.to_string().contains("cut by its flush interval failed"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("continuous view 'v'"), "{e}");
+    // Reported once.
+    assert!(engine.streams()[0].timed_failure.is_none());
+}

@@ -79,6 +79,8 @@ pub struct StreamInfo {
     pub kept_bytes: usize,
     /// The continuous views reading it.
     pub views: Vec<String>,
+    /// Why a micro-batch cut by the flush interval failed, until a push or flush reports it.
+    pub timed_failure: Option<String>,
 }
 
 /// The streams and continuous views of a session.
@@ -368,9 +370,11 @@ impl Catalog {
                 let (Some(catalog), Some(stream)) = (catalog.upgrade(), stream.upgrade()) else {
                     return;
                 };
-                if stream.is_due() {
-                    // An error here reaches the next push or flush, which runs it again.
-                    let _ = catalog.flush(&stream).await;
+                if stream.is_due()
+                    && let Err(e) = catalog.flush(&stream).await
+                {
+                    // Nobody waits on the timer: the next push or flush reports it.
+                    stream.note_timed_failure(e.to_string());
                 }
             }
         });
@@ -624,6 +628,7 @@ impl Catalog {
                         names.sort();
                         names
                     },
+                    timed_failure: s.pending_timed_failure(),
                 }
             })
             .collect();
@@ -675,6 +680,7 @@ impl StreamWriter {
                 self.stream.config.name
             )));
         }
+        self.stream.timed_failure()?;
         if self.stream.accept(self.id, batch)? {
             self.catalog.flush(&self.stream).await?;
         }
@@ -683,6 +689,7 @@ impl StreamWriter {
 
     /// Cuts a micro-batch of whatever waits now, and advances the views.
     pub async fn flush(&self) -> Result<()> {
+        self.stream.timed_failure()?;
         self.catalog.flush(&self.stream).await
     }
 

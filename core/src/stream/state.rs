@@ -164,6 +164,8 @@ pub struct Stream {
     pub(crate) kept: Mutex<Vec<Kept>>,
     /// Held while a micro-batch is flushed: flushes happen one at a time.
     pub(crate) flushing: tokio::sync::Mutex<()>,
+    /// Why the flush timer's last flush failed, for the next push or flush to report.
+    timed_failure: Mutex<Option<String>>,
     pub(crate) counters: Counters,
 }
 
@@ -175,6 +177,7 @@ impl Stream {
             ingest: Mutex::new(Ingest::default()),
             kept: Mutex::new(Vec::new()),
             flushing: tokio::sync::Mutex::new(()),
+            timed_failure: Mutex::new(None),
             counters: Counters::default(),
         }
     }
@@ -185,6 +188,37 @@ impl Stream {
 
     pub(crate) fn lock_kept(&self) -> std::sync::MutexGuard<'_, Vec<Kept>> {
         self.kept.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keeps why a flush of the timer failed.
+    pub(crate) fn note_timed_failure(&self, message: String) {
+        *self.timed_failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(message);
+    }
+
+    /// Why the flush timer's last flush failed, while no push or flush has reported it.
+    pub(crate) fn pending_timed_failure(&self) -> Option<String> {
+        self.timed_failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The failure of a flush of the timer since the last call, as an error.
+    pub(crate) fn timed_failure(&self) -> Result<()> {
+        let failure = self
+            .timed_failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        match failure {
+            None => Ok(()),
+            Some(message) => Err(SpateError::Execution {
+                message: format!(
+                    "a micro-batch of stream '{}' cut by its flush interval failed: {message}",
+                    self.config.name
+                ),
+            }),
+        }
     }
 
     /// A new writer's id.
