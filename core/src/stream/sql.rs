@@ -449,8 +449,8 @@ mod tests {
             .is_err()
         );
         assert_eq!(
-            rewritten("CHECKPOINT '/tmp/c'; RESTORE 'c'"),
-            "SET spate_checkpoint = '/tmp/c'; SET spate_restore = 'c'"
+            rewritten("CHECKPOINT 'ckpt/c'; RESTORE 'c'"),
+            "SET spate_checkpoint = 'ckpt/c'; SET spate_restore = 'c'"
         );
         assert!(rewrite("CHECKPOINT", &GenericDialect {}).is_err());
         // Other statements pass untouched.
