@@ -70,6 +70,8 @@ pub const VIEWS: [(&str, &str); 3] = [
 pub struct PipelineRun {
     /// The backend it ran on, as resolved.
     pub backend: String,
+    /// The backend and why (`BackendSelection`'s line).
+    pub selection: String,
     pub events: usize,
     pub late_rows: u64,
     pub micro_batches: u64,
@@ -170,6 +172,7 @@ pub async fn run_pipeline(backend: Backend, events: &[RecordBatch]) -> Result<Pi
         .ok_or("the stream is gone")?;
     Ok(PipelineRun {
         backend: engine.backend().resolved.to_string(),
+        selection: engine.backend().to_string(),
         events: info.events as usize,
         late_rows: info.late_rows,
         micro_batches: info.micro_batches,

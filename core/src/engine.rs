@@ -226,94 +226,6 @@ impl EngineBuilder {
     }
 }
 
-/// The option `CACHE TABLE t SHARDED BY (a, b)` becomes before parsing (the SQL parser has no
-/// such clause, and has `OPTIONS`).
-const SHARDED_BY_OPTION: &str = "spate.sharded_by";
-
-/// `sql` with every `CACHE TABLE name SHARDED BY (a, b)` written as `CACHE TABLE name
-/// OPTIONS ('spate.sharded_by' = 'a,b')`. Works on the dialect's tokens, so quotes and
-/// comments are left alone, and splices the original text (only the clause changes); text
-/// that does not tokenize is returned as it is, for the parser to report.
-fn sharded_by_as_options<'a>(
-    sql: &'a str,
-    dialect: &dyn datafusion::sql::sqlparser::dialect::Dialect,
-) -> std::borrow::Cow<'a, str> {
-    use datafusion::sql::sqlparser::tokenizer::{Location, Token, Tokenizer};
-    let word = |t: &Token, w: &str| matches!(t, Token::Word(x) if x.value.eq_ignore_ascii_case(w) && x.quote_style.is_none());
-    let Ok(tokens) = Tokenizer::new(dialect, sql)
-        .with_unescape(false)
-        .tokenize_with_location()
-    else {
-        return sql.into();
-    };
-    if !tokens.iter().any(|t| word(&t.token, "SHARDED")) {
-        return sql.into();
-    }
-    // Byte offsets of a token location (lines and columns count from 1, columns in chars).
-    let line_starts: Vec<usize> = std::iter::once(0)
-        .chain(sql.match_indices('\n').map(|(i, _)| i + 1))
-        .collect();
-    let offset = |at: Location| -> Option<usize> {
-        let start = *line_starts.get(usize::try_from(at.line).ok()?.checked_sub(1)?)?;
-        let column = usize::try_from(at.column).ok()?.checked_sub(1)?;
-        Some(match sql[start..].char_indices().nth(column) {
-            Some((i, _)) => start + i,
-            None => sql.len(),
-        })
-    };
-    let significant = |from: usize| {
-        (from..tokens.len()).find(|&i| !matches!(tokens[i].token, Token::Whitespace(_)))
-    };
-    // (start, end, replacement) of each clause, in order.
-    let mut clauses = Vec::new();
-    let mut in_cache = false;
-    for (i, t) in tokens.iter().enumerate() {
-        if word(&t.token, "CACHE") {
-            in_cache = true;
-        } else if matches!(t.token, Token::SemiColon) {
-            in_cache = false;
-        }
-        if in_cache
-            && word(&t.token, "SHARDED")
-            && let Some(by) = significant(i + 1)
-            && word(&tokens[by].token, "BY")
-            && let Some(open) = significant(by + 1)
-            && matches!(tokens[open].token, Token::LParen)
-            && let Some(close) =
-                (open..tokens.len()).find(|&j| matches!(tokens[j].token, Token::RParen))
-            && let (Some(start), Some(end)) = (offset(t.span.start), offset(tokens[close].span.end))
-        {
-            let columns: Vec<String> = tokens[open + 1..close]
-                .iter()
-                .filter_map(|t| match &t.token {
-                    Token::Word(w) => Some(w.value.replace('\'', "''")),
-                    _ => None,
-                })
-                .collect();
-            clauses.push((
-                start,
-                end,
-                format!("OPTIONS ('{SHARDED_BY_OPTION}' = '{}')", columns.join(",")),
-            ));
-        }
-    }
-    if clauses.is_empty() {
-        return sql.into();
-    }
-    let mut out = String::with_capacity(sql.len());
-    let mut at = 0;
-    for (start, end, replacement) in clauses {
-        if start < at || end < start {
-            return sql.into();
-        }
-        out.push_str(&sql[at..start]);
-        out.push_str(&replacement);
-        at = end;
-    }
-    out.push_str(&sql[at..]);
-    out.into()
-}
-
 /// The columns of a `CACHE TABLE`'s `SHARDED BY` (its `spate.sharded_by` option); an unknown
 /// option is an error.
 fn sharded_by_option(
@@ -323,7 +235,9 @@ fn sharded_by_option(
     let mut columns = Vec::new();
     for option in options {
         match option {
-            SqlOption::KeyValue { key, value } if key.value == SHARDED_BY_OPTION => {
+            SqlOption::KeyValue { key, value }
+                if key.value == crate::rewrite::SHARDED_BY_OPTION =>
+            {
                 if let SqlExpr::Value(v) = value
                     && let Value::SingleQuotedString(list) = &v.value
                 {
@@ -618,8 +532,7 @@ impl Engine {
         let dialect = dialect_from_str(options.dialect.as_ref()).ok_or_else(|| {
             config_error(&format!("unsupported SQL dialect '{}'", options.dialect))
         })?;
-        let streaming = crate::stream::sql::rewrite(sql, dialect.as_ref())?;
-        let rewritten = sharded_by_as_options(&streaming, dialect.as_ref());
+        let rewritten = crate::rewrite::rewrite(sql, dialect.as_ref())?;
         let sql: &str = &rewritten;
         let statements = DFParserBuilder::new(sql)
             .with_dialect(dialect.as_ref())

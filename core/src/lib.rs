@@ -45,6 +45,7 @@ mod exec;
 mod expr;
 mod model;
 mod plan;
+mod rewrite;
 mod source;
 mod stream;
 #[cfg(feature = "tpch")]

@@ -101,10 +101,10 @@ fn accepted(batches: &[RecordBatch], lateness: i64) -> (Vec<RecordBatch>, usize)
     (kept, late)
 }
 
-/// Each row as text, counted.
-fn multiset(batches: &[RecordBatch]) -> BTreeMap<String, i64> {
-    let mut rows = BTreeMap::new();
+/// Each row as its cells' text (NULL as `NULL`).
+fn cells(batches: &[RecordBatch]) -> Vec<Vec<String>> {
     let options = FormatOptions::default().with_null("NULL");
+    let mut rows = Vec::new();
     for b in batches {
         let formatters: Vec<_> = b
             .columns()
@@ -112,9 +112,17 @@ fn multiset(batches: &[RecordBatch]) -> BTreeMap<String, i64> {
             .map(|c| ArrayFormatter::try_new(c.as_ref(), &options).unwrap())
             .collect();
         for r in 0..b.num_rows() {
-            let line: Vec<String> = formatters.iter().map(|f| f.value(r).to_string()).collect();
-            *rows.entry(line.join("|")).or_default() += 1;
+            rows.push(formatters.iter().map(|f| f.value(r).to_string()).collect());
         }
+    }
+    rows
+}
+
+/// Each row as text, counted.
+fn multiset(batches: &[RecordBatch]) -> BTreeMap<String, i64> {
+    let mut rows = BTreeMap::new();
+    for line in cells(batches) {
+        *rows.entry(line.join("|")).or_default() += 1;
     }
     rows
 }
@@ -197,20 +205,25 @@ async fn push(engine: &Engine, batches: &[RecordBatch], finish: bool) -> Vec<Rec
     emitted
 }
 
-async fn run(backend: Backend, query: &str, emit: &str, options: &str, lateness: i64) -> Run {
-    let engine = declare(backend, query, emit, options).await;
-    let batches = events(3_000, 200);
-    let emitted = push(&engine, &batches, true).await;
+/// Rows in `tx$late`.
+async fn late_rows(engine: &Engine) -> usize {
     let late = engine
         .collect("SELECT count(*) FROM \"tx$late\"")
         .await
         .unwrap();
-    let late_rows = late[0]
+    late[0]
         .column(0)
         .as_any()
         .downcast_ref::<Int64Array>()
         .unwrap()
-        .value(0) as usize;
+        .value(0) as usize
+}
+
+async fn run(backend: Backend, query: &str, emit: &str, options: &str, lateness: i64) -> Run {
+    let engine = declare(backend, query, emit, options).await;
+    let batches = events(3_000, 200);
+    let emitted = push(&engine, &batches, true).await;
+    let late_rows = late_rows(&engine).await;
 
     let (kept, expected_late) = accepted(&batches, lateness);
     let replay = Engine::builder().backend(Backend::Cpu).build().unwrap();
@@ -392,17 +405,7 @@ async fn a_restore_from_a_checkpoint_gives_the_output_of_a_run_without_one() {
                 );
             }
             // Late rows survive the restart.
-            let late = engine
-                .collect("SELECT count(*) FROM \"tx$late\"")
-                .await
-                .unwrap();
-            let late = late[0]
-                .column(0)
-                .as_any()
-                .downcast_ref::<Int64Array>()
-                .unwrap()
-                .value(0) as usize;
-            assert_eq!(late, whole.late_rows, "{backend:?}");
+            assert_eq!(late_rows(&engine).await, whole.late_rows, "{backend:?}");
         }
     }
 }
@@ -511,27 +514,12 @@ async fn lag_keeps_each_keys_latest_rows_not_the_whole_stream() {
 /// Rows keyed by their first `keys` columns, the others as floats.
 fn keyed_floats(batches: &[RecordBatch], keys: usize) -> BTreeMap<String, Vec<Option<f64>>> {
     let mut out = BTreeMap::new();
-    let options = FormatOptions::default().with_null("NULL");
-    for b in batches {
-        let formatters: Vec<_> = b
-            .columns()
-            .iter()
-            .map(|c| ArrayFormatter::try_new(c.as_ref(), &options).unwrap())
-            .collect();
-        for r in 0..b.num_rows() {
-            let key: Vec<String> = formatters[..keys]
-                .iter()
-                .map(|f| f.value(r).to_string())
-                .collect();
-            let values = formatters[keys..]
-                .iter()
-                .map(|f| f.value(r).to_string().parse::<f64>().ok())
-                .collect();
-            assert!(
-                out.insert(key.join("|"), values).is_none(),
-                "a repeated key"
-            );
-        }
+    for row in cells(batches) {
+        let values = row[keys..].iter().map(|v| v.parse::<f64>().ok()).collect();
+        assert!(
+            out.insert(row[..keys].join("|"), values).is_none(),
+            "a repeated key"
+        );
     }
     out
 }

@@ -81,9 +81,6 @@ pub fn run(args: StreamArgs) -> Result<ExitCode, String> {
     }
     let runtime = crate::runtime()?;
     let events = spate_bench::stream::fraud_events(args.events, args.batch);
-    if let Ok(engine) = spate::Engine::builder().backend(args.backend).build() {
-        println!("{}", engine.backend());
-    }
     println!(
         "stream bench: scenario fraud, {} events in pushes of {} rows, views {}",
         args.events,
@@ -95,6 +92,7 @@ pub fn run(args: StreamArgs) -> Result<ExitCode, String> {
             .join(", ")
     );
     let mut under_test = runtime.block_on(run_pipeline(args.backend, &events))?;
+    println!("{}", under_test.selection);
     report(&mut under_test);
     if args.backend != Backend::Cpu {
         let mut cpu = runtime.block_on(run_pipeline(Backend::Cpu, &events))?;

@@ -280,17 +280,11 @@ impl DeviceTable {
     /// The table's rows on the host, partition by partition (downloaded from the device, or
     /// as the spill coordinator left them).
     pub fn to_host(&self) -> Result<Vec<RecordBatch>> {
-        if let Residence::Host(partitions) = &*self.read_rows() {
-            return Ok(partitions.iter().flatten().cloned().collect());
-        }
-        let mut out = Vec::new();
-        for (p, home) in self.devices.iter().enumerate().take(self.partition_count) {
-            let stream = home.new_stream()?;
-            for b in self.partition(p)?.0 {
-                out.push(download_batch(&stream, &b)?);
-            }
-        }
-        Ok(out)
+        let partitions = match &*self.read_rows() {
+            Residence::Host(partitions) => partitions.clone(),
+            Residence::Device(partitions) => download_partitions(partitions, &self.devices)?,
+        };
+        Ok(partitions.into_iter().flatten().collect())
     }
 
     /// Rows and device bytes of each partition (each shard, with several devices), while the
@@ -423,20 +417,28 @@ impl Spillable for DeviceTable {
         if Arc::strong_count(&self.scans) > 1 {
             return Ok(0);
         }
-        let host = partitions
-            .iter()
-            .zip(&self.devices)
-            .map(|(batches, home)| {
-                let stream = home.new_stream()?;
-                batches
-                    .iter()
-                    .map(|b| download_batch(&stream, b))
-                    .collect::<Result<Vec<_>>>()
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let host = download_partitions(partitions, &self.devices)?;
         *rows = Residence::Host(host);
         Ok(self.device_bytes)
     }
+}
+
+/// Each partition's device batches downloaded, on a stream of the device it is on.
+fn download_partitions(
+    partitions: &[Vec<DeviceBatch>],
+    devices: &[Device],
+) -> Result<Vec<Vec<RecordBatch>>> {
+    partitions
+        .iter()
+        .zip(devices)
+        .map(|(batches, home)| {
+            let stream = home.new_stream()?;
+            batches
+                .iter()
+                .map(|b| download_batch(&stream, b))
+                .collect::<Result<Vec<_>>>()
+        })
+        .collect()
 }
 
 /// Groups `batches` into runs of about `target_bytes` each, in order.

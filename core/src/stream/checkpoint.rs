@@ -43,10 +43,7 @@ pub struct CheckpointStream {
 }
 
 fn source_error(path: &Path, e: impl std::fmt::Display) -> SpateError {
-    SpateError::Source {
-        path: path.display().to_string(),
-        message: format!("checkpoint: {e}"),
-    }
+    super::source_error(path, format!("checkpoint: {e}"))
 }
 
 fn write_ipc(

@@ -1,7 +1,8 @@
 //! Streaming SQL: streams with watermarks, window table functions, and continuous views whose
 //! results are emitted as micro-batches arrive (see `docs/streaming.md`).
 //!
-//! - `sql.rs`: `CREATE STREAM` and `CREATE CONTINUOUS VIEW`, rewritten for DataFusion's parser;
+//! - `crate::rewrite`: `CREATE STREAM`, `CREATE CONTINUOUS VIEW`, `CHECKPOINT` and `RESTORE`,
+//!   rewritten for DataFusion's parser;
 //! - `interval.rs`: durations in those statements and their options;
 //! - `windows.rs`: `TUMBLE`, `HOP` and `SESSION` in `FROM`;
 //! - `state.rs`: a stream's writers, watermark, late rows and kept micro-batches;
@@ -15,7 +16,6 @@
 pub mod checkpoint;
 pub mod interval;
 mod sink;
-pub mod sql;
 pub mod state;
 pub mod tail;
 pub mod view;
@@ -43,10 +43,10 @@ use datafusion::common::Column;
 use datafusion::functions_window::expr_fn::row_number;
 use datafusion::logical_expr::{Expr, ExprFunctionExt, lit};
 pub use state::StreamConfig;
-use state::{LateTable, Stream, StreamTable};
+use state::{HostRowsTable, Stream, StreamTable};
 pub use tail::FolderTail;
 pub use view::Emit;
-use view::{ContinuousView, LatestRows, ViewTable};
+use view::{ContinuousView, LatestRows};
 pub use windows::{WindowFunctionKind, WindowTableFunction};
 
 /// Default rows per micro-batch.
@@ -123,6 +123,14 @@ fn option_text(options: &CreateTableOptions) -> HashMap<String, String> {
         .collect()
 }
 
+/// A file or folder a stream reads or writes that failed, and why.
+pub(crate) fn source_error(path: &std::path::Path, message: impl std::fmt::Display) -> SpateError {
+    SpateError::Source {
+        path: path.display().to_string(),
+        message: message.to_string(),
+    }
+}
+
 /// A table name as the catalog holds it: unquoted letters in lower case (DataFusion's rule).
 fn normalized(name: &str) -> String {
     datafusion::common::TableReference::from(name)
@@ -179,7 +187,7 @@ impl Catalog {
         views
     }
 
-    /// Runs `statement` when it is one of Spate's streaming statements (see `sql.rs`), giving
+    /// Runs `statement` when it is one of Spate's streaming statements (see `crate::rewrite`), giving
     /// its result; `None` for any other.
     pub(crate) async fn execute(
         self: &Arc<Self>,
@@ -190,8 +198,8 @@ impl Catalog {
                 variable, values, ..
             }) => {
                 let name = variable.to_string().to_ascii_lowercase();
-                let restore = name == sql::RESTORE_VARIABLE;
-                if name != sql::CHECKPOINT_VARIABLE && !restore {
+                let restore = name == crate::rewrite::RESTORE_VARIABLE;
+                if name != crate::rewrite::CHECKPOINT_VARIABLE && !restore {
                     return Ok(None);
                 }
                 let folder = match values.as_slice() {
@@ -215,7 +223,7 @@ impl Catalog {
             }
             SqlStatement::CreateTable(create) => {
                 let options = option_text(&create.table_options);
-                let Some(time) = options.get(sql::STREAM_OPTION).cloned() else {
+                let Some(time) = options.get(crate::rewrite::STREAM_OPTION).cloned() else {
                     return Ok(None);
                 };
                 let mut plain = create.clone();
@@ -241,7 +249,7 @@ impl Catalog {
             }
             SqlStatement::CreateView(create) => {
                 let options = option_text(&create.options);
-                let Some(mode) = options.get(sql::EMIT_OPTION) else {
+                let Some(mode) = options.get(crate::rewrite::EMIT_OPTION) else {
                     return Ok(None);
                 };
                 let emit = if mode == "update" {
@@ -290,8 +298,8 @@ impl Catalog {
                 .transpose()
         };
         let known = [
-            sql::STREAM_OPTION,
-            sql::DELAY_OPTION,
+            crate::rewrite::STREAM_OPTION,
+            crate::rewrite::DELAY_OPTION,
             "lateness",
             "idle_timeout",
             "flush_rows",
@@ -304,7 +312,7 @@ impl Catalog {
             )));
         }
         let delay = options
-            .get(sql::DELAY_OPTION)
+            .get(crate::rewrite::DELAY_OPTION)
             .map(|d| d.parse::<i64>())
             .transpose()
             .map_err(|_| config_error("a watermark delay that is not a number".into()))?
@@ -343,9 +351,14 @@ impl Catalog {
         )?;
         self.ctx.register_table(
             datafusion::common::TableReference::bare(format!("{name}$late")),
-            Arc::new(LateTable {
-                stream: Arc::clone(&stream),
-            }),
+            Arc::new(HostRowsTable::new(
+                Arc::clone(&stream.config.schema),
+                datafusion::datasource::TableType::Base,
+                {
+                    let stream = Arc::clone(&stream);
+                    move || stream.late_batches()
+                },
+            )),
         )?;
         self.lock_streams().insert(key, Arc::clone(&stream));
         self.start_timer(&stream);
@@ -406,9 +419,14 @@ impl Catalog {
         }
         self.ctx.register_table(
             name,
-            Arc::new(ViewTable {
-                view: Arc::clone(&view),
-            }),
+            Arc::new(HostRowsTable::new(
+                view.schema(),
+                datafusion::datasource::TableType::View,
+                {
+                    let view = Arc::clone(&view);
+                    move || view.history()
+                },
+            )),
         )?;
         self.lock_views()
             .insert(name.to_string(), Arc::clone(&view));
@@ -519,7 +537,7 @@ impl Catalog {
             }
         }
         match keep_from {
-            Some(keep_from) if latest.is_empty() => stream.drop_before(keep_from),
+            Some(keep_from) if latest.is_empty() => drop(stream.take_before(keep_from)),
             Some(keep_from) => self.carry_latest(stream, keep_from, &latest).await?,
             None => {}
         }

@@ -118,7 +118,6 @@ struct Ingest {
     writers: HashMap<u64, Writer>,
     next_writer: u64,
     waiting: Vec<RecordBatch>,
-    waiting_rows: usize,
     /// Rows pushed since the last micro-batch was cut, late ones included: what `flush_rows`
     /// counts, so a micro-batch follows the pushes whatever is late.
     arrived: usize,
@@ -314,7 +313,7 @@ impl Stream {
 
     /// Rows waiting for the next micro-batch.
     pub(crate) fn waiting_rows(&self) -> usize {
-        self.lock().waiting_rows
+        self.lock().waiting.iter().map(RecordBatch::num_rows).sum()
     }
 
     /// The late rows so far.
@@ -424,7 +423,6 @@ impl Stream {
             ingest.late.push(late);
         }
         if kept.num_rows() > 0 {
-            ingest.waiting_rows += kept.num_rows();
             ingest.oldest_waiting.get_or_insert(now);
             ingest.waiting.push(kept);
         }
@@ -454,7 +452,6 @@ impl Stream {
             let mut ingest = self.lock();
             self.advance_watermark(&mut ingest, Instant::now());
             ingest.cut_watermark = ingest.watermark;
-            ingest.waiting_rows = 0;
             ingest.arrived = 0;
             ingest.oldest_waiting = None;
             std::mem::take(&mut ingest.waiting)
@@ -573,11 +570,6 @@ impl Stream {
             }
         }
         Ok(())
-    }
-
-    /// Drops the kept micro-batches whose latest time is below `keep_from` (ticks).
-    pub(crate) fn drop_before(&self, keep_from: i64) {
-        self.lock_kept().retain(|k| k.latest >= keep_from);
     }
 
     /// Takes out the kept micro-batches (and carried rows) whose latest time is below
@@ -700,53 +692,75 @@ async fn scan_kept(
     limit: Option<usize>,
 ) -> DFResult<Arc<dyn ExecutionPlan>> {
     let schema = Arc::clone(&stream.config.schema);
-    {
-        match &stream.gpu {
-            Some(gpu) => {
-                let parts: Vec<Arc<DeviceTable>> = kept
-                    .iter()
-                    .filter_map(|k| match &k.rows {
-                        Rows::Device(t) => Some(Arc::clone(t)),
-                        Rows::Host(_) => None,
-                    })
-                    .collect();
-                let table = DeviceTable::merged(gpu, schema, &parts)
-                    .map_err(datafusion::error::DataFusionError::from)?;
-                Ok(Arc::new(GpuCachedScanExec::new(
-                    Arc::new(table),
-                    projection.cloned(),
-                )?))
-            }
-            None => {
-                let batches = kept
-                    .iter()
-                    .filter_map(|k| match &k.rows {
-                        Rows::Host(b) => Some(b.clone()),
-                        Rows::Device(_) => None,
-                    })
-                    .collect();
-                MemTable::try_new(schema, vec![batches])?
-                    .scan(state, projection, filters, limit)
-                    .await
-            }
+    match &stream.gpu {
+        Some(gpu) => {
+            let parts: Vec<Arc<DeviceTable>> = kept
+                .iter()
+                .filter_map(|k| match &k.rows {
+                    Rows::Device(t) => Some(Arc::clone(t)),
+                    Rows::Host(_) => None,
+                })
+                .collect();
+            let table = DeviceTable::merged(gpu, schema, &parts)
+                .map_err(datafusion::error::DataFusionError::from)?;
+            Ok(Arc::new(GpuCachedScanExec::new(
+                Arc::new(table),
+                projection.cloned(),
+            )?))
+        }
+        None => {
+            let batches = kept
+                .iter()
+                .filter_map(|k| match &k.rows {
+                    Rows::Host(b) => Some(b.clone()),
+                    Rows::Device(_) => None,
+                })
+                .collect();
+            MemTable::try_new(schema, vec![batches])?
+                .scan(state, projection, filters, limit)
+                .await
         }
     }
 }
 
-/// A stream's late rows, `<stream>$late`.
-#[derive(Debug)]
-pub(crate) struct LateTable {
-    pub(crate) stream: Arc<Stream>,
+/// Rows held on the host, read when a query scans them: a stream's late rows
+/// (`<stream>$late`) and what a continuous view has emitted.
+pub(crate) struct HostRowsTable {
+    schema: SchemaRef,
+    table_type: TableType,
+    rows: Box<dyn Fn() -> Vec<RecordBatch> + Send + Sync>,
+}
+
+impl HostRowsTable {
+    pub(crate) fn new(
+        schema: SchemaRef,
+        table_type: TableType,
+        rows: impl Fn() -> Vec<RecordBatch> + Send + Sync + 'static,
+    ) -> Self {
+        HostRowsTable {
+            schema,
+            table_type,
+            rows: Box::new(rows),
+        }
+    }
+}
+
+impl std::fmt::Debug for HostRowsTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostRowsTable")
+            .field("schema", &self.schema)
+            .finish_non_exhaustive()
+    }
 }
 
 #[async_trait]
-impl TableProvider for LateTable {
+impl TableProvider for HostRowsTable {
     fn schema(&self) -> SchemaRef {
-        Arc::clone(&self.stream.config.schema)
+        Arc::clone(&self.schema)
     }
 
     fn table_type(&self) -> TableType {
-        TableType::Base
+        self.table_type
     }
 
     async fn scan(
@@ -756,7 +770,7 @@ impl TableProvider for LateTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> DFResult<Arc<dyn ExecutionPlan>> {
-        MemTable::try_new(self.schema(), vec![self.stream.late_batches()])?
+        MemTable::try_new(self.schema(), vec![(self.rows)()])?
             .scan(state, projection, filters, limit)
             .await
     }

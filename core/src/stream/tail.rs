@@ -19,7 +19,7 @@ use datafusion::prelude::{CsvReadOptions, JsonReadOptions, ParquetReadOptions};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{Catalog, StreamWriter};
+use super::{Catalog, StreamWriter, source_error};
 use crate::error::{Result, SpateError};
 use crate::source::FileFormat;
 
@@ -71,13 +71,6 @@ impl FolderTail {
 impl Drop for FolderTail {
     fn drop(&mut self) {
         let _ = self.end.send(End::Stop);
-    }
-}
-
-fn source_error(path: &Path, message: impl std::fmt::Display) -> SpateError {
-    SpateError::Source {
-        path: path.display().to_string(),
-        message: message.to_string(),
     }
 }
 
@@ -181,6 +174,7 @@ impl Catalog {
         schema: &arrow::datatypes::SchemaRef,
     ) -> Result<Vec<RecordBatch>> {
         let text = path.to_string_lossy().into_owned();
+        let shown = path.display().to_string();
         let extension = path
             .extension()
             .map(|e| format!(".{}", e.to_string_lossy()))
@@ -226,7 +220,9 @@ impl Catalog {
                     .await
             }
         }
-        .map_err(|e| source_error(path, e))?;
-        df.collect().await.map_err(|e| source_error(path, e))
+        .map_err(|e| SpateError::source_read(&shown, e))?;
+        df.collect()
+            .await
+            .map_err(|e| SpateError::source_read(&shown, e))
     }
 }

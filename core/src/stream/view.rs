@@ -29,17 +29,13 @@ use arrow::array::{ArrayRef, Int64Array, StringArray};
 use arrow::compute::{cast, concat_batches};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use arrow::record_batch::RecordBatch;
-use arrow::row::{OwnedRow, RowConverter, SortField};
-use async_trait::async_trait;
-use datafusion::catalog::{MemTable, Session};
+use arrow::row::{OwnedRow, Row, RowConverter, SortField};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{Column, ScalarValue};
-use datafusion::datasource::{TableProvider, TableType, source_as_provider};
-use datafusion::error::Result as DFResult;
+use datafusion::datasource::source_as_provider;
 use datafusion::logical_expr::{
     Expr, LogicalPlan, WindowFrameBound, WindowFrameUnits, expr::WindowFunction, lit,
 };
-use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionContext;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
@@ -603,13 +599,7 @@ impl ContinuousView {
     ) -> Result<RecordBatch> {
         let mut state = self.lock();
         if state.converter.is_none() {
-            let fields = self
-                .output
-                .fields()
-                .iter()
-                .map(|f| SortField::new(f.data_type().clone()))
-                .collect();
-            state.converter = Some(RowConverter::new(fields)?);
+            state.converter = Some(self.row_converter()?);
         }
         let Emitted {
             converter, open, ..
@@ -620,27 +610,32 @@ impl ContinuousView {
             });
         };
         let encoded = converter.convert_columns(rows.columns())?;
-        let mut now: HashMap<OwnedRow, i64> = HashMap::new();
+        // Rows are compared borrowed; only those that stay open are copied, to keep.
+        let mut now: HashMap<Row<'_>, i64> = HashMap::new();
         let mut open_now: HashMap<OwnedRow, i64> = HashMap::new();
         for (i, row) in encoded.iter().enumerate() {
-            *now.entry(row.owned()).or_default() += 1;
+            *now.entry(row).or_default() += 1;
             if !finals.value(i) {
                 *open_now.entry(row.owned()).or_default() += 1;
             }
         }
-        let before = std::mem::replace(open, open_now);
+        let before_owned = std::mem::replace(open, open_now);
+        let before: HashMap<Row<'_>, i64> =
+            before_owned.iter().map(|(r, &n)| (r.row(), n)).collect();
         let (mut retract, mut add) = (Vec::new(), Vec::new());
-        for (row, &n) in &before {
-            let m = now.get(row).copied().unwrap_or(0);
-            for _ in m..n {
-                retract.push(row.row());
-            }
+        for (&row, &n) in &before {
+            let m = now.get(&row).copied().unwrap_or(0);
+            retract.extend(std::iter::repeat_n(
+                row,
+                usize::try_from(n - m).unwrap_or(0),
+            ));
         }
-        for (row, &m) in &now {
-            let n = before.get(row).copied().unwrap_or(0);
-            for _ in n..m {
-                add.push(row.row());
-            }
+        for (&row, &m) in &now {
+            let n = before.get(&row).copied().unwrap_or(0);
+            add.extend(std::iter::repeat_n(
+                row,
+                usize::try_from(m - n).unwrap_or(0),
+            ));
         }
         let ops: ArrayRef = Arc::new(StringArray::from(
             std::iter::repeat_n("-", retract.len())
@@ -682,6 +677,17 @@ impl ContinuousView {
         })
     }
 
+    /// Encodes the view's output rows to compare them whole (`EMIT ON UPDATE`).
+    fn row_converter(&self) -> Result<RowConverter> {
+        let fields = self
+            .output
+            .fields()
+            .iter()
+            .map(|f| SortField::new(f.data_type().clone()))
+            .collect();
+        Ok(RowConverter::new(fields)?)
+    }
+
     /// Puts a checkpoint's state back into a view that has emitted nothing yet.
     pub(crate) fn restore(&self, snapshot: ViewSnapshot) -> Result<()> {
         let mut state = self.lock();
@@ -690,13 +696,7 @@ impl ContinuousView {
         state.rows = snapshot.rows;
         state.open.clear();
         if let Some(open) = snapshot.open {
-            let fields = self
-                .output
-                .fields()
-                .iter()
-                .map(|f| SortField::new(f.data_type().clone()))
-                .collect();
-            let converter = RowConverter::new(fields)?;
+            let converter = self.row_converter()?;
             let width = self.output.fields().len();
             if open.num_columns() != width + 1 {
                 return Err(SpateError::Config {
@@ -752,33 +752,4 @@ fn is_final(rows: &RecordBatch, column: usize, closed: i64) -> Result<arrow::arr
         .iter()
         .map(|v| Some(v.is_some_and(|v| v <= closed)))
         .collect())
-}
-
-/// A continuous view read as a table: everything it has emitted.
-#[derive(Debug)]
-pub(crate) struct ViewTable {
-    pub(crate) view: Arc<ContinuousView>,
-}
-
-#[async_trait]
-impl TableProvider for ViewTable {
-    fn schema(&self) -> SchemaRef {
-        self.view.schema()
-    }
-
-    fn table_type(&self) -> TableType {
-        TableType::View
-    }
-
-    async fn scan(
-        &self,
-        state: &dyn Session,
-        projection: Option<&Vec<usize>>,
-        filters: &[Expr],
-        limit: Option<usize>,
-    ) -> DFResult<Arc<dyn ExecutionPlan>> {
-        MemTable::try_new(self.schema(), vec![self.view.history()])?
-            .scan(state, projection, filters, limit)
-            .await
-    }
 }

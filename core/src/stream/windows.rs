@@ -157,7 +157,7 @@ impl TableFunctionImpl for WindowTableFunction {
         let provider = futures::executor::block_on(schema_provider.table(reference.table()))?
             .ok_or_else(|| plan_error(format!("{name}: no table or stream named '{table}'")))?;
         let input_schema = provider.schema();
-        let (time_index, time_field) = input_schema
+        let (_, time_field) = input_schema
             .column_with_name(&time)
             .ok_or_else(|| plan_error(format!("{name}: '{table}' has no column '{time}'")))?;
         let DataType::Timestamp(unit, _) = time_field.data_type().clone() else {
@@ -231,7 +231,6 @@ impl TableFunctionImpl for WindowTableFunction {
             .iter()
             .map(|f| column(f.name()))
             .collect();
-        let _ = time_index;
         let t = cast(column(&time), DataType::Int64);
         let bounds = |start: Expr, length: i64| {
             vec![

@@ -1,22 +1,33 @@
-//! Spate's streaming statements, rewritten into statements DataFusion's parser reads:
+//! Spate's own statements and clauses, rewritten before parsing into statements DataFusion's
+//! parser reads:
 //!
+//! - `CACHE TABLE t SHARDED BY (a, b)` becomes `CACHE TABLE t OPTIONS ('spate.sharded_by' =
+//!   'a,b')`;
 //! - `CREATE STREAM tx (…, WATERMARK FOR ts AS ts - INTERVAL '5' SECOND) [WITH (…)]` becomes
 //!   `CREATE TABLE tx (…) WITH (spate_stream = 'ts', spate_watermark_delay = '5000000', …)`;
 //! - `CREATE CONTINUOUS VIEW v [WITH (…)] AS SELECT … [EMIT ON WINDOW CLOSE | EMIT ON UPDATE]`
 //!   becomes `CREATE VIEW v WITH (spate_emit = 'close', …) AS SELECT …`.
 //!
-//! The engine then recognises the options (`Engine::execute_statement`) and creates a stream or
-//! a continuous view instead of a table or a view. The rewrite splices the original text, so
-//! quoting and everything else in the statement survives as written.
+//! - `CHECKPOINT 'folder'` and `RESTORE 'folder'` become `SET spate_checkpoint = 'folder'` and
+//!   `SET spate_restore = 'folder'`.
+//!
+//! The engine then recognises the options (`Engine::execute_statement`, `stream::Catalog`) and
+//! shards the cache, or creates a stream or a continuous view instead of a table or a view. The
+//! rewrite works on the dialect's tokens and splices the original text, so quoting, comments
+//! and everything else in the statement survive as written. Text that does not tokenize is
+//! returned as it is, for the parser to report.
 
 use std::borrow::Cow;
 
 use datafusion::sql::sqlparser::dialect::Dialect;
 use datafusion::sql::sqlparser::tokenizer::{Location, Token, TokenWithSpan, Tokenizer};
 
-use super::interval::parse_duration_micros;
 use crate::error::{Result, SpateError};
+use crate::stream::interval::parse_duration_micros;
 
+/// The option `CACHE TABLE t SHARDED BY (a, b)` becomes (the SQL parser has no such clause,
+/// and has `OPTIONS`).
+pub const SHARDED_BY_OPTION: &str = "spate.sharded_by";
 /// The option naming a stream's event-time column (its presence makes a table a stream).
 pub const STREAM_OPTION: &str = "spate_stream";
 /// The option holding a stream's watermark delay, in microseconds.
@@ -83,14 +94,14 @@ fn sql_error(message: String) -> SpateError {
     }
 }
 
-/// Rewrites the streaming statements in `sql` (see the module docs); other text is returned
-/// as it is.
+/// Rewrites Spate's statements and clauses in `sql` (see the module docs); other text is
+/// returned as it is.
 pub fn rewrite<'a>(sql: &'a str, dialect: &dyn Dialect) -> Result<Cow<'a, str>> {
     let Some(t) = Tokens::new(sql, dialect) else {
         return Ok(sql.into());
     };
     let interesting = (0..t.tokens.len()).any(|i| {
-        ["STREAM", "CONTINUOUS", "CHECKPOINT", "RESTORE"]
+        ["SHARDED", "STREAM", "CONTINUOUS", "CHECKPOINT", "RESTORE"]
             .iter()
             .any(|w| t.is_word(i, w))
     });
@@ -123,7 +134,7 @@ pub fn rewrite<'a>(sql: &'a str, dialect: &dyn Dialect) -> Result<Cow<'a, str>> 
     for (start, end, replacement) in edits {
         if start < at || end < start {
             return Err(SpateError::Internal {
-                message: "overlapping edits in a streaming statement".into(),
+                message: "overlapping edits in a rewritten statement".into(),
             });
         }
         out.push_str(&sql[at..start]);
@@ -163,6 +174,9 @@ fn rewrite_statement(
             return Ok(());
         }
     }
+    if word(0, "CACHE") {
+        return sharded_by(t, sig, edits);
+    }
     if !word(0, "CREATE") {
         return Ok(());
     }
@@ -196,6 +210,41 @@ fn closing(t: &Tokens<'_>, sig: &[usize], open: usize) -> Option<usize> {
         }
     }
     None
+}
+
+/// `CACHE TABLE t SHARDED BY (a, b)`: the clause as an option.
+fn sharded_by(
+    t: &Tokens<'_>,
+    sig: &[usize],
+    edits: &mut Vec<(usize, usize, String)>,
+) -> Result<()> {
+    let Some(k) = (0..sig.len()).find(|&k| {
+        t.is_word(sig[k], "SHARDED")
+            && sig.get(k + 1).is_some_and(|&i| t.is_word(i, "BY"))
+            && sig
+                .get(k + 2)
+                .is_some_and(|&i| matches!(t.tokens[i].token, Token::LParen))
+    }) else {
+        return Ok(());
+    };
+    let Some(close) = closing(t, sig, k + 2) else {
+        return Ok(());
+    };
+    let columns: Vec<String> = sig[k + 3..close]
+        .iter()
+        .filter_map(|&i| match &t.tokens[i].token {
+            Token::Word(w) => Some(w.value.replace('\'', "''")),
+            _ => None,
+        })
+        .collect();
+    if let (Some(start), Some(end)) = (t.start(sig[k]), t.end(sig[close])) {
+        edits.push((
+            start,
+            end,
+            format!("OPTIONS ('{SHARDED_BY_OPTION}' = '{}')", columns.join(",")),
+        ));
+    }
+    Ok(())
 }
 
 fn create_stream(
@@ -453,6 +502,10 @@ mod tests {
             "SET spate_checkpoint = 'ckpt/c'; SET spate_restore = 'c'"
         );
         assert!(rewrite("CHECKPOINT", &GenericDialect {}).is_err());
+        assert_eq!(
+            rewritten("cache table t sharded by (a, \"B\") -- shards\n; SELECT 'sharded by (x)'"),
+            "cache table t OPTIONS ('spate.sharded_by' = 'a,B') -- shards\n; SELECT 'sharded by (x)'"
+        );
         // Other statements pass untouched.
         assert_eq!(rewritten("SELECT stream FROM s"), "SELECT stream FROM s");
     }
