@@ -161,6 +161,10 @@ fn profiles() -> RecordBatch {
 struct Run {
     emitted: Vec<RecordBatch>,
     late_rows: usize,
+    /// Before the writer finished: the rows of window state `v` held as panes (`None`: it
+    /// keeps none), and the rows the stream kept.
+    pane_rows: Option<usize>,
+    kept_rows: usize,
     replay: BTreeMap<String, i64>,
     expected_late: usize,
 }
@@ -222,7 +226,14 @@ async fn late_rows(engine: &Engine) -> usize {
 async fn run(backend: Backend, query: &str, emit: &str, options: &str, lateness: i64) -> Run {
     let engine = declare(backend, query, emit, options).await;
     let batches = events(3_000, 200);
-    let emitted = push(&engine, &batches, true).await;
+    let mut emitted = push(&engine, &batches, false).await;
+    let info = engine.streams().remove(0);
+    let pane_rows = info
+        .pane_rows
+        .iter()
+        .find(|(v, _)| v == "v")
+        .map(|(_, n)| *n);
+    emitted.extend(push(&engine, &[], true).await);
     let late_rows = late_rows(&engine).await;
 
     let (kept, expected_late) = accepted(&batches, lateness);
@@ -233,14 +244,36 @@ async fn run(backend: Backend, query: &str, emit: &str, options: &str, lateness:
     Run {
         emitted,
         late_rows,
+        pane_rows,
+        kept_rows: info.kept_rows,
         replay: want,
         expected_late,
     }
 }
 
-async fn final_rows_equal_replay(query: &str) {
+/// Whether a view keeps its window state as panes (`stream/panes.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Panes,
+    KeptRows,
+}
+
+async fn final_rows_equal_replay(query: &str, state: State) {
     for backend in [Backend::Cpu, Backend::Emulated] {
         let r = run(backend, query, "EMIT ON WINDOW CLOSE", "", 0).await;
+        match state {
+            State::Panes => {
+                let panes = r
+                    .pane_rows
+                    .unwrap_or_else(|| panic!("{backend:?}: no panes"));
+                assert!(panes > 0, "{backend:?}: empty panes");
+                assert_eq!(r.kept_rows, 0, "{backend:?}: the stream kept rows");
+            }
+            State::KeptRows => {
+                assert_eq!(r.pane_rows, None, "{backend:?}: panes");
+                assert!(r.kept_rows > 0, "{backend:?}: the stream kept no rows");
+            }
+        }
         assert!(r.expected_late > 0, "the events must hold late rows");
         assert_eq!(r.late_rows, r.expected_late, "{backend:?}: late rows");
         let got = multiset(&r.emitted);
@@ -260,7 +293,7 @@ const TUMBLE: &str = "SELECT card, window_start, window_end, count(*) AS n, sum(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tumbling_windows_equal_the_batch_replay() {
-    final_rows_equal_replay(TUMBLE).await;
+    final_rows_equal_replay(TUMBLE, State::Panes).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -269,13 +302,14 @@ async fn hopping_windows_equal_the_batch_replay() {
         "SELECT card, window_start, window_end, count(*) AS n, min(amount) AS low \
          FROM HOP(tx, ts, INTERVAL '5' SECOND, INTERVAL '20' SECOND) \
          GROUP BY card, window_start, window_end",
+        State::Panes,
     )
     .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_windows_equal_the_batch_replay() {
-    final_rows_equal_replay(SESSIONS).await;
+    final_rows_equal_replay(SESSIONS, State::KeptRows).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -285,6 +319,7 @@ async fn per_event_range_windows_equal_the_batch_replay() {
          max(amount) OVER w AS top, min(amount) OVER w AS low FROM tx \
          WINDOW w AS (PARTITION BY card ORDER BY ts \
          RANGE BETWEEN INTERVAL '5' SECOND PRECEDING AND CURRENT ROW)",
+        State::KeptRows,
     )
     .await;
 }
@@ -294,6 +329,7 @@ async fn a_stream_joined_with_a_table_equals_the_batch_replay() {
     final_rows_equal_replay(
         "SELECT t.card, t.ts, t.amount, p.risk FROM tx t JOIN profiles p ON t.card = p.card \
          WHERE p.risk > 0",
+        State::KeptRows,
     )
     .await;
 }
@@ -480,7 +516,7 @@ const LAGS: &str = "SELECT card, ts, amount, \
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lag_equals_the_batch_replay() {
-    final_rows_equal_replay(LAGS).await;
+    final_rows_equal_replay(LAGS, State::KeptRows).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -540,23 +576,89 @@ async fn per_event_float_features_equal_the_replay_within_1e9() {
         let (kept, _) = accepted(&events(3_000, 200), 0);
         replay.register_batches("tx", kept).unwrap();
         let want = keyed_floats(&replay.collect(query).await.unwrap(), 3);
-        let got = keyed_floats(&r.emitted, 3);
-        assert_eq!(got.len(), want.len(), "{backend:?}");
-        for (key, w) in &want {
-            let g = got
-                .get(key)
-                .unwrap_or_else(|| panic!("{backend:?}: no row {key}"));
-            for (a, b) in g.iter().zip(w) {
-                match (a, b) {
-                    (Some(a), Some(b)) => assert!(
-                        (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0),
-                        "{backend:?} {key}: {a} against {b}"
-                    ),
-                    _ => assert_eq!(a.is_some(), b.is_some(), "{backend:?} {key}"),
-                }
+        floats_close(&keyed_floats(&r.emitted, 3), &want, backend);
+    }
+}
+
+/// `got` equals `want` row for row, each float to 1e-9 relative.
+fn floats_close(
+    got: &BTreeMap<String, Vec<Option<f64>>>,
+    want: &BTreeMap<String, Vec<Option<f64>>>,
+    backend: Backend,
+) {
+    assert!(!want.is_empty(), "{backend:?}: the replay gave no rows");
+    assert_eq!(got.len(), want.len(), "{backend:?}");
+    for (key, w) in want {
+        let g = got
+            .get(key)
+            .unwrap_or_else(|| panic!("{backend:?}: no row {key}"));
+        for (a, b) in g.iter().zip(w) {
+            match (a, b) {
+                (Some(a), Some(b)) => assert!(
+                    (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0),
+                    "{backend:?} {key}: {a} against {b}"
+                ),
+                _ => assert_eq!(a.is_some(), b.is_some(), "{backend:?} {key}"),
             }
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hop_panes_with_averages_filters_and_having_equal_the_replay() {
+    // Panes of a HOP: an average (a sum and a count per pane), a count of a column, a filter
+    // below the aggregation, HAVING on an aggregate not shown, and ORDER BY above it.
+    let query = "SELECT card, window_start, window_end, avg(CAST(amount AS DOUBLE)) AS mean, \
+                 count(amount) AS n, sum(amount) AS total, max(ts) AS last \
+                 FROM HOP(tx, ts, INTERVAL '2' SECOND, INTERVAL '6' SECOND) \
+                 WHERE amount > 10 GROUP BY card, window_start, window_end \
+                 HAVING count(*) > 1 ORDER BY card";
+    for backend in [Backend::Cpu, Backend::Emulated] {
+        let r = run(backend, query, "EMIT ON WINDOW CLOSE", "", 0).await;
+        assert!(r.pane_rows.is_some_and(|n| n > 0), "{backend:?}: no panes");
+        assert_eq!(r.kept_rows, 0, "{backend:?}: the stream kept rows");
+        // `last` compares as text.
+        let strip = |rows: BTreeMap<String, Vec<Option<f64>>>| -> BTreeMap<_, _> {
+            rows.into_iter()
+                .map(|(k, mut v)| {
+                    v.pop();
+                    (k, v)
+                })
+                .collect()
+        };
+        let want = r.replay.keys().cloned().collect::<Vec<_>>();
+        let replay = Engine::builder().backend(Backend::Cpu).build().unwrap();
+        let (kept, _) = accepted(&events(3_000, 200), 0);
+        replay.register_batches("tx", kept).unwrap();
+        let want_rows = replay.collect(query).await.unwrap();
+        floats_close(
+            &strip(keyed_floats(&r.emitted, 3)),
+            &strip(keyed_floats(&want_rows, 3)),
+            backend,
+        );
+        let lasts = |batches: &[RecordBatch]| -> BTreeMap<String, String> {
+            cells(batches)
+                .into_iter()
+                .map(|row| (row[..3].join("|"), row[row.len() - 1].clone()))
+                .collect()
+        };
+        assert_eq!(lasts(&r.emitted), lasts(&want_rows), "{backend:?}");
+        assert_eq!(
+            want.len(),
+            want_rows.iter().map(RecordBatch::num_rows).sum::<usize>()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn windows_with_distinct_aggregates_run_over_the_kept_rows() {
+    final_rows_equal_replay(
+        "SELECT card, window_start, window_end, count(DISTINCT amount) AS amounts, \
+         count(*) AS n FROM TUMBLE(tx, ts, INTERVAL '10' SECOND) \
+         GROUP BY card, window_start, window_end",
+        State::KeptRows,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

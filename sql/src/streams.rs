@@ -49,7 +49,14 @@ fn row(s: &StreamInfo) -> Vec<String> {
         if s.views.is_empty() {
             "-".into()
         } else {
-            s.views.join(", ")
+            s.views
+                .iter()
+                .map(|v| match s.pane_rows.iter().find(|(p, _)| p == v) {
+                    Some((_, rows)) => format!("{v} (panes: {rows} rows)"),
+                    None => v.clone(),
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
         },
     ]
 }

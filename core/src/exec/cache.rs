@@ -277,6 +277,31 @@ impl DeviceTable {
         })
     }
 
+    /// A table of `batches`, computed on `device` and complete there (a query's output kept
+    /// in device memory: a stream's window state, `stream/panes.rs`), in one partition. What
+    /// the load of host rows learns of the columns is not known.
+    pub(crate) fn from_device_batches(
+        schema: SchemaRef,
+        device: Device,
+        batches: Vec<DeviceBatch>,
+    ) -> Self {
+        for batch in &batches {
+            batch.share_across_streams();
+        }
+        DeviceTable {
+            num_rows: batches.iter().map(DeviceBatch::bound).sum(),
+            device_bytes: batches.iter().map(DeviceBatch::device_bytes).sum(),
+            facts: vec![ColumnFacts::default(); schema.fields().len()],
+            schema,
+            partition_count: 1,
+            rows: RwLock::new(Residence::Device(vec![batches])),
+            devices: vec![device],
+            sharded_by: Vec::new(),
+            last_used: Mutex::new(Instant::now()),
+            scans: Arc::new(()),
+        }
+    }
+
     /// The table's rows on the host, partition by partition (downloaded from the device, or
     /// as the spill coordinator left them).
     pub fn to_host(&self) -> Result<Vec<RecordBatch>> {

@@ -655,6 +655,34 @@ pub(crate) fn execute_for_host<P: GpuExec>(
     ))
 }
 
+/// Runs `plan`, a GPU operator, on `device` and keeps its output there: no download. Returns
+/// its device batches once they are complete (a stream's window state, `stream/panes.rs`).
+pub(crate) async fn collect_on_device(
+    plan: &Arc<dyn ExecutionPlan>,
+    context: Arc<TaskContext>,
+    device: &spate_kernels::Device,
+) -> DFResult<Vec<DeviceBatch>> {
+    let Some(gpu) = as_gpu_exec(plan.as_ref()) else {
+        return Err(DataFusionError::Internal(format!(
+            "collect_on_device: {} is not a GPU operator",
+            plan.name()
+        )));
+    };
+    let stream = Arc::new(device.new_stream().map_err(|e| to_df(e.into()))?);
+    let mut out = Vec::new();
+    let partitions = datafusion::physical_plan::ExecutionPlanProperties::output_partitioning(plan)
+        .partition_count();
+    for partition in 0..partitions {
+        let (mut batches, _scope) =
+            execute_device_counted(gpu, partition, Arc::clone(&context), Arc::clone(&stream))?;
+        while let Some(batch) = batches.next().await {
+            out.push(batch?);
+        }
+    }
+    stream.synchronize().map_err(|e| to_df(e.into()))?;
+    Ok(out)
+}
+
 /// Whether the GPU subtree under `plan` was spread over several devices: it holds an exchange
 /// between devices (`plan/devices.rs` places one at every region's inputs but a cached
 /// table's).

@@ -164,6 +164,14 @@ impl Catalog {
                 ),
                 ("spate.rows".to_string(), snapshot.rows.to_string()),
             ]);
+            if let Some((schema, panes)) = &snapshot.panes {
+                write_ipc(
+                    &staging.join(format!("view-{i:03}-panes.arrow")),
+                    schema,
+                    metadata.clone(),
+                    panes,
+                )?;
+            }
             let open = snapshot
                 .open
                 .unwrap_or_else(|| RecordBatch::new_empty(view.open_schema()));
@@ -206,7 +214,10 @@ impl Catalog {
                 .iter()
                 .filter(|p| {
                     p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
-                        n.starts_with(prefix) && n.ends_with(suffix) && !n.ends_with("-late.arrow")
+                        n.starts_with(prefix)
+                            && n.ends_with(suffix)
+                            && !n.ends_with("-late.arrow")
+                            && !n.ends_with("-panes.arrow")
                     })
                 })
                 .cloned()
@@ -280,11 +291,27 @@ impl Catalog {
                 .ok_or_else(|| source_error(&path, "no view name"))?;
             let view = self.view(name)?;
             let open = open.into_iter().find(|b| b.num_rows() > 0);
+            let panes_path = PathBuf::from(
+                path.to_string_lossy()
+                    .trim_end_matches(".arrow")
+                    .to_string()
+                    + "-panes.arrow",
+            );
+            let panes = if panes_path.exists() {
+                let (_, batches) = read_ipc(&panes_path)?;
+                let schema = batches
+                    .first()
+                    .map_or_else(|| Arc::new(Schema::empty()), |b| b.schema());
+                Some((schema, batches))
+            } else {
+                None
+            };
             view.restore(ViewSnapshot {
                 closed: parse_number(&metadata, "spate.closed", &path)?,
                 session_floor: parse_number(&metadata, "spate.session_floor", &path)?,
                 rows: parse_number(&metadata, "spate.rows", &path)?.unwrap_or(0) as u64,
                 open,
+                panes,
             })?;
         }
         Ok(report)

@@ -15,6 +15,7 @@
 
 pub mod checkpoint;
 pub mod interval;
+mod panes;
 mod sink;
 pub mod state;
 pub mod tail;
@@ -79,6 +80,9 @@ pub struct StreamInfo {
     pub kept_bytes: usize,
     /// The continuous views reading it.
     pub views: Vec<String>,
+    /// Those of its views that keep their window state as panes (`panes.rs`), with the rows
+    /// of state each holds.
+    pub pane_rows: Vec<(String, usize)>,
     /// Why a micro-batch cut by the flush interval failed, until a push or flush reports it.
     pub timed_failure: Option<String>,
 }
@@ -509,7 +513,7 @@ impl Catalog {
         // were taken, so the error says so (pushing them again would repeat them).
         let mut failure = None;
         for view in &views {
-            if let Err(e) = view.advance(&self.ctx, taken > 0).await {
+            if let Err(e) = view.advance(&self.ctx, taken.as_ref()).await {
                 failure.get_or_insert(SpateError::Execution {
                     message: format!(
                         "continuous view '{}' failed on a micro-batch of stream '{}' (its rows \
@@ -645,6 +649,15 @@ impl Catalog {
                             .collect();
                         names.sort();
                         names
+                    },
+                    pane_rows: {
+                        let mut panes: Vec<(String, usize)> = views
+                            .iter()
+                            .filter(|v| v.streams.iter().any(|x| Arc::ptr_eq(x, s)))
+                            .filter_map(|v| v.pane_rows().map(|n| (v.name.clone(), n)))
+                            .collect();
+                        panes.sort();
+                        panes
                     },
                     timed_failure: s.pending_timed_failure(),
                 }

@@ -158,7 +158,7 @@ pub(crate) struct Counters {
 #[derive(Debug)]
 pub struct Stream {
     pub(crate) config: StreamConfig,
-    gpu: Option<Arc<GpuContext>>,
+    pub(crate) gpu: Option<Arc<GpuContext>>,
     ingest: Mutex<Ingest>,
     pub(crate) kept: Mutex<Vec<Kept>>,
     /// Held while a micro-batch is flushed: flushes happen one at a time.
@@ -446,8 +446,8 @@ impl Stream {
     }
 
     /// Takes the waiting rows as one micro-batch and keeps it (uploaded once on a GPU
-    /// backend). Returns the rows taken.
-    pub(crate) async fn take_micro_batch(&self) -> Result<usize> {
+    /// backend). Returns it, as kept (`None` when no row was waiting).
+    pub(crate) async fn take_micro_batch(&self) -> Result<Option<Kept>> {
         let waiting = {
             let mut ingest = self.lock();
             self.advance_watermark(&mut ingest, Instant::now());
@@ -457,18 +457,17 @@ impl Stream {
             std::mem::take(&mut ingest.waiting)
         };
         if waiting.is_empty() {
-            return Ok(0);
+            return Ok(None);
         }
         let batch = concat_batches(&self.config.schema, &waiting)?;
-        let count = batch.num_rows();
-        self.keep(batch, false).await?;
+        let kept = self.keep(batch, false).await?;
         self.counters.micro_batches.fetch_add(1, Ordering::Relaxed);
-        Ok(count)
+        Ok(Some(kept))
     }
 
     /// Keeps `batch` for the views: uploaded once on a GPU backend. `carried`: rows kept for
     /// the views' LAGs when their micro-batches went.
-    pub(crate) async fn keep(&self, batch: RecordBatch, carried: bool) -> Result<()> {
+    pub(crate) async fn keep(&self, batch: RecordBatch, carried: bool) -> Result<Kept> {
         let count = batch.num_rows();
         let times = cast(batch.column(self.config.time_column), &DataType::Int64)?;
         let latest =
@@ -510,8 +509,8 @@ impl Stream {
                 carried,
             },
         };
-        self.lock_kept().push(kept);
-        Ok(())
+        self.lock_kept().push(kept.clone());
+        Ok(kept)
     }
 
     /// What a checkpoint saves of the stream: the rows kept and those waiting (pushed since

@@ -14,6 +14,10 @@
 //!   before and that were not final then. An `op` column says `+` (a row added) or `-` (a row
 //!   retracted). Adding up the changelog gives the final rows, which equal the batch query's.
 //!
+//! **Panes.** A view that aggregates a TUMBLE or HOP window with decomposable aggregates keeps
+//! its window state as panes instead (`panes.rs`): each micro-batch is merged into partial
+//! aggregates per key and pane, the query reads those, and the stream keeps no rows for it.
+//!
 //! **Horizon.** The rows a stream must keep for the view follow from its plan: a TUMBLE or HOP
 //! window keeps rows `size` behind `C`, a `RANGE BETWEEN INTERVAL … PRECEDING` frame its
 //! interval, SESSION windows keep the open sessions (their earliest `window_start`, which the
@@ -40,7 +44,8 @@ use datafusion::prelude::SessionContext;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use super::interval::interval_expr_micros;
-use super::state::{Stream, StreamTable, micros_to_ticks};
+use super::panes::Panes;
+use super::state::{Kept, Stream, StreamTable, micros_to_ticks};
 use super::windows::{Window, WindowedTable};
 use crate::error::{Result, SpateError};
 
@@ -117,6 +122,8 @@ pub struct ContinuousView {
     horizon: Horizon,
     /// The latest rows per key its LAGs read, whatever their age.
     latest_rows: Vec<LatestRows>,
+    /// Its window state as panes, when it keeps one (`panes.rs`).
+    panes: Option<Panes>,
     pub(crate) streams: Vec<Arc<Stream>>,
     state: Mutex<Emitted>,
     /// Held while the view advances: two of its streams flushing at once take turns.
@@ -436,6 +443,11 @@ impl ContinuousView {
         } else {
             horizon
         };
+        let panes = if horizon == Horizon::Unbounded || !latest_rows.is_empty() {
+            None
+        } else {
+            Panes::of(&plan)?
+        };
         let emit_schema = match emit {
             Emit::OnWindowClose => Arc::clone(&output),
             Emit::OnUpdate => {
@@ -456,6 +468,7 @@ impl ContinuousView {
             unit,
             horizon,
             latest_rows,
+            panes,
             streams,
             state: Mutex::new(Emitted::default()),
             advancing: tokio::sync::Mutex::new(()),
@@ -503,8 +516,17 @@ impl ContinuousView {
         &self.latest_rows
     }
 
+    /// Rows of window state it holds as panes (`None`: it keeps no panes).
+    pub(crate) fn pane_rows(&self) -> Option<usize> {
+        self.panes.as_ref().map(Panes::state_rows)
+    }
+
     /// The earliest event time the view still needs from its streams, in ticks (`None`: all).
     pub(crate) fn keep_from(&self) -> Option<i64> {
+        if self.panes.is_some() {
+            // Each micro-batch is in the panes once the view has advanced.
+            return Some(i64::MAX);
+        }
         let state = self.lock();
         let closed = state.closed?;
         match self.horizon {
@@ -521,10 +543,17 @@ impl ContinuousView {
         Ok(lit(ScalarValue::Int64(Some(ticks)).cast_to(ty)?))
     }
 
-    /// Runs the view for the watermark now and emits what it gives. `fresh_rows` says whether
-    /// the streams took rows since the last call.
-    pub(crate) async fn advance(&self, ctx: &SessionContext, fresh_rows: bool) -> Result<()> {
+    /// Runs the view for the watermark now and emits what it gives. `fresh` is the
+    /// micro-batch its streams took since the last call, if any.
+    pub(crate) async fn advance(&self, ctx: &SessionContext, fresh: Option<&Kept>) -> Result<()> {
         let _one_at_a_time = self.advancing.lock().await;
+        let fresh_rows = fresh.is_some_and(|k| k.count > 0);
+        if let (Some(panes), Some(fresh)) = (&self.panes, fresh) {
+            let closed = self.lock().closed;
+            panes
+                .merge(ctx, std::slice::from_ref(fresh), closed)
+                .await?;
+        }
         let Some(w) = self.watermark() else {
             return Ok(());
         };
@@ -545,7 +574,11 @@ impl ContinuousView {
         let f = Expr::Column(Column::from_name(
             self.output.field(self.final_column).name(),
         ));
-        let mut df = ctx.execute_logical_plan(self.plan.clone()).await?;
+        let plan = match &self.panes {
+            Some(panes) => panes.final_plan()?,
+            None => self.plan.clone(),
+        };
+        let mut df = ctx.execute_logical_plan(plan).await?;
         if let Some(p) = previous {
             df = df.filter(f.clone().gt(self.bound(p)?))?;
         }
@@ -669,11 +702,13 @@ impl ContinuousView {
             }
             _ => None,
         };
+        let panes = self.panes.as_ref().map(Panes::snapshot).transpose()?;
         Ok(ViewSnapshot {
             closed: state.closed,
             session_floor: state.session_floor,
             rows: state.rows,
             open,
+            panes,
         })
     }
 
@@ -690,6 +725,19 @@ impl ContinuousView {
 
     /// Puts a checkpoint's state back into a view that has emitted nothing yet.
     pub(crate) fn restore(&self, snapshot: ViewSnapshot) -> Result<()> {
+        match (&self.panes, snapshot.panes) {
+            (Some(panes), Some((_, batches))) => panes.restore(batches)?,
+            (None, None) => {}
+            _ => {
+                return Err(SpateError::Config {
+                    message: format!(
+                        "the checkpoint of view '{}' does not match how it keeps its window \
+                         state",
+                        self.name
+                    ),
+                });
+            }
+        }
         let mut state = self.lock();
         state.closed = snapshot.closed;
         state.session_floor = snapshot.session_floor;
@@ -737,6 +785,8 @@ pub(crate) struct ViewSnapshot {
     pub(crate) session_floor: Option<i64>,
     pub(crate) rows: u64,
     pub(crate) open: Option<RecordBatch>,
+    /// The window state as panes, for a view that keeps them.
+    pub(crate) panes: Option<(SchemaRef, Vec<RecordBatch>)>,
 }
 
 /// Which rows of `rows` are final at `closed`.

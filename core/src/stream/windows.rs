@@ -160,13 +160,12 @@ impl TableFunctionImpl for WindowTableFunction {
         let (_, time_field) = input_schema
             .column_with_name(&time)
             .ok_or_else(|| plan_error(format!("{name}: '{table}' has no column '{time}'")))?;
-        let DataType::Timestamp(unit, _) = time_field.data_type().clone() else {
+        if !matches!(time_field.data_type(), DataType::Timestamp(..)) {
             return Err(plan_error(format!(
                 "{name}: the time column '{time}' is {}, not a timestamp",
                 time_field.data_type()
             )));
-        };
-        let time_type = time_field.data_type().clone();
+        }
         for taken in ["window_start", "window_end"] {
             if input_schema.column_with_name(taken).is_some() {
                 return Err(plan_error(format!(
@@ -218,9 +217,34 @@ impl TableFunctionImpl for WindowTableFunction {
                 input_schema.column_with_name(&key).ok_or_else(|| {
                     plan_error(format!("{name}: '{table}' has no column '{key}'"))
                 })?;
-                Ok(column(&key))
+                Ok(key)
             })
             .collect::<DFResult<Vec<_>>>()?;
+        Ok(Arc::new(WindowedTable::over(
+            reference, provider, &time, window, keys,
+        )?))
+    }
+}
+
+impl WindowedTable {
+    /// `window` over `provider` (a table named `reference`, time column `time`; `keys` for
+    /// SESSION), its arguments checked.
+    pub(crate) fn over(
+        reference: TableReference,
+        provider: Arc<dyn TableProvider>,
+        time: &str,
+        window: Window,
+        keys: Vec<String>,
+    ) -> DFResult<Self> {
+        let input_schema = provider.schema();
+        let (_, time_field) = input_schema
+            .column_with_name(time)
+            .ok_or_else(|| plan_error(format!("no time column '{time}'")))?;
+        let DataType::Timestamp(unit, _) = time_field.data_type().clone() else {
+            return Err(plan_error(format!("'{time}' is not a timestamp")));
+        };
+        let time_type = time_field.data_type().clone();
+        let keys: Vec<Expr> = keys.iter().map(|k| column(k)).collect();
         let scan = LogicalPlanBuilder::scan(
             reference.clone(),
             provider_as_source(Arc::clone(&provider)),
@@ -231,7 +255,7 @@ impl TableFunctionImpl for WindowTableFunction {
             .iter()
             .map(|f| column(f.name()))
             .collect();
-        let t = cast(column(&time), DataType::Int64);
+        let t = cast(column(time), DataType::Int64);
         let bounds = |start: Expr, length: i64| {
             vec![
                 cast(start.clone(), time_type.clone()).alias("window_start"),
@@ -264,11 +288,13 @@ impl TableFunctionImpl for WindowTableFunction {
                 session_plan(scan, originals, t, keys, gap, &time_type)?
             }
         };
-        Ok(Arc::new(WindowedTable {
+        Ok(WindowedTable {
             schema: Arc::clone(plan.schema().inner()),
             plan,
             window,
-        }))
+            reference,
+            time: time.to_string(),
+        })
     }
 }
 
@@ -352,6 +378,9 @@ pub struct WindowedTable {
     plan: LogicalPlan,
     schema: SchemaRef,
     window: Window,
+    /// The table it reads, and its time column.
+    reference: TableReference,
+    time: String,
 }
 
 impl WindowedTable {
@@ -363,6 +392,11 @@ impl WindowedTable {
     /// The plan over the table.
     pub fn plan(&self) -> &LogicalPlan {
         &self.plan
+    }
+
+    /// The name of the table it reads, and that table's time column.
+    pub(crate) fn table(&self) -> (&TableReference, &str) {
+        (&self.reference, &self.time)
     }
 }
 
