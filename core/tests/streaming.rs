@@ -651,9 +651,37 @@ async fn hop_panes_with_averages_filters_and_having_equal_the_replay() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn windows_with_distinct_aggregates_run_over_the_kept_rows() {
+async fn distinct_aggregates_keep_their_values_in_the_panes() {
+    for window in [
+        "TUMBLE(tx, ts, INTERVAL '10' SECOND)",
+        "HOP(tx, ts, INTERVAL '2' SECOND, INTERVAL '6' SECOND)",
+    ] {
+        final_rows_equal_replay(
+            &format!(
+                "SELECT card % 3 AS c, window_end, count(DISTINCT card) AS cards, \
+                 sum(DISTINCT card) AS card_sum, count(*) AS n, sum(amount) AS total \
+                 FROM {window} GROUP BY card % 3, window_end"
+            ),
+            State::Panes,
+        )
+        .await;
+        final_rows_equal_replay(
+            &format!(
+                "SELECT k, window_end, count(DISTINCT card) AS cards, \
+                 sum(DISTINCT card) AS card_sum, min(DISTINCT card) AS low, count(*) AS n, \
+                 sum(amount) AS total FROM (SELECT card % 3 AS k, card, amount, window_end \
+                 FROM {window}) GROUP BY k, window_end"
+            ),
+            State::Panes,
+        )
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn windows_with_other_aggregates_run_over_the_kept_rows() {
     final_rows_equal_replay(
-        "SELECT card, window_start, window_end, count(DISTINCT amount) AS amounts, \
+        "SELECT card, window_start, window_end, bool_or(amount > 400) AS big, \
          count(*) AS n FROM TUMBLE(tx, ts, INTERVAL '10' SECOND) \
          GROUP BY card, window_start, window_end",
         State::KeptRows,

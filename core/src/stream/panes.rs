@@ -9,7 +9,10 @@
 //! - `count(x)` keeps its count, `sum`, `min` and `max` their own value, `avg(x)` a sum in
 //!   `Float64` and a count;
 //! - merging adds the counts and sums (cast back to their type) and takes the least and
-//!   greatest.
+//!   greatest;
+//! - the DISTINCT aggregates' argument (one for all of them) is one more key, so the state
+//!   holds each key's distinct values per pane; `count`, `sum`, `min` and `max` of them are
+//!   taken when the panes are combined.
 //!
 //! **Each micro-batch** (see [`Panes::merge`]) runs one query on the session's backend: the
 //! view's aggregation over the new rows only, in pane-sized tumbling windows, unioned with the
@@ -22,15 +25,17 @@
 //! **Emitting** reads the view's query with its aggregation replaced by the panes combined
 //! into windows ([`Panes::final_plan`]): a HOP's panes are crossed with their `size / slide`
 //! window offsets and aggregated again by key and window, then each aggregate is finished
-//! (an average divides its sum by its count). Everything above the aggregation (HAVING,
+//! (an average divides its sum by its count; with DISTINCT aggregates, a second aggregation by
+//! key and window counts the distinct values). Everything above the aggregation (HAVING,
 //! projections, ORDER BY) runs as written.
 //!
-//! **Which views.** One aggregation by plain columns, `window_end` (or `window_start`) among
-//! them, of `count`, `sum`, `min`, `max` and `avg` (over numbers that are not decimals, whose
-//! average has its own rounding), without DISTINCT, FILTER or ORDER BY, over projections and
-//! filters of one TUMBLE or HOP over one stream that pass the window's columns through
-//! untouched; above it, projections, filters and sorts. Any other view runs its query over the
-//! kept rows each micro-batch (`view.rs`), with the same results.
+//! **Which views.** One aggregation by `window_end` (and maybe `window_start`) and keys that
+//! do not read the window's columns, of `count`, `sum`, `min`, `max` and `avg` (over numbers
+//! that are not decimals, whose average has its own rounding; not DISTINCT), without FILTER or
+//! ORDER BY, over projections and filters of one TUMBLE or HOP over one stream that pass the
+//! window's columns through untouched; above it, projections, filters and sorts. Any other
+//! view runs its query over the kept rows each micro-batch (`view.rs`), with the same
+//! results.
 
 use std::sync::{Arc, Mutex};
 
@@ -125,14 +130,28 @@ fn state_name(i: usize) -> String {
     format!("__spate_s{i}")
 }
 
+fn distinct_name(i: usize) -> String {
+    format!("__spate_dv{i}")
+}
+
 fn key_name(i: usize) -> String {
     format!("__spate_k{i}")
 }
 
 const PANE: &str = "__spate_pane";
+const DISTINCT: &str = "__spate_d";
 const WINDOW: &str = "__spate_window";
 const HOP: &str = "__spate_hop";
 const PANE_TABLE: &str = "__spate_panes";
+
+/// An aggregate of the view.
+#[derive(Debug, Clone)]
+enum Aggregate {
+    /// Over every row: its argument, and its first state column.
+    Plain { kind: Kind, arg: Expr, first: usize },
+    /// Over the distinct values of the view's DISTINCT argument.
+    Distinct { kind: Kind },
+}
 
 /// A group column of the view's aggregation.
 #[derive(Debug, Clone, Copy)]
@@ -213,8 +232,10 @@ pub(crate) struct Panes {
     output: DFSchemaRef,
     keys: Vec<Expr>,
     groups: Vec<Group>,
-    /// Each aggregate, its argument, and its first state column.
-    aggregates: Vec<(Kind, Expr, usize)>,
+    /// Each aggregate of the view, in order.
+    aggregates: Vec<Aggregate>,
+    /// The argument of its DISTINCT aggregates (one for all), kept as one more key.
+    distinct: Option<Expr>,
     /// The window table function's table and time column.
     reference: TableReference,
     time: String,
@@ -354,25 +375,25 @@ impl Panes {
         if pane <= 0 || size <= 0 {
             return Ok(None);
         }
-        // The groups: plain columns, the window's among them.
+        // The groups: the window's columns, and keys that do not read them.
         let mut keys = Vec::new();
         let mut groups = Vec::new();
         let mut start = None;
         let mut end = None;
         for e in &agg.group_expr {
-            let Expr::Column(c) = e else {
-                return Ok(None);
-            };
-            match c.name.as_str() {
-                "window_start" => {
+            match e {
+                Expr::Column(c) if c.name == "window_start" => {
                     groups.push(Group::WindowStart);
                     start = Some(c.clone());
                 }
-                "window_end" => {
+                Expr::Column(c) if c.name == "window_end" => {
                     groups.push(Group::WindowEnd);
                     end = Some(c.clone());
                 }
-                _ => {
+                e if touches_window(e, false) || has_subquery(e) => return Ok(None),
+                // Grouping sets have no single key.
+                Expr::GroupingSet(_) => return Ok(None),
+                e => {
                     groups.push(Group::Key(keys.len()));
                     keys.push(e.clone());
                 }
@@ -386,6 +407,7 @@ impl Panes {
         // The aggregates: decomposable ones, plainly applied.
         let output = Arc::clone(&agg.schema);
         let mut aggregates = Vec::new();
+        let mut distinct: Option<Expr> = None;
         let mut states = 0;
         for (i, e) in agg.aggr_expr.iter().enumerate() {
             let e = match e {
@@ -396,8 +418,7 @@ impl Panes {
                 return Ok(None);
             };
             let p = &f.params;
-            if p.distinct
-                || p.filter.is_some()
+            if p.filter.is_some()
                 || !p.order_by.is_empty()
                 || p.null_treatment.is_some()
                 || p.args.len() != 1
@@ -407,6 +428,15 @@ impl Panes {
             let Some(kind) = Kind::of(&f.func.name().to_ascii_lowercase()) else {
                 return Ok(None);
             };
+            if p.distinct {
+                // Its values are kept as one more key: one argument for all, not averaged.
+                if kind == Kind::Avg || distinct.as_ref().is_some_and(|d| *d != p.args[0]) {
+                    return Ok(None);
+                }
+                distinct = Some(p.args[0].clone());
+                aggregates.push(Aggregate::Distinct { kind });
+                continue;
+            }
             if kind == Kind::Avg {
                 let out = output.field(agg.group_expr.len() + i).data_type();
                 let arg = p.args[0].get_type(agg.input.schema().as_ref())?;
@@ -416,7 +446,11 @@ impl Panes {
                     return Ok(None);
                 }
             }
-            aggregates.push((kind, p.args[0].clone(), states));
+            aggregates.push(Aggregate::Plain {
+                kind,
+                arg: p.args[0].clone(),
+                first: states,
+            });
             states += kind.merges().len();
         }
         let mut panes = Panes {
@@ -428,6 +462,7 @@ impl Panes {
             keys,
             groups,
             aggregates,
+            distinct,
             reference,
             time,
             pane_micros,
@@ -473,11 +508,16 @@ impl Panes {
             .enumerate()
             .map(|(i, k)| k.clone().alias(key_name(i)))
             .collect();
+        if let Some(d) = &self.distinct {
+            group.push(d.clone().alias(DISTINCT));
+        }
         group.push(self.pane_of.clone().alias(PANE));
         let mut states = Vec::new();
-        for (kind, arg, first) in &self.aggregates {
-            for (j, (f, a)) in kind.states(arg).into_iter().enumerate() {
-                states.push(aggregate(f, a).alias(state_name(first + j)));
+        for a in &self.aggregates {
+            if let Aggregate::Plain { kind, arg, first } = a {
+                for (j, (f, a)) in kind.states(arg).into_iter().enumerate() {
+                    states.push(aggregate(f, a).alias(state_name(first + j)));
+                }
             }
         }
         Ok(LogicalPlanBuilder::from(input)
@@ -489,13 +529,26 @@ impl Panes {
     fn merge_exprs(&self) -> Vec<(String, Arc<AggregateUDF>)> {
         self.aggregates
             .iter()
-            .flat_map(|(kind, _, first)| {
+            .filter_map(|a| match a {
+                Aggregate::Plain { kind, first, .. } => Some((*kind, *first)),
+                Aggregate::Distinct { .. } => None,
+            })
+            .flat_map(|(kind, first)| {
                 kind.merges()
                     .into_iter()
                     .enumerate()
                     .map(move |(j, f)| (state_name(first + j), f))
             })
             .collect()
+    }
+
+    /// The state's key columns: the view's keys, and its DISTINCT argument.
+    fn state_keys(&self, distinct: bool) -> Vec<Expr> {
+        let mut keys: Vec<Expr> = (0..self.keys.len()).map(|i| column(&key_name(i))).collect();
+        if distinct && self.distinct.is_some() {
+            keys.push(column(DISTINCT));
+        }
+        keys
     }
 
     /// A scan of the state (empty before any row).
@@ -511,13 +564,19 @@ impl Panes {
         )?)
     }
 
-    /// Groups `plan` (keys, `by`, states) by keys and `by`, merging the states, cast back to
-    /// the state's types.
-    fn merged(&self, plan: LogicalPlanBuilder, by: &str) -> Result<LogicalPlanBuilder> {
-        let mut group: Vec<Expr> = (0..self.keys.len()).map(|i| column(&key_name(i))).collect();
+    /// Groups `plan` (state keys, `by`, states) by the keys (the DISTINCT argument among them
+    /// when `distinct`) and `by`, merging the states, cast back to the state's types. Without
+    /// the DISTINCT argument, its aggregates are computed too, from the distinct values.
+    fn merged(
+        &self,
+        plan: LogicalPlanBuilder,
+        by: &str,
+        distinct: bool,
+    ) -> Result<LogicalPlanBuilder> {
+        let mut group = self.state_keys(distinct);
         group.push(column(by));
         let merges = self.merge_exprs();
-        let aggs = merges
+        let mut aggs = merges
             .iter()
             .map(|(name, f)| aggregate(Arc::clone(f), column(name)).alias(name))
             .collect::<Vec<_>>();
@@ -525,6 +584,21 @@ impl Panes {
         for (name, _) in &merges {
             let ty = self.empty.field_with_name(name)?.data_type().clone();
             out.push(cast(column(name), ty).alias(name));
+        }
+        if !distinct {
+            for (i, a) in self.aggregates.iter().enumerate() {
+                if let Aggregate::Distinct { kind } = a {
+                    let f = match kind {
+                        Kind::Count => count_udaf(),
+                        Kind::Sum => sum_udaf(),
+                        Kind::Min => min_udaf(),
+                        // An average is never DISTINCT here (`Panes::of`).
+                        Kind::Max | Kind::Avg => max_udaf(),
+                    };
+                    aggs.push(aggregate(f, column(DISTINCT)).alias(distinct_name(i)));
+                    out.push(column(&distinct_name(i)));
+                }
+            }
         }
         Ok(plan.aggregate(group, aggs)?.project(out)?)
     }
@@ -571,7 +645,7 @@ impl Panes {
                 // is open.
                 state = state.filter(column(PANE).gt(lit(closed.saturating_sub(self.size))))?;
             }
-            self.merged(state.union(partial)?, PANE)?.build()?
+            self.merged(state.union(partial)?, PANE, true)?.build()?
         };
         let rows = self.materialize(ctx, plan).await?;
         *self.lock() = Some(rows);
@@ -603,7 +677,7 @@ impl Panes {
     /// finished, then the rest of the query.
     pub(crate) fn final_plan(&self) -> Result<LogicalPlan> {
         let hops = self.size / self.pane;
-        let keys: Vec<Expr> = (0..self.keys.len()).map(|i| column(&key_name(i))).collect();
+        let keys = self.state_keys(true);
         let states: Vec<Expr> = self
             .merge_exprs()
             .iter()
@@ -624,7 +698,14 @@ impl Panes {
             self.merged(
                 self.scan_state()?.cross_join(offsets)?.project(exprs)?,
                 WINDOW,
+                true,
             )?
+        };
+        // The DISTINCT argument's values, one row each per key and window, counted.
+        let windows = if self.distinct.is_some() {
+            self.merged(windows, WINDOW, false)?
+        } else {
+            windows
         };
         // The aggregation's output, column for column.
         let out_field = |i: usize| {
@@ -641,12 +722,19 @@ impl Panes {
             };
             exprs.push(cast(e, ty).alias_qualified(q, name));
         }
-        for (i, (kind, _, first)) in self.aggregates.iter().enumerate() {
+        for (i, a) in self.aggregates.iter().enumerate() {
             let (q, name, ty) = out_field(self.groups.len() + i);
-            let s = column(&state_name(*first));
-            let e = match kind {
-                Kind::Avg => s / cast(column(&state_name(first + 1)), DataType::Float64),
-                _ => s,
+            let e = match a {
+                Aggregate::Plain {
+                    kind: Kind::Avg,
+                    first,
+                    ..
+                } => {
+                    column(&state_name(*first))
+                        / cast(column(&state_name(first + 1)), DataType::Float64)
+                }
+                Aggregate::Plain { first, .. } => column(&state_name(*first)),
+                Aggregate::Distinct { .. } => column(&distinct_name(i)),
             };
             exprs.push(cast(e, ty).alias_qualified(q, name));
         }
