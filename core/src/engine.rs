@@ -40,7 +40,7 @@ use crate::plan::GpuOffloadRule;
 use crate::plan::{PhysicalRule, physical_optimizer_rules};
 use crate::source::FileFormat;
 use crate::stream::{
-    CheckpointStream, FolderTail, StreamInfo, StreamWriter, Subscription, WindowFunctionKind,
+    CheckpointStream, Feed, FolderTail, StreamInfo, StreamWriter, Subscription, WindowFunctionKind,
     WindowTableFunction,
 };
 
@@ -971,6 +971,24 @@ impl Engine {
             }
         };
         self.streams.tail_folder(stream, folder, format, poll)
+    }
+
+    /// Reads lines of CSV (a header row first) or NDJSON from `source` into stream `stream`,
+    /// rows handed over as they come, until the source ends; then the feed's writer finishes.
+    /// `what` names the source in errors (`"stdin"`). See [`Feed`].
+    pub fn feed(
+        &self,
+        stream: &str,
+        source: impl std::io::Read + Send + 'static,
+        format: FileFormat,
+        what: &str,
+    ) -> Result<Feed> {
+        self.streams.feed(stream, source, format, what)
+    }
+
+    /// Whether the session has a stream named `name` (as a table name is matched).
+    pub fn has_stream(&self, name: &str) -> bool {
+        self.streams.stream(name).is_ok()
     }
 
     /// The session's streams: watermark, lag, late rows, what they keep, and their views.

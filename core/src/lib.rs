@@ -60,8 +60,8 @@ pub use model::ModelInputs;
 pub use plan::GpuOffloadRule;
 pub use source::FileFormat;
 pub use stream::{
-    CheckpointStream, Emit, FolderTail, StreamInfo, StreamWriter, Subscription, WindowFunctionKind,
-    WindowTableFunction,
+    CheckpointStream, Emit, Feed, FolderTail, StreamInfo, StreamWriter, Subscription,
+    WindowFunctionKind, WindowTableFunction,
 };
 
 /// Where each operator of a physical plan runs: on the GPU, or on the CPU with the reason.

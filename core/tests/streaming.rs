@@ -845,3 +845,132 @@ async fn a_failure_of_a_timed_flush_reaches_the_next_push() {
     // Reported once.
     assert!(engine.streams()[0].timed_failure.is_none());
 }
+
+/// A session with stream `tx` cutting a micro-batch for every row, and the TUMBLE view `v`.
+async fn declare_eager(backend: Backend) -> Engine {
+    let engine = Engine::builder().backend(backend).build().unwrap();
+    engine
+        .sql(
+            "CREATE STREAM tx (card BIGINT NOT NULL, amount DECIMAL(12,2) NOT NULL, \
+             ts TIMESTAMP, WATERMARK FOR ts AS ts - INTERVAL '2' SECOND) \
+             WITH (flush_rows = 1)",
+        )
+        .await
+        .unwrap();
+    engine
+        .sql(&format!("CREATE CONTINUOUS VIEW v AS {TUMBLE}"))
+        .await
+        .unwrap();
+    engine
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lines_fed_from_a_reader_equal_the_batch_replay() {
+    let batches = events(1_000, 250);
+    let (kept, _) = accepted(&batches, 0);
+    let replay = Engine::builder().backend(Backend::Cpu).build().unwrap();
+    replay.register_batches("tx", kept).unwrap();
+    let want = multiset(&replay.collect(TUMBLE).await.unwrap());
+    let mut csv = Vec::new();
+    {
+        let mut writer = arrow::csv::Writer::new(&mut csv);
+        for b in &batches {
+            writer.write(b).unwrap();
+        }
+    }
+    let mut ndjson = Vec::new();
+    {
+        let mut writer = arrow::json::LineDelimitedWriter::new(&mut ndjson);
+        for b in &batches {
+            writer.write(b).unwrap();
+        }
+        writer.finish().unwrap();
+    }
+    for backend in [Backend::Cpu, Backend::Emulated] {
+        for (format, text) in [
+            (spate::FileFormat::Csv, csv.clone()),
+            (spate::FileFormat::NdJson, ndjson.clone()),
+        ] {
+            let engine = declare(backend, TUMBLE, "", "").await;
+            let mut subscription = engine.subscribe("v").unwrap();
+            let feed = engine
+                .feed("tx", std::io::Cursor::new(text), format, "events")
+                .unwrap();
+            assert_eq!(feed.wait().await.unwrap(), 1_000, "{backend:?} {format:?}");
+            let mut emitted = Vec::new();
+            while let Some(b) = subscription.next_batch().await {
+                emitted.push(b);
+            }
+            assert_eq!(multiset(&emitted), want, "{backend:?} {format:?}");
+        }
+    }
+    // A line that does not parse stops the feed, saying where.
+    let engine = declare(Backend::Cpu, TUMBLE, "", "").await;
+    let feed = engine
+        .feed(
+            "tx",
+            std::io::Cursor::new(b"card,amount,ts\n1,2.50,2026-01-01T00:00:00\n1,abc,x\n".to_vec()),
+            spate::FileFormat::Csv,
+            "events.csv",
+        )
+        .unwrap();
+    let e = feed.wait().await.unwrap_err();
+    assert!(
+        e.to_string().contains("events.csv") && e.to_string().contains("line 3"),
+        "{e}"
+    );
+    let e = engine
+        .feed("tx", std::io::empty(), spate::FileFormat::Parquet, "x")
+        .unwrap_err();
+    assert!(e.to_string().contains("CSV or NDJSON"), "{e}");
+}
+
+/// A source whose bytes come when the test sends them, as from a pipe.
+struct Pipe(std::sync::mpsc::Receiver<Vec<u8>>, Vec<u8>);
+
+impl std::io::Read for Pipe {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.1.is_empty() {
+            match self.0.recv() {
+                Ok(bytes) => self.1 = bytes,
+                Err(_) => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.1.len());
+        buf[..n].copy_from_slice(&self.1[..n]);
+        self.1.drain(..n);
+        Ok(n)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_feed_hands_over_rows_as_they_come() {
+    for backend in [Backend::Cpu, Backend::Emulated] {
+        let engine = declare_eager(backend).await;
+        let mut subscription = engine.subscribe("v").unwrap();
+        let (send, receive) = std::sync::mpsc::channel();
+        let feed = engine
+            .feed(
+                "tx",
+                Pipe(receive, Vec::new()),
+                spate::FileFormat::Csv,
+                "pipe",
+            )
+            .unwrap();
+        send.send(b"card,amount,ts\n3,2.50,2026-01-01T00:00:01\n".to_vec())
+            .unwrap();
+        // Past the window's end and the watermark's delay: the window closes while the
+        // source stays open.
+        send.send(b"3,1.00,2026-01-01T00:00:15\n".to_vec()).unwrap();
+        let first = tokio::time::timeout(
+            std::time::Duration::from_secs(60),
+            subscription.next_batch(),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{backend:?}: rows were held back"))
+        .unwrap();
+        assert_eq!(first.num_rows(), 1, "{backend:?}");
+        drop(send);
+        assert_eq!(feed.wait().await.unwrap(), 2, "{backend:?}");
+    }
+}

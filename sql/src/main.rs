@@ -8,6 +8,7 @@
 //! spate scheduler --bind HOST:PORT                             a Ballista scheduler
 //! spate executor --scheduler HOST:PORT [--backend B]            a Ballista executor on Spate
 //! spate --remote df://HOST:PORT [--table NAME=PATH]... -c SQL  run SQL on a cluster
+//! spate -f pipeline.sql --stdin-into STREAM [--stdin-format F]  feed a stream from stdin
 //! ```
 
 mod bench;
@@ -80,9 +81,25 @@ struct RunArgs {
     /// Rows shown by the table format (0 shows all); defaults to 100 in the shell, all otherwise.
     #[arg(long, value_name = "N")]
     max_rows: Option<usize>,
+    /// Read standard input into this stream, as lines of --stdin-format, from the moment the
+    /// statements before (-c, -f, in order) have declared it until input ends; statements
+    /// after it (SUBSCRIBE …) run meanwhile. Needs -c or -f for the statements.
+    #[arg(long, value_name = "STREAM")]
+    stdin_into: Option<String>,
+    /// The lines --stdin-into reads: csv (a header row first) or ndjson.
+    #[arg(long, value_name = "FORMAT", default_value = "csv", value_parser = parse_line_format)]
+    stdin_format: spate::FileFormat,
     /// Do not print the startup banner.
     #[arg(short, long)]
     quiet: bool,
+}
+
+fn parse_line_format(text: &str) -> Result<spate::FileFormat, String> {
+    match text.to_ascii_lowercase().as_str() {
+        "csv" => Ok(spate::FileFormat::Csv),
+        "ndjson" | "json" | "jsonl" => Ok(spate::FileFormat::NdJson),
+        _ => Err(format!("'{text}': lines are csv or ndjson")),
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -214,6 +231,13 @@ fn generate_tpch(sf: f64, out: &std::path::Path) -> Result<ExitCode, String> {
 fn run(args: RunArgs) -> Result<ExitCode, String> {
     let scripted = !args.commands.is_empty() || !args.files.is_empty();
     let interactive = !scripted && std::io::stdin().is_terminal();
+    if args.stdin_into.is_some() && !scripted {
+        return Err(
+            "--stdin-into reads data from standard input: give the statements with -c \
+                    or -f"
+                .into(),
+        );
+    }
 
     let mut builder = Engine::builder().backend(args.backend);
     if let Some(bytes) = args.memory_limit {
@@ -275,7 +299,15 @@ fn run(args: RunArgs) -> Result<ExitCode, String> {
     if !scripted {
         inputs.push(Input::Stdin);
     }
+    let mut feed = None;
+    let start_feed = |session: &Session, feed: &mut Option<spate::Feed>| {
+        if let (Some(stream), None) = (&args.stdin_into, &feed) {
+            *feed = session.start_feed(stream, args.stdin_format)?;
+        }
+        Ok::<_, String>(())
+    };
     for input in inputs {
+        start_feed(&session, &mut feed)?;
         let (text, origin) = input.read()?;
         // The session has already reported any failure on stderr.
         match session.run(&text, &origin) {
@@ -283,6 +315,21 @@ fn run(args: RunArgs) -> Result<ExitCode, String> {
             Ok(Flow::Quit) => break,
             Err(_) => return Ok(ExitCode::FAILURE),
         }
+    }
+    start_feed(&session, &mut feed)?;
+    match (feed, &args.stdin_into) {
+        (Some(feed), _) => {
+            let rows = session.wait_feed(feed)?;
+            if !args.quiet {
+                eprintln!("stdin: {rows} rows read");
+            }
+        }
+        (None, Some(stream)) => {
+            return Err(format!(
+                "--stdin-into {stream}: the statements declared no stream '{stream}'"
+            ));
+        }
+        (None, None) => {}
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -54,6 +54,30 @@ pub struct Session {
 }
 
 impl Session {
+    /// Starts reading standard input into stream `stream`, lines of `format`, once the
+    /// session has it (`None` before).
+    pub fn start_feed(
+        &self,
+        stream: &str,
+        format: spate::FileFormat,
+    ) -> Result<Option<spate::Feed>, String> {
+        if !self.engine.has_stream(stream) {
+            return Ok(None);
+        }
+        let _inside = self.runtime.enter();
+        self.engine
+            .feed(stream, std::io::stdin(), format, "stdin")
+            .map(Some)
+            .map_err(|e| format!("--stdin-into {stream}: {e}"))
+    }
+
+    /// Waits for a feed to read its source to the end; returns the rows it pushed.
+    pub fn wait_feed(&self, feed: spate::Feed) -> Result<u64, String> {
+        self.runtime
+            .block_on(feed.wait())
+            .map_err(|e| format!("--stdin-into: {e}"))
+    }
+
     /// A session printing results in `format`. `interactive` enables the progress spinner and
     /// Ctrl-C cancellation.
     pub fn new(

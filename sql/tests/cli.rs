@@ -582,3 +582,57 @@ fn odd_input_never_panics() {
         }
     }
 }
+
+#[test]
+fn stdin_feeds_a_stream_whose_view_is_subscribed() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("pipeline.sql"),
+        "CREATE STREAM tx (card BIGINT, amount DOUBLE, ts TIMESTAMP, WATERMARK FOR ts AS ts) \
+         WITH (flush_rows = 2);\n\
+         CREATE CONTINUOUS VIEW per_card AS SELECT card, window_end, count(*) AS n \
+         FROM TUMBLE(tx, ts, INTERVAL '1' SECOND) GROUP BY card, window_end;\n",
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("watch.sql"), "SUBSCRIBE per_card;\n").unwrap();
+    let lines = "card,amount,ts\n7,2.5,2026-01-01T00:00:00\n7,3.5,2026-01-01T00:00:00.5\n\
+                 8,1,2026-01-01T00:00:01.2\n7,1,2026-01-01T00:00:02.2\n";
+    let args = [
+        "-f",
+        "pipeline.sql",
+        "-f",
+        "watch.sql",
+        "--stdin-into",
+        "tx",
+        "--format",
+        "csv",
+    ];
+    let o = spate_in(dir.path(), &args, Some(lines.as_bytes()));
+    assert!(o.status.success(), "stderr: {}", stderr(&o));
+    let out = stdout(&o);
+    // Every window, once the input ended (the stream's only writer finished).
+    for row in [
+        "7,2026-01-01T00:00:01,2",
+        "8,2026-01-01T00:00:02,1",
+        "7,2026-01-01T00:00:03,1",
+    ] {
+        assert!(out.contains(row), "{row} missing from: {out}");
+    }
+    assert!(stderr(&o).contains("stdin: 4 rows read"), "{}", stderr(&o));
+    // A line that does not parse: a clean failure that says where.
+    let o = spate_in(
+        dir.path(),
+        &args,
+        Some(b"card,amount,ts\n7,abc,2026-01-01T00:00:00\n"),
+    );
+    assert_clean_failure(&o, 1, "line 2");
+    // No statements, or no such stream.
+    let o = spate_in(dir.path(), &["--stdin-into", "tx"], Some(b""));
+    assert_clean_failure(&o, 1, "give the statements with -c or -f");
+    let o = spate_in(
+        dir.path(),
+        &["-c", "SELECT 1", "--stdin-into", "tx"],
+        Some(b""),
+    );
+    assert_clean_failure(&o, 1, "declared no stream 'tx'");
+}

@@ -14,6 +14,7 @@
 //!   ([`StreamWriter`], [`Subscription`]).
 
 pub mod checkpoint;
+pub mod feed;
 pub mod interval;
 mod panes;
 mod sink;
@@ -43,6 +44,7 @@ pub use checkpoint::CheckpointStream;
 use datafusion::common::Column;
 use datafusion::functions_window::expr_fn::row_number;
 use datafusion::logical_expr::{Expr, ExprFunctionExt, lit};
+pub use feed::Feed;
 pub use state::StreamConfig;
 use state::{HostRowsTable, Stream, StreamTable};
 pub use tail::FolderTail;
