@@ -974,3 +974,106 @@ async fn a_feed_hands_over_rows_as_they_come() {
         assert_eq!(feed.wait().await.unwrap(), 2, "{backend:?}");
     }
 }
+
+/// `batches` with every time moved by `micros`.
+fn shifted(batches: &[RecordBatch], micros: i64) -> Vec<RecordBatch> {
+    batches
+        .iter()
+        .map(|b| {
+            let times = b
+                .column(2)
+                .as_any()
+                .downcast_ref::<TimestampMicrosecondArray>()
+                .unwrap();
+            let moved: TimestampMicrosecondArray =
+                times.iter().map(|t| t.map(|t| t + micros)).collect();
+            let mut columns = b.columns().to_vec();
+            columns[2] = Arc::new(moved);
+            RecordBatch::try_new(b.schema(), columns).unwrap()
+        })
+        .collect()
+}
+
+const INTERVAL_JOIN: &str = "SELECT c.card, c.ts, p.amount, p.ts AS paid FROM clicks c \
+                             JOIN pays p ON p.card = c.card \
+                             AND p.ts BETWEEN c.ts - INTERVAL '1' SECOND \
+                             AND c.ts + INTERVAL '2' SECOND";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interval_join_of_two_streams_equals_the_replay_and_keeps_rows_bounded() {
+    let pays = events(1_500, 150);
+    let clicks = shifted(&pays, 700_000);
+    let replay = Engine::builder().backend(Backend::Cpu).build().unwrap();
+    replay
+        .register_batches("pays", accepted(&pays, 0).0)
+        .unwrap();
+    replay
+        .register_batches("clicks", accepted(&clicks, 0).0)
+        .unwrap();
+    let want = multiset(&replay.collect(INTERVAL_JOIN).await.unwrap());
+    assert!(!want.is_empty());
+    for backend in [Backend::Cpu, Backend::Emulated] {
+        let engine = Engine::builder().backend(backend).build().unwrap();
+        for name in ["clicks", "pays"] {
+            engine
+                .sql(&format!(
+                    "CREATE STREAM {name} (card BIGINT NOT NULL, amount DECIMAL(12,2) NOT NULL, \
+                     ts TIMESTAMP, WATERMARK FOR ts AS ts - INTERVAL '2' SECOND) \
+                     WITH (flush_rows = 100000000, flush_interval = '1 hour')"
+                ))
+                .await
+                .unwrap();
+        }
+        engine
+            .sql(&format!("CREATE CONTINUOUS VIEW v AS {INTERVAL_JOIN}"))
+            .await
+            .unwrap();
+        let mut subscription = engine.subscribe("v").unwrap();
+        let (to_clicks, to_pays) = (
+            engine.stream_writer("clicks").unwrap(),
+            engine.stream_writer("pays").unwrap(),
+        );
+        let mut most_kept = 0;
+        for (c, p) in clicks.iter().zip(&pays) {
+            to_pays.push(p.clone()).await.unwrap();
+            to_pays.flush().await.unwrap();
+            to_clicks.push(c.clone()).await.unwrap();
+            to_clicks.flush().await.unwrap();
+            most_kept = engine
+                .streams()
+                .iter()
+                .map(|s| s.kept_rows)
+                .max()
+                .unwrap()
+                .max(most_kept);
+        }
+        to_pays.finish().await.unwrap();
+        to_clicks.finish().await.unwrap();
+        let mut emitted = Vec::new();
+        while let Some(b) = subscription.next_batch().await {
+            emitted.push(b);
+        }
+        assert_eq!(multiset(&emitted), want, "{backend:?}");
+        assert!(emitted.len() > 2, "{backend:?}: emitted at the end only");
+        // About the bound and two micro-batches of each stream, not all 1,500 rows.
+        assert!(most_kept < 900, "{backend:?}: kept {most_kept} rows");
+    }
+    // Without a bound on the times, the view is refused.
+    let engine = Engine::new().unwrap();
+    for name in ["clicks", "pays"] {
+        engine
+            .sql(&format!(
+                "CREATE STREAM {name} (card BIGINT, ts TIMESTAMP, WATERMARK FOR ts AS ts)"
+            ))
+            .await
+            .unwrap();
+    }
+    let e = engine
+        .sql(
+            "CREATE CONTINUOUS VIEW w AS SELECT c.card, c.ts FROM clicks c \
+             JOIN pays p ON p.card = c.card AND p.ts >= c.ts",
+        )
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("must bound their times"), "{e}");
+}

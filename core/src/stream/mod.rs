@@ -16,6 +16,7 @@
 pub mod checkpoint;
 pub mod feed;
 pub mod interval;
+mod join;
 mod panes;
 mod sink;
 pub mod state;

@@ -120,6 +120,9 @@ pub struct ContinuousView {
     window_start: Option<usize>,
     unit: TimeUnit,
     horizon: Horizon,
+    /// How far (in ticks) the final bound stays behind the watermark: a join of two streams'
+    /// rows pairs rows that far apart (`join.rs`).
+    lookahead: i64,
     /// The latest rows per key its LAGs read, whatever their age.
     latest_rows: Vec<LatestRows>,
     /// Its window state as panes, when it keeps one (`panes.rs`).
@@ -164,16 +167,24 @@ fn rows_of_one_stream(plan: &LogicalPlan) -> bool {
     }
 }
 
-/// The streams a plan reads, how far back its windows look, and which latest rows per key its
+/// What [`inspect`] learns of a plan.
+struct Inspected {
+    streams: Vec<Arc<Stream>>,
+    horizon: Horizon,
+    latest: Vec<LatestRows>,
+    /// How far (µs) a row of one stream may be from the rows of another it is joined with
+    /// (`join.rs`): the final bound stays that far behind the watermark.
+    lookahead: i64,
+}
+
+/// The streams a plan reads, how far back its windows look, which latest rows per key its
 /// `LAG`s need (windows not looked at inside a window table function's plan, whose windows are
-/// its own: `frames` false).
-fn inspect(
-    plan: &LogicalPlan,
-    frames: bool,
-) -> Result<(Vec<Arc<Stream>>, Horizon, Vec<LatestRows>)> {
+/// its own: `frames` false), and how far apart its joins of two streams pair rows.
+fn inspect(plan: &LogicalPlan, frames: bool) -> Result<Inspected> {
     let mut streams: Vec<Arc<Stream>> = Vec::new();
     let mut horizon = Horizon::Bounded(0);
     let mut latest: Vec<LatestRows> = Vec::new();
+    let mut lookahead = 0_i64;
     let mut failure = None;
     let add_stream = |s: &Arc<Stream>, streams: &mut Vec<Arc<Stream>>| {
         if !streams.iter().any(|x| Arc::ptr_eq(x, s)) {
@@ -194,9 +205,22 @@ fn inspect(
                             Window::Session { .. } => Horizon::Sessions,
                         });
                         // The streams under the window function.
-                        let (inner, _, _) = inspect(windowed.plan(), false)?;
+                        let inner = inspect(windowed.plan(), false)?.streams;
                         for s in &inner {
                             add_stream(s, &mut streams);
+                        }
+                    }
+                }
+            }
+            LogicalPlan::Join(join) => {
+                let left = inspect(&join.left, false)?.streams;
+                let right = inspect(&join.right, false)?.streams;
+                if !left.is_empty() && !right.is_empty() {
+                    match super::join::time_bound(join, &left, &right) {
+                        Ok(m) => lookahead = lookahead.max(m),
+                        Err(e) => {
+                            failure = Some(e);
+                            return Ok(TreeNodeRecursion::Stop);
                         }
                     }
                 }
@@ -244,7 +268,12 @@ fn inspect(
         }
     }
     latest.dedup();
-    Ok((streams, horizon, latest))
+    Ok(Inspected {
+        streams,
+        horizon,
+        latest,
+        lookahead,
+    })
 }
 
 /// Whether `plan` reads a stream (directly or through a window table function).
@@ -386,7 +415,12 @@ fn lag_need(params: &datafusion::logical_expr::expr::WindowFunctionParams) -> Op
 impl ContinuousView {
     /// A view named `name` over `plan` (the query, not yet optimised).
     pub(crate) fn new(name: String, plan: LogicalPlan, emit: Emit) -> Result<Self> {
-        let (streams, horizon, latest_rows) = inspect(&plan, true)?;
+        let Inspected {
+            streams,
+            horizon,
+            latest: latest_rows,
+            lookahead,
+        } = inspect(&plan, true)?;
         let Some(first) = streams.first() else {
             return Err(sql_error(format!(
                 "continuous view '{name}' reads no stream; CREATE VIEW makes a view of tables"
@@ -443,6 +477,12 @@ impl ContinuousView {
         } else {
             horizon
         };
+        // A joined row still to come may pair with rows `lookahead` older than its own.
+        let horizon = match horizon {
+            _ if lookahead == 0 => horizon,
+            Horizon::Bounded(b) => Horizon::Bounded(b.saturating_add(lookahead)),
+            Horizon::Sessions | Horizon::Unbounded => Horizon::Unbounded,
+        };
         let panes = if horizon == Horizon::Unbounded || !latest_rows.is_empty() {
             None
         } else {
@@ -467,6 +507,7 @@ impl ContinuousView {
             window_start,
             unit,
             horizon,
+            lookahead: micros_to_ticks(unit, lookahead),
             latest_rows,
             panes,
             streams,
@@ -561,6 +602,12 @@ impl ContinuousView {
             w
         } else {
             w.saturating_sub(1)
+        };
+        // Once every writer has finished (`w` at the end of time) nothing more can pair.
+        let closed = if w == i64::MAX {
+            closed
+        } else {
+            closed.saturating_sub(self.lookahead)
         };
         let previous = self.lock().closed;
         let moved = previous != Some(closed);
