@@ -59,6 +59,7 @@ pub use error::{Location, Result, SpateError};
 pub use model::ModelInputs;
 pub use plan::GpuOffloadRule;
 pub use source::FileFormat;
+pub use stream::view::SUBSCRIPTION_QUEUE;
 pub use stream::{
     CheckpointStream, Emit, Feed, FolderTail, StreamInfo, StreamWriter, Subscription,
     WindowFunctionKind, WindowTableFunction,

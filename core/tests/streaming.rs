@@ -1077,3 +1077,64 @@ async fn an_interval_join_of_two_streams_equals_the_replay_and_keeps_rows_bounde
         .unwrap_err();
     assert!(e.to_string().contains("must bound their times"), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_that_does_not_read_holds_the_stream_back_and_loses_nothing() {
+    let engine = Engine::new().unwrap();
+    engine
+        .sql(
+            "CREATE STREAM s (k BIGINT, ts TIMESTAMP, WATERMARK FOR ts AS ts) \
+             WITH (flush_rows = 1)",
+        )
+        .await
+        .unwrap();
+    engine
+        .sql(
+            "CREATE CONTINUOUS VIEW w AS SELECT k, window_end, count(*) AS n \
+             FROM TUMBLE(s, ts, INTERVAL '1' SECOND) GROUP BY k, window_end",
+        )
+        .await
+        .unwrap();
+    let mut subscription = engine.subscribe("w").unwrap();
+    let pushes = spate::SUBSCRIPTION_QUEUE + 40;
+    let writer = engine.stream_writer("s").unwrap();
+    let schema = writer.schema();
+    let pusher = tokio::spawn(async move {
+        for i in 0..pushes {
+            let batch = RecordBatch::try_new(
+                Arc::clone(&schema),
+                vec![
+                    Arc::new(Int64Array::from(vec![i as i64])),
+                    Arc::new(arrow::array::TimestampNanosecondArray::from(vec![
+                        (BASE_MICROS + i as i64 * 10_000_000) * 1_000,
+                    ])),
+                ],
+            )
+            .unwrap();
+            writer.push(batch).await.unwrap();
+        }
+        writer.finish().await.unwrap();
+    });
+    // The micro-batches stop once the queue is full.
+    let cut = || engine.streams()[0].micro_batches;
+    let mut seen = cut();
+    loop {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let now = cut();
+        if now == seen {
+            break;
+        }
+        seen = now;
+    }
+    assert!(
+        (seen as usize) < pushes,
+        "{seen} micro-batches ran with nobody reading"
+    );
+    // Reading lets it go on; every window arrives.
+    let mut windows = 0;
+    while let Some(b) = subscription.next_batch().await {
+        windows += b.num_rows();
+    }
+    pusher.await.unwrap();
+    assert_eq!(windows, pushes);
+}

@@ -37,7 +37,7 @@ use datafusion::prelude::SessionContext;
 use datafusion::sql::sqlparser::ast::{
     CreateTableOptions, Set, SqlOption, Statement as SqlStatement,
 };
-use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::mpsc::Receiver;
 
 use crate::device::GpuContext;
 use crate::error::{Result, SpateError};
@@ -750,7 +750,7 @@ impl Drop for StreamWriter {
 #[derive(Debug)]
 pub struct Subscription {
     schema: SchemaRef,
-    receiver: UnboundedReceiver<RecordBatch>,
+    receiver: Receiver<RecordBatch>,
 }
 
 impl Subscription {

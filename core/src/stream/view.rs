@@ -41,7 +41,7 @@ use datafusion::logical_expr::{
     Expr, LogicalPlan, WindowFrameBound, WindowFrameUnits, expr::WindowFunction, lit,
 };
 use datafusion::prelude::SessionContext;
-use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+use tokio::sync::mpsc::{Receiver, Sender, channel};
 
 use super::interval::interval_expr_micros;
 use super::panes::Panes;
@@ -91,7 +91,7 @@ struct Emitted {
     open: HashMap<OwnedRow, i64>,
     /// The earliest start of an open session (SESSION views).
     session_floor: Option<i64>,
-    subscribers: Vec<UnboundedSender<RecordBatch>>,
+    subscribers: Vec<Sender<RecordBatch>>,
     /// Every writer of the view's streams has finished and everything is emitted: the
     /// subscriptions end.
     ended: bool,
@@ -533,8 +533,8 @@ impl ContinuousView {
     }
 
     /// A new subscriber's receiving end.
-    pub(crate) fn subscribe(&self) -> UnboundedReceiver<RecordBatch> {
-        let (tx, rx) = unbounded_channel();
+    pub(crate) fn subscribe(&self) -> Receiver<RecordBatch> {
+        let (tx, rx) = channel(SUBSCRIPTION_QUEUE);
         let mut state = self.lock();
         // After the end a subscription ends at once (the sender goes with `tx`).
         if !state.ended {
@@ -640,27 +640,46 @@ impl ContinuousView {
             Emit::OnWindowClose => arrow::compute::filter_record_batch(&rows, &finals)?,
             Emit::OnUpdate => self.changelog(&rows, &finals)?,
         };
-        let mut state = self.lock();
-        if self.horizon == Horizon::Sessions
-            && let Some(start) = self.window_start
-        {
-            let open = arrow::compute::filter_record_batch(&rows, &arrow::compute::not(&finals)?)?;
-            let starts = cast(open.column(start), &DataType::Int64)?;
-            state.session_floor = starts
-                .as_any()
-                .downcast_ref::<Int64Array>()
-                .and_then(arrow::compute::min);
-        }
-        state.closed = Some(closed);
-        if out.num_rows() > 0 {
-            state.rows += out.num_rows() as u64;
-            state.history.push(out.clone());
-            // Reading the view as a table gives its latest rows, not all it ever emitted.
-            let mut held: usize = state.history.iter().map(RecordBatch::num_rows).sum();
-            while held > HISTORY_ROWS && state.history.len() > 1 {
-                held -= state.history.remove(0).num_rows();
+        let receivers = {
+            let mut state = self.lock();
+            if self.horizon == Horizon::Sessions
+                && let Some(start) = self.window_start
+            {
+                let open =
+                    arrow::compute::filter_record_batch(&rows, &arrow::compute::not(&finals)?)?;
+                let starts = cast(open.column(start), &DataType::Int64)?;
+                state.session_floor = starts
+                    .as_any()
+                    .downcast_ref::<Int64Array>()
+                    .and_then(arrow::compute::min);
             }
-            state.subscribers.retain(|s| s.send(out.clone()).is_ok());
+            state.closed = Some(closed);
+            if out.num_rows() > 0 {
+                state.rows += out.num_rows() as u64;
+                state.history.push(out.clone());
+                // Reading the view as a table gives its latest rows, not all it ever emitted.
+                let mut held: usize = state.history.iter().map(RecordBatch::num_rows).sum();
+                while held > HISTORY_ROWS && state.history.len() > 1 {
+                    held -= state.history.remove(0).num_rows();
+                }
+                state.subscribers.clone()
+            } else {
+                Vec::new()
+            }
+        };
+        // A subscriber whose queue is full holds the micro-batch back until it reads
+        // (backpressure); one that is gone is let go.
+        let mut gone = Vec::new();
+        for receiver in &receivers {
+            if receiver.send(out.clone()).await.is_err() {
+                gone.push(receiver.clone());
+            }
+        }
+        let mut state = self.lock();
+        if !gone.is_empty() {
+            state
+                .subscribers
+                .retain(|s| !gone.iter().any(|g| g.same_channel(s)));
         }
         if w == i64::MAX {
             // Every writer has finished: nothing more will come.
@@ -821,6 +840,9 @@ impl ContinuousView {
 /// About how many of its latest emitted rows a view keeps for `SELECT * FROM view` (whole
 /// emissions, so the last one may take it past).
 const HISTORY_ROWS: usize = 1_000_000;
+
+/// Emissions a subscriber may leave unread before the view's micro-batches wait for it.
+pub const SUBSCRIPTION_QUEUE: usize = 256;
 
 /// The column of a view checkpoint's open rows that counts each.
 const OPEN_COUNT: &str = "__spate_count";
