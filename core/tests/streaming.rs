@@ -904,21 +904,48 @@ async fn lines_fed_from_a_reader_equal_the_batch_replay() {
             assert_eq!(multiset(&emitted), want, "{backend:?} {format:?}");
         }
     }
-    // A line that does not parse stops the feed, saying where.
+    // A line that does not parse stops the feed, saying where; the rows before it go in.
+    for (text, line, rows) in [
+        (
+            "card,amount,ts\n1,2.50,2026-01-01T00:00:00\n\n2,3.50,2026-01-01T00:00:01\n1,abc,x\n\
+             1,2.50,2026-01-01T00:00:02\n",
+            "line 5",
+            2,
+        ),
+        ("card,amount\n1,2.50\n", "line 1", 0),
+        (
+            "card,amount,ts\n1,2.50,2026-01-01T00:00:00\n2,3.5",
+            "line 3",
+            1,
+        ),
+    ] {
+        let engine = declare(Backend::Cpu, TUMBLE, "", "").await;
+        let feed = engine
+            .feed(
+                "tx",
+                std::io::Cursor::new(text.as_bytes().to_vec()),
+                spate::FileFormat::Csv,
+                "events.csv",
+            )
+            .unwrap();
+        let e = feed.wait().await.unwrap_err();
+        assert!(
+            e.to_string().contains("events.csv") && e.to_string().contains(line),
+            "{text:?}: {e}"
+        );
+        assert_eq!(engine.streams()[0].events, rows, "{text:?}");
+    }
+    // A last line without a line break is read.
     let engine = declare(Backend::Cpu, TUMBLE, "", "").await;
     let feed = engine
         .feed(
             "tx",
-            std::io::Cursor::new(b"card,amount,ts\n1,2.50,2026-01-01T00:00:00\n1,abc,x\n".to_vec()),
+            std::io::Cursor::new(b"card,amount,ts\n1,2.50,2026-01-01T00:00:00".to_vec()),
             spate::FileFormat::Csv,
             "events.csv",
         )
         .unwrap();
-    let e = feed.wait().await.unwrap_err();
-    assert!(
-        e.to_string().contains("events.csv") && e.to_string().contains("line 3"),
-        "{e}"
-    );
+    assert_eq!(feed.wait().await.unwrap(), 1);
     let e = engine
         .feed("tx", std::io::empty(), spate::FileFormat::Parquet, "x")
         .unwrap_err();

@@ -7,8 +7,9 @@
 //! every byte the source had ready, so rows that come slowly are not held back waiting for
 //! more. A writer of the feed's own pushes them; the stream's `flush_rows` and
 //! `flush_interval` cut the micro-batches as for any writer. At the end of the source the
-//! writer finishes, and so it does after a line that does not parse (the rows before it are
-//! pushed, and subscriptions do not wait for more); [`Feed::wait`] then returns the error.
+//! writer finishes, and so it does after a line that does not parse or a push that fails (the
+//! rows before are pushed, and subscriptions do not wait for more); [`Feed::wait`] then returns
+//! the error, with the line's number.
 //! One record per line: a CSV field that holds a line break is not read.
 
 use std::io::{BufRead, BufReader, Read};
@@ -61,17 +62,21 @@ enum Decoder {
 }
 
 impl Decoder {
-    fn new(format: FileFormat, schema: SchemaRef) -> Result<Self> {
+    /// A decoder of `format` lines; a CSV one first takes a header row when `header`, checked
+    /// against the columns. Its batches hold more than the feed hands over at once, so a line
+    /// is always taken whole.
+    fn new(format: FileFormat, schema: SchemaRef, header: bool) -> Result<Self> {
         match format {
             FileFormat::Csv => Ok(Decoder::Csv(
                 arrow::csv::ReaderBuilder::new(schema)
-                    .with_header(true)
-                    .with_batch_size(FEED_BATCH_ROWS)
+                    .with_header(header)
+                    .with_header_validation(header)
+                    .with_batch_size(FEED_BATCH_ROWS + 1)
                     .build_decoder(),
             )),
             FileFormat::NdJson => Ok(Decoder::Json(
                 arrow::json::ReaderBuilder::new(schema)
-                    .with_batch_size(FEED_BATCH_ROWS)
+                    .with_batch_size(FEED_BATCH_ROWS + 1)
                     .build_decoder()?,
             )),
             other => Err(SpateError::Config {
@@ -83,11 +88,12 @@ impl Decoder {
         }
     }
 
-    /// Parses `line`, a whole line; returns the bytes taken (fewer once the batch is full).
-    fn decode(&mut self, line: &[u8]) -> std::result::Result<usize, ArrowError> {
+    /// Parses `bytes`; returns the bytes taken. Empty `bytes` end the input (a last line
+    /// without a line break is complete).
+    fn decode(&mut self, bytes: &[u8]) -> std::result::Result<usize, ArrowError> {
         match self {
-            Decoder::Csv(d) => d.decode(line),
-            Decoder::Json(d) => d.decode(line),
+            Decoder::Csv(d) => d.decode(bytes),
+            Decoder::Json(d) => d.decode(bytes),
         }
     }
 
@@ -99,62 +105,109 @@ impl Decoder {
     }
 }
 
-/// Reads `source` to its end, sending parsed rows to `rows`; `what` names it in errors.
-fn read_lines(
-    source: impl Read,
-    mut decoder: Decoder,
-    rows: &mpsc::Sender<RecordBatch>,
-    what: &str,
-) -> Result<()> {
-    let mut reader = BufReader::with_capacity(1 << 16, source);
-    let mut line = Vec::new();
-    let mut number = 0_u64;
-    let mut pending = 0_usize;
-    let what = std::path::Path::new(what);
-    let failed = |number: u64, e: ArrowError| source_error(what, format!("line {number}: {e}"));
-    let send = |decoder: &mut Decoder, number: u64| -> Result<bool> {
-        if let Some(batch) = decoder.flush().map_err(|e| failed(number, e))?
-            && batch.num_rows() > 0
-        {
-            // The receiver went: the feed was dropped.
-            return Ok(rows.blocking_send(batch).is_ok());
+/// Reads a source line by line and hands its rows over.
+struct LineReader<'a> {
+    format: FileFormat,
+    schema: SchemaRef,
+    decoder: Decoder,
+    /// The lines parsed and not handed over yet, with their numbers: the rows of the next
+    /// batch, and where to look when it does not convert.
+    pending: Vec<(u64, Vec<u8>)>,
+    rows: &'a mpsc::Sender<RecordBatch>,
+    what: &'a std::path::Path,
+}
+
+impl LineReader<'_> {
+    fn failed(&self, number: u64, e: impl std::fmt::Display) -> SpateError {
+        source_error(self.what, format!("line {number}: {e}"))
+    }
+
+    /// Sends `batch`; false once the feed was dropped.
+    fn send(&self, batch: RecordBatch) -> bool {
+        batch.num_rows() == 0 || self.rows.blocking_send(batch).is_ok()
+    }
+
+    /// Hands the pending rows over (`at_end`: the source has ended, so a last line without a
+    /// line break is complete). When they do not convert, the lines before the first that
+    /// fails are handed over, and the error names that line.
+    fn hand_over(&mut self, at_end: bool) -> Result<bool> {
+        if self.pending.is_empty() {
+            return Ok(true);
         }
-        Ok(true)
-    };
-    loop {
-        line.clear();
-        let read = reader
-            .read_until(b'\n', &mut line)
-            .map_err(|e| source_error(what, e))?;
-        if read == 0 {
-            send(&mut decoder, number)?;
-            return Ok(());
-        }
-        number += 1;
-        if line.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        let mut taken = 0;
-        while taken < line.len() {
-            let n = decoder
-                .decode(&line[taken..])
-                .map_err(|e| failed(number, e))?;
-            taken += n;
-            if n == 0 || taken < line.len() {
-                // The batch is full: hand it over and go on with the line.
-                if !send(&mut decoder, number)? {
-                    return Ok(());
+        let lines = std::mem::take(&mut self.pending);
+        let ended = if at_end {
+            self.decoder.decode(&[]).map(|_| ())
+        } else {
+            Ok(())
+        };
+        let converted = ended.and_then(|()| self.decoder.flush());
+        let error = match converted {
+            Ok(Some(batch)) => return Ok(self.send(batch)),
+            Ok(None) => return Ok(true),
+            Err(e) => e,
+        };
+        // Line by line, on a decoder of their own, to find the one at fault.
+        self.decoder = Decoder::new(self.format, Arc::clone(&self.schema), false)?;
+        for (number, line) in &lines {
+            let mut probe = Decoder::new(self.format, Arc::clone(&self.schema), false)?;
+            let one = probe
+                .decode(line)
+                .and_then(|_| probe.decode(&[]))
+                .and_then(|_| probe.flush());
+            match one {
+                Ok(Some(batch)) => {
+                    if !self.send(batch) {
+                        return Ok(false);
+                    }
                 }
-                pending = 0;
+                Ok(None) => {}
+                Err(e) => return Err(self.failed(*number, e)),
             }
         }
-        pending += 1;
-        // Every byte ready is parsed, or the batch is full: hand the rows over.
-        if (reader.buffer().is_empty() || pending >= FEED_BATCH_ROWS) && pending > 0 {
-            if !send(&mut decoder, number)? {
+        let last = lines.last().map_or(0, |(n, _)| *n);
+        Err(self.failed(last, error))
+    }
+
+    /// Reads `source` to its end, or until the feed is dropped.
+    fn read(&mut self, source: impl Read) -> Result<()> {
+        let mut reader = BufReader::with_capacity(1 << 16, source);
+        let mut number = 0_u64;
+        let mut header = self.format == FileFormat::Csv;
+        loop {
+            let mut line = Vec::new();
+            let read = reader
+                .read_until(b'\n', &mut line)
+                .map_err(|e| source_error(self.what, e))?;
+            if read == 0 {
+                self.hand_over(true)?;
                 return Ok(());
             }
-            pending = 0;
+            number += 1;
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            match self.decoder.decode(&line) {
+                Ok(n) if n == line.len() => {}
+                Ok(_) => return Err(self.failed(number, "the line was not taken whole")),
+                Err(e) => {
+                    // The rows before it go in first.
+                    self.hand_over(false)?;
+                    return Err(self.failed(number, e));
+                }
+            }
+            if std::mem::take(&mut header) {
+                continue;
+            }
+            // A line without a line break is the last: the end hands it over.
+            let whole = line.last() == Some(&b'\n');
+            self.pending.push((number, line));
+            // Every byte ready is parsed, or the batch is full: hand the rows over.
+            if whole
+                && (reader.buffer().is_empty() || self.pending.len() >= FEED_BATCH_ROWS)
+                && !self.hand_over(false)?
+            {
+                return Ok(());
+            }
         }
     }
 }
@@ -174,12 +227,23 @@ impl Catalog {
             message: "a feed runs on a tokio runtime; call it from one".into(),
         })?;
         let writer = StreamWriter::new(Arc::clone(self), target);
-        let decoder = Decoder::new(format, writer.schema())?;
+        let schema = writer.schema();
+        let decoder = Decoder::new(format, Arc::clone(&schema), true)?;
         let (tx, mut rx) = mpsc::channel::<RecordBatch>(4);
         let what = what.to_string();
         let reading = std::thread::Builder::new()
             .name("spate-feed".into())
-            .spawn(move || read_lines(source, decoder, &tx, &what))
+            .spawn(move || {
+                LineReader {
+                    format,
+                    schema,
+                    decoder,
+                    pending: Vec::new(),
+                    rows: &tx,
+                    what: std::path::Path::new(&what),
+                }
+                .read(source)
+            })
             .map_err(|e| SpateError::Internal {
                 message: format!("cannot start the feed's reader: {e}"),
             })?;
@@ -187,7 +251,13 @@ impl Catalog {
             let mut rows = 0_u64;
             while let Some(batch) = rx.recv().await {
                 rows += batch.num_rows() as u64;
-                writer.push(batch).await?;
+                if let Err(e) = writer.push(batch).await {
+                    // Nothing more comes from this feed: its writer finishes, so
+                    // subscriptions do not wait for it.
+                    drop(rx);
+                    let _ = writer.finish().await;
+                    return Err(e);
+                }
             }
             let read = tokio::task::spawn_blocking(move || reading.join())
                 .await

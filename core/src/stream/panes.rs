@@ -30,12 +30,14 @@
 //! projections, ORDER BY) runs as written.
 //!
 //! **Which views.** One aggregation by `window_end` (and maybe `window_start`) and keys that
-//! do not read the window's columns, of `count`, `sum`, `min`, `max` and `avg` (over numbers
-//! that are not decimals, whose average has its own rounding; not DISTINCT), without FILTER or
-//! ORDER BY, over projections and filters of one TUMBLE or HOP over one stream that pass the
-//! window's columns through untouched; above it, projections, filters and sorts. Any other
-//! view runs its query over the kept rows each micro-batch (`view.rs`), with the same
-//! results.
+//! do not read the window's columns, of `count`, `sum`, `min` and `max` (also DISTINCT, of one
+//! argument for all) and `avg` (not DISTINCT, over numbers that are not decimals, whose
+//! average has its own rounding), whose arguments do not read the window's columns either,
+//! without FILTER or ORDER BY, over projections and filters of one TUMBLE or HOP over one
+//! stream that pass the window's columns through untouched; above it, projections, filters and
+//! sorts. Any other view runs its query over the kept rows each micro-batch (`view.rs`). Both
+//! give the batch query's results; float sums and averages may differ in their last bits, as
+//! they are added up in another order.
 
 use std::sync::{Arc, Mutex};
 
@@ -248,6 +250,9 @@ pub(crate) struct Panes {
     /// The state's schema before any row.
     empty: SchemaRef,
     rows: Mutex<Option<PaneRows>>,
+    /// Micro-batches taken and not merged yet (a merge failed): the next merge takes them
+    /// too, so none is lost while its stream no longer keeps it.
+    unmerged: Mutex<Vec<Kept>>,
 }
 
 /// Whether `e` reads a window column other than by passing it through as it is.
@@ -418,10 +423,13 @@ impl Panes {
                 return Ok(None);
             };
             let p = &f.params;
+            // In a pane, the window's columns are the pane's: an argument must not read them.
             if p.filter.is_some()
                 || !p.order_by.is_empty()
                 || p.null_treatment.is_some()
                 || p.args.len() != 1
+                || touches_window(&p.args[0], false)
+                || has_subquery(&p.args[0])
             {
                 return Ok(None);
             }
@@ -439,7 +447,9 @@ impl Panes {
             }
             if kind == Kind::Avg {
                 let out = output.field(agg.group_expr.len() + i).data_type();
-                let arg = p.args[0].get_type(agg.input.schema().as_ref())?;
+                let Ok(arg) = p.args[0].get_type(agg.input.schema().as_ref()) else {
+                    return Ok(None);
+                };
                 if *out != DataType::Float64
                     || matches!(arg, DataType::Decimal128(..) | DataType::Decimal256(..))
                 {
@@ -471,10 +481,13 @@ impl Panes {
             pane_of,
             empty: Arc::new(Schema::empty()),
             rows: Mutex::new(None),
+            unmerged: Mutex::new(Vec::new()),
         };
         panes.gpu = panes.stream.gpu.clone();
         // The state's schema: the partial aggregation's over the window function's own scan.
-        let partial = panes.partial(panes.input.clone())?;
+        let Ok(partial) = panes.partial(panes.input.clone()) else {
+            return Ok(None);
+        };
         panes.empty = Arc::new(Schema::new(
             partial
                 .schema()
@@ -603,18 +616,25 @@ impl Panes {
         Ok(plan.aggregate(group, aggs)?.project(out)?)
     }
 
-    /// Merges the micro-batch `fresh` into the state, dropping the panes of windows that ended
-    /// at or before `closed`: one query, whose output stays on the device on a GPU backend.
+    /// Merges the micro-batch `fresh` (and any a failed merge left) into the state, dropping
+    /// the panes of windows that ended at or before `closed`: one query, whose output stays on
+    /// the device on a GPU backend. The view's advances take turns, so merges never overlap.
     pub(crate) async fn merge(
         &self,
         ctx: &SessionContext,
-        fresh: &[Kept],
+        fresh: Option<&Kept>,
         closed: Option<i64>,
     ) -> Result<()> {
-        if fresh.iter().all(|k| k.count == 0) {
+        let parts = {
+            let mut unmerged = self.unmerged.lock().unwrap_or_else(|p| p.into_inner());
+            unmerged.extend(fresh.cloned());
+            unmerged.clone()
+        };
+        if parts.iter().all(|k| k.count == 0) {
+            self.taken(parts.len());
             return Ok(());
         }
-        let new_rows = Arc::new(self.stream.table_of(fresh.to_vec()));
+        let new_rows = Arc::new(self.stream.table_of(parts.clone()));
         let windowed = Arc::new(WindowedTable::over(
             self.reference.clone(),
             new_rows,
@@ -649,7 +669,15 @@ impl Panes {
         };
         let rows = self.materialize(ctx, plan).await?;
         *self.lock() = Some(rows);
+        self.taken(parts.len());
         Ok(())
+    }
+
+    /// The first `n` unmerged micro-batches are in the state now.
+    fn taken(&self, n: usize) {
+        let mut unmerged = self.unmerged.lock().unwrap_or_else(|p| p.into_inner());
+        let n = n.min(unmerged.len());
+        unmerged.drain(..n);
     }
 
     /// Runs `plan` and keeps its rows: in device memory when its top runs on the GPU.
@@ -658,7 +686,9 @@ impl Panes {
         let task = Arc::new(df.task_ctx());
         let physical = df.create_physical_plan().await?;
         let schema = physical.schema();
+        // One device: a plan spread over several would leave the state in pieces.
         if let Some(gpu) = &self.gpu
+            && gpu.devices().len() == 1
             && as_gpu_exec(physical.as_ref()).is_some()
         {
             let device = gpu.devices()[0].clone();
@@ -756,13 +786,13 @@ impl Panes {
         let schema = batches
             .first()
             .map_or_else(|| Arc::clone(&self.empty), RecordBatch::schema);
-        let names = |s: &Schema| {
+        let columns = |s: &Schema| {
             s.fields()
                 .iter()
-                .map(|f| f.name().clone())
+                .map(|f| (f.name().clone(), f.data_type().clone()))
                 .collect::<Vec<_>>()
         };
-        if names(&schema) != names(&self.empty) {
+        if columns(&schema) != columns(&self.empty) {
             return Err(SpateError::Config {
                 message: "a checkpoint's window state does not match its view's columns".into(),
             });

@@ -92,6 +92,8 @@ struct Emitted {
     /// The earliest start of an open session (SESSION views).
     session_floor: Option<i64>,
     subscribers: Vec<Sender<RecordBatch>>,
+    /// The latest emission's delivery to the subscribers (see [`Delivery`]).
+    delivery: Option<Delivery>,
     /// Every writer of the view's streams has finished and everything is emitted: the
     /// subscriptions end.
     ended: bool,
@@ -101,6 +103,20 @@ struct Emitted {
     /// returns.
     history: Vec<RecordBatch>,
     rows: u64,
+}
+
+/// An emission on its way to the subscribers: a task of its own, which waits for the one
+/// before (so emissions arrive in order) and for each subscriber's queue to have room. The
+/// view's advance waits for it, which holds the stream's micro-batches back while a subscriber
+/// does not read (backpressure); an advance given up halfway (its caller cancelled) still
+/// delivers.
+#[derive(Clone)]
+struct Delivery(futures::future::Shared<futures::future::BoxFuture<'static, ()>>);
+
+impl std::fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Delivery")
+    }
 }
 
 /// A continuous view.
@@ -217,7 +233,9 @@ fn inspect(plan: &LogicalPlan, frames: bool) -> Result<Inspected> {
                 let right = inspect(&join.right, false)?.streams;
                 if !left.is_empty() && !right.is_empty() {
                     match super::join::time_bound(join, &left, &right) {
-                        Ok(m) => lookahead = lookahead.max(m),
+                        // Chained joins add up: a row may pair with one `m1` away, which
+                        // pairs with one `m2` further.
+                        Ok(m) => lookahead = lookahead.saturating_add(m),
                         Err(e) => {
                             failure = Some(e);
                             return Ok(TreeNodeRecursion::Stop);
@@ -589,11 +607,9 @@ impl ContinuousView {
     pub(crate) async fn advance(&self, ctx: &SessionContext, fresh: Option<&Kept>) -> Result<()> {
         let _one_at_a_time = self.advancing.lock().await;
         let fresh_rows = fresh.is_some_and(|k| k.count > 0);
-        if let (Some(panes), Some(fresh)) = (&self.panes, fresh) {
+        if let Some(panes) = &self.panes {
             let closed = self.lock().closed;
-            panes
-                .merge(ctx, std::slice::from_ref(fresh), closed)
-                .await?;
+            panes.merge(ctx, fresh, closed).await?;
         }
         let Some(w) = self.watermark() else {
             return Ok(());
@@ -640,7 +656,7 @@ impl ContinuousView {
             Emit::OnWindowClose => arrow::compute::filter_record_batch(&rows, &finals)?,
             Emit::OnUpdate => self.changelog(&rows, &finals)?,
         };
-        let receivers = {
+        let delivery = {
             let mut state = self.lock();
             if self.horizon == Horizon::Sessions
                 && let Some(start) = self.window_start
@@ -662,27 +678,35 @@ impl ContinuousView {
                 while held > HISTORY_ROWS && state.history.len() > 1 {
                     held -= state.history.remove(0).num_rows();
                 }
-                state.subscribers.clone()
+                // A subscription dropped is let go.
+                state.subscribers.retain(|s| !s.is_closed());
+                let receivers = state.subscribers.clone();
+                let before = state.delivery.take();
+                let out = out.clone();
+                let task = tokio::spawn(async move {
+                    if let Some(before) = before {
+                        before.0.await;
+                    }
+                    for receiver in receivers {
+                        let _ = receiver.send(out.clone()).await;
+                    }
+                });
+                let delivery = Delivery(futures::FutureExt::shared(futures::FutureExt::boxed(
+                    futures::FutureExt::map(task, |_| ()),
+                )));
+                state.delivery = Some(delivery.clone());
+                Some(delivery)
             } else {
-                Vec::new()
+                None
             }
         };
-        // A subscriber whose queue is full holds the micro-batch back until it reads
-        // (backpressure); one that is gone is let go.
-        let mut gone = Vec::new();
-        for receiver in &receivers {
-            if receiver.send(out.clone()).await.is_err() {
-                gone.push(receiver.clone());
-            }
-        }
-        let mut state = self.lock();
-        if !gone.is_empty() {
-            state
-                .subscribers
-                .retain(|s| !gone.iter().any(|g| g.same_channel(s)));
+        if let Some(delivery) = delivery {
+            delivery.0.await;
         }
         if w == i64::MAX {
-            // Every writer has finished: nothing more will come.
+            // Every writer has finished: nothing more will come. The senders still on their
+            // way close once delivered.
+            let mut state = self.lock();
             state.ended = true;
             state.subscribers.clear();
         }
