@@ -57,7 +57,7 @@ impl Drop for Feed {
 
 /// Parses lines of one format with a stream's columns.
 enum Decoder {
-    Csv(arrow::csv::reader::Decoder),
+    Csv(Box<arrow::csv::reader::Decoder>),
     Json(arrow::json::reader::Decoder),
 }
 
@@ -67,13 +67,13 @@ impl Decoder {
     /// is always taken whole.
     fn new(format: FileFormat, schema: SchemaRef, header: bool) -> Result<Self> {
         match format {
-            FileFormat::Csv => Ok(Decoder::Csv(
+            FileFormat::Csv => Ok(Decoder::Csv(Box::new(
                 arrow::csv::ReaderBuilder::new(schema)
                     .with_header(header)
                     .with_header_validation(header)
                     .with_batch_size(FEED_BATCH_ROWS + 1)
                     .build_decoder(),
-            )),
+            ))),
             FileFormat::NdJson => Ok(Decoder::Json(
                 arrow::json::ReaderBuilder::new(schema)
                     .with_batch_size(FEED_BATCH_ROWS + 1)
