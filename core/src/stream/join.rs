@@ -14,14 +14,13 @@
 //! A join of two streams without such a bound is refused: every row would have to be kept,
 //! and no output row would ever be final.
 
-use std::sync::Arc;
-
 use datafusion::common::Column;
+use datafusion::datasource::source_as_provider;
 use datafusion::logical_expr::utils::split_conjunction;
-use datafusion::logical_expr::{BinaryExpr, Expr, Join, Operator};
+use datafusion::logical_expr::{BinaryExpr, Expr, Join, LogicalPlan, Operator};
 
 use super::interval::interval_expr_micros;
-use super::state::Stream;
+use super::state::StreamTable;
 use crate::error::{Result, SpateError};
 
 /// Which side's time column a column is.
@@ -91,19 +90,42 @@ impl Bounds {
     }
 }
 
-/// How far apart (in microseconds) the times of the rows `join` pairs may be, its left side
-/// reading `left` streams and its right side `right`; an error when its condition does not
-/// bound them both ways.
-pub(crate) fn time_bound(join: &Join, left: &[Arc<Stream>], right: &[Arc<Stream>]) -> Result<i64> {
+/// Whether `plan` outputs `c` as a stream's time column, as the stream has it: through
+/// aliases, filters, joins and projections that pass it on as it is (a column computed, even
+/// under the time column's name, is not one).
+fn is_stream_time(plan: &LogicalPlan, c: &Column) -> bool {
+    match plan {
+        LogicalPlan::TableScan(scan) => source_as_provider(&scan.source)
+            .ok()
+            .and_then(|p| {
+                p.downcast_ref::<StreamTable>().map(|t| {
+                    let config = &t.stream.config;
+                    config.schema.field(config.time_column).name() == &c.name
+                })
+            })
+            .unwrap_or(false),
+        LogicalPlan::SubqueryAlias(a) => is_stream_time(&a.input, &Column::from_name(&c.name)),
+        LogicalPlan::Filter(f) => is_stream_time(&f.input, c),
+        LogicalPlan::Projection(p) => p.expr.iter().zip(p.schema.iter()).any(|(e, (q, f))| {
+            f.name() == &c.name
+                && (c.relation.is_none() || q == c.relation.as_ref())
+                && matches!(e, Expr::Column(inner) if inner.name == c.name
+                    && is_stream_time(&p.input, inner))
+        }),
+        LogicalPlan::Join(j) => [&j.left, &j.right]
+            .iter()
+            .any(|side| side.schema().has_column(c) && is_stream_time(side, c)),
+        _ => false,
+    }
+}
+
+/// How far apart (in microseconds) the times of the rows `join` (of two streams' rows) pairs
+/// may be; an error when its condition does not bound them both ways.
+pub(crate) fn time_bound(join: &Join) -> Result<i64> {
     let side = |c: &Column| -> Option<Side> {
-        let is_time = |streams: &[Arc<Stream>]| {
-            streams
-                .iter()
-                .any(|s| s.config.schema.field(s.config.time_column).name() == &c.name)
-        };
-        if join.left.schema().has_column(c) && is_time(left) {
+        if join.left.schema().has_column(c) && is_stream_time(&join.left, c) {
             Some(Side::Left)
-        } else if join.right.schema().has_column(c) && is_time(right) {
+        } else if join.right.schema().has_column(c) && is_stream_time(&join.right, c) {
             Some(Side::Right)
         } else {
             None

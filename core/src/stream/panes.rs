@@ -300,7 +300,10 @@ fn find_window_scan(plan: &LogicalPlan) -> Option<&TableScan> {
         LogicalPlan::TableScan(scan) => Some(scan),
         LogicalPlan::Projection(p) => {
             // A column renamed to a window column's name would stand for the window.
-            let renames_to_window = |e: &Expr| matches!(e, Expr::Alias(a) if a.name == "window_start" || a.name == "window_end");
+            let renames_to_window = |e: &Expr| {
+                matches!(e, Expr::Alias(a) if a.name == "window_start"
+                    || a.name == "window_end")
+            };
             if p.expr
                 .iter()
                 .any(|e| touches_window(e, true) || renames_to_window(e) || has_subquery(e))
@@ -464,8 +467,8 @@ impl Panes {
             states += kind.merges().len();
         }
         let mut panes = Panes {
+            gpu: stream.gpu.clone(),
             stream,
-            gpu: None,
             view: plan.clone(),
             input: agg.input.as_ref().clone(),
             output,
@@ -483,7 +486,6 @@ impl Panes {
             rows: Mutex::new(None),
             unmerged: Mutex::new(Vec::new()),
         };
-        panes.gpu = panes.stream.gpu.clone();
         // The state's schema: the partial aggregation's over the window function's own scan.
         let Ok(partial) = panes.partial(panes.input.clone()) else {
             return Ok(None);

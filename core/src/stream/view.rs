@@ -232,7 +232,7 @@ fn inspect(plan: &LogicalPlan, frames: bool) -> Result<Inspected> {
                 let left = inspect(&join.left, false)?.streams;
                 let right = inspect(&join.right, false)?.streams;
                 if !left.is_empty() && !right.is_empty() {
-                    match super::join::time_bound(join, &left, &right) {
+                    match super::join::time_bound(join) {
                         // Chained joins add up: a row may pair with one `m1` away, which
                         // pairs with one `m2` further.
                         Ok(m) => lookahead = lookahead.saturating_add(m),
