@@ -913,6 +913,12 @@ async fn lines_fed_from_a_reader_equal_the_batch_replay() {
             2,
         ),
         ("card,amount\n1,2.50\n", "line 1", 0),
+        // Too few fields, while the line before waits to be handed over.
+        (
+            "card,amount,ts\n1,2.50,2026-01-01T00:00:00\n2,3.5\n3,1.00,2026-01-01T00:00:01\n",
+            "line 3: Csv error: incorrect number of fields",
+            1,
+        ),
         (
             "card,amount,ts\n1,2.50,2026-01-01T00:00:00\n2,3.5",
             "line 3",
@@ -935,17 +941,28 @@ async fn lines_fed_from_a_reader_equal_the_batch_replay() {
         );
         assert_eq!(engine.streams()[0].events, rows, "{text:?}");
     }
-    // A last line without a line break is read.
+    // A last line without a line break is read; so are Windows line ends after a byte-order
+    // mark.
+    for (text, rows) in [
+        ("card,amount,ts\n1,2.50,2026-01-01T00:00:00", 1),
+        (
+            "\u{feff}card,amount,ts\r\n1,2.50,2026-01-01T00:00:00\r\n\
+             2,3.50,2026-01-01T00:00:01\r\n",
+            2,
+        ),
+    ] {
+        let engine = declare(Backend::Cpu, TUMBLE, "", "").await;
+        let feed = engine
+            .feed(
+                "tx",
+                std::io::Cursor::new(text.as_bytes().to_vec()),
+                spate::FileFormat::Csv,
+                "events.csv",
+            )
+            .unwrap();
+        assert_eq!(feed.wait().await.unwrap(), rows, "{text:?}");
+    }
     let engine = declare(Backend::Cpu, TUMBLE, "", "").await;
-    let feed = engine
-        .feed(
-            "tx",
-            std::io::Cursor::new(b"card,amount,ts\n1,2.50,2026-01-01T00:00:00".to_vec()),
-            spate::FileFormat::Csv,
-            "events.csv",
-        )
-        .unwrap();
-    assert_eq!(feed.wait().await.unwrap(), 1);
     let e = engine
         .feed("tx", std::io::empty(), spate::FileFormat::Parquet, "x")
         .unwrap_err();

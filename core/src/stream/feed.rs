@@ -131,23 +131,43 @@ impl LineReader<'_> {
     /// line break is complete). When they do not convert, the lines before the first that
     /// fails are handed over, and the error names that line.
     fn hand_over(&mut self, at_end: bool) -> Result<bool> {
-        if self.pending.is_empty() {
-            return Ok(true);
-        }
-        let lines = std::mem::take(&mut self.pending);
+        // At the end, even with nothing pending: a header without a line break is checked.
         let ended = if at_end {
             self.decoder.decode(&[]).map(|_| ())
         } else {
             Ok(())
         };
+        if self.pending.is_empty() {
+            return ended.map(|()| true).map_err(|e| self.failed(0, e));
+        }
         let converted = ended.and_then(|()| self.decoder.flush());
         let error = match converted {
-            Ok(Some(batch)) => return Ok(self.send(batch)),
-            Ok(None) => return Ok(true),
+            Ok(Some(batch)) => {
+                self.pending.clear();
+                return Ok(self.send(batch));
+            }
+            Ok(None) => {
+                self.pending.clear();
+                return Ok(true);
+            }
             Err(e) => e,
         };
-        // Line by line, on a decoder of their own, to find the one at fault.
+        let last = self.pending.last().map_or(0, |(n, _)| *n);
+        if !self.probe()? {
+            return Ok(false);
+        }
+        Err(self.failed(last, error))
+    }
+
+    /// Converts the pending lines one by one, each on a decoder of its own, to find the one at
+    /// fault: hands over the rows before it and returns its error. Returns whether the feed is
+    /// still wanted when every line converts. The main decoder starts afresh (what it held is
+    /// in the pending lines).
+    fn probe(&mut self) -> Result<bool> {
         self.decoder = Decoder::new(self.format, Arc::clone(&self.schema), false)?;
+        let lines = std::mem::take(&mut self.pending);
+        let mut good = Vec::new();
+        let mut failure = None;
         for (number, line) in &lines {
             let mut probe = Decoder::new(self.format, Arc::clone(&self.schema), false)?;
             let one = probe
@@ -155,17 +175,21 @@ impl LineReader<'_> {
                 .and_then(|_| probe.decode(&[]))
                 .and_then(|_| probe.flush());
             match one {
-                Ok(Some(batch)) => {
-                    if !self.send(batch) {
-                        return Ok(false);
-                    }
-                }
+                Ok(Some(batch)) => good.push(batch),
                 Ok(None) => {}
-                Err(e) => return Err(self.failed(*number, e)),
+                Err(e) => {
+                    failure = Some(self.failed(*number, e));
+                    break;
+                }
             }
         }
-        let last = lines.last().map_or(0, |(n, _)| *n);
-        Err(self.failed(last, error))
+        if !good.is_empty() {
+            let batch = arrow::compute::concat_batches(&self.schema, &good)?;
+            if !self.send(batch) {
+                return Ok(false);
+            }
+        }
+        failure.map_or(Ok(true), Err)
     }
 
     /// Reads `source` to its end, or until the feed is dropped.
@@ -183,15 +207,30 @@ impl LineReader<'_> {
                 return Ok(());
             }
             number += 1;
+            // Windows line ends, and a byte-order mark before the first line.
+            if line.ends_with(b"\r\n") {
+                line.remove(line.len() - 2);
+            }
+            if number == 1 && line.starts_with(&[0xEF, 0xBB, 0xBF]) {
+                line.drain(..3);
+            }
             if line.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
             match self.decoder.decode(&line) {
                 Ok(n) if n == line.len() => {}
-                Ok(_) => return Err(self.failed(number, "the line was not taken whole")),
+                Ok(_) => {
+                    return Err(self.failed(
+                        number,
+                        "more records than a line holds (one record per line)",
+                    ));
+                }
                 Err(e) => {
-                    // The rows before it go in first.
-                    self.hand_over(false)?;
+                    // The decoder holds part of this line: the lines before it go in on their
+                    // own, then its error.
+                    if !self.probe()? {
+                        return Ok(());
+                    }
                     return Err(self.failed(number, e));
                 }
             }

@@ -670,7 +670,7 @@ impl ContinuousView {
                     .and_then(arrow::compute::min);
             }
             state.closed = Some(closed);
-            if out.num_rows() > 0 {
+            let delivery = if out.num_rows() > 0 {
                 state.rows += out.num_rows() as u64;
                 state.history.push(out.clone());
                 // Reading the view as a table gives its latest rows, not all it ever emitted.
@@ -698,17 +698,17 @@ impl ContinuousView {
                 Some(delivery)
             } else {
                 None
+            };
+            if w == i64::MAX {
+                // Every writer has finished: nothing more will come. The senders on their way
+                // close once delivered (set here, so a cancelled wait below still ends them).
+                state.ended = true;
+                state.subscribers.clear();
             }
+            delivery
         };
         if let Some(delivery) = delivery {
             delivery.0.await;
-        }
-        if w == i64::MAX {
-            // Every writer has finished: nothing more will come. The senders still on their
-            // way close once delivered.
-            let mut state = self.lock();
-            state.ended = true;
-            state.subscribers.clear();
         }
         Ok(())
     }
