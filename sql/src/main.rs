@@ -82,8 +82,8 @@ struct RunArgs {
     #[arg(long, value_name = "N")]
     max_rows: Option<usize>,
     /// Read standard input into this stream, as lines of --stdin-format, from the moment the
-    /// statements before (-c, -f, in order) have declared it until input ends; statements
-    /// after it (SUBSCRIBE …) run meanwhile. Needs -c or -f for the statements.
+    /// statements run so far (the -c texts first, then the -f files) have declared it until
+    /// input ends; the statements after run meanwhile (SUBSCRIBE …). Needs -c or -f.
     #[arg(long, value_name = "STREAM")]
     stdin_into: Option<String>,
     /// The lines --stdin-into reads: csv (a header row first) or ndjson.

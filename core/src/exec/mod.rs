@@ -657,6 +657,8 @@ pub(crate) fn execute_for_host<P: GpuExec>(
 
 /// Runs `plan`, a GPU operator, on `device` and keeps its output there: no download. Returns
 /// its device batches once they are complete (a stream's window state, `stream/panes.rs`).
+/// They outlive the query, so they are allocated on a stream of their own, outside any
+/// query's memory pool, as a cached table's load is.
 pub(crate) async fn collect_on_device(
     plan: &Arc<dyn ExecutionPlan>,
     context: Arc<TaskContext>,
