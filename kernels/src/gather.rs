@@ -86,6 +86,71 @@ pub fn gather_live<T: GatherElem>(
     Ok(out)
 }
 
+/// Words of a row gather ([`gather_rows_live`]).
+pub trait RowWord: DeviceCopy {
+    #[doc(hidden)]
+    const GATHER_ROWS: &'static str;
+}
+
+macro_rules! row_word {
+    ($g:literal: $t:ty) => {
+        impl RowWord for $t {
+            const GATHER_ROWS: &'static str = $g;
+        }
+    };
+}
+
+row_word!("gather_rows_u16": u16);
+row_word!("gather_rows_u32": u32);
+row_word!("gather_rows_u64": u64);
+row_word!("gather_rows_u128": u128);
+
+/// Gathers rows of `words` values each (values wider than 16 bytes, such as embeddings): row
+/// `i` of the result is row `indices[i]` of `values`, zeros for
+/// [`NULL_INDEX`](crate::launch::NULL_INDEX). With `live` (one u32), only the first `*live`
+/// rows are read and written. Every other index must be less than `values.len() / words`.
+pub fn gather_rows_live<T: RowWord>(
+    stream: &Stream,
+    values: DeviceSlice<'_, T>,
+    words: usize,
+    indices: DeviceSlice<'_, u32>,
+    live: Option<DeviceSlice<'_, u32>>,
+) -> Result<DeviceBuffer<T>> {
+    ensure_arg!(
+        words > 0 && values.len().is_multiple_of(words),
+        "gather of rows of {words} values from {} values",
+        values.len()
+    );
+    let n = indices.len();
+    let total = n
+        .checked_mul(words)
+        .ok_or_else(|| KernelError::InvalidArgument {
+            message: format!("a gather of {n} rows of {words} values"),
+        })?;
+    let out = stream.alloc::<T>(total)?;
+    if total == 0 {
+        return Ok(out);
+    }
+    let kernel = stream.device().kernel(T::GATHER_ROWS)?;
+    // SAFETY: `out` holds `n * words` values and `indices` `n`; indices address rows of
+    // `values` (contract above) below the live count, and the kernel reads no others.
+    unsafe {
+        stream.launch(
+            &kernel,
+            grid(stream, total),
+            &[
+                values.into(),
+                KernelArg::U64(words as u64),
+                indices.into(),
+                live_arg(live),
+                KernelArg::U64(n as u64),
+                (&out).into(),
+            ],
+        )?;
+    }
+    Ok(out)
+}
+
 /// `out[indices[i]] = values[i]`, skipping [`NULL_INDEX`](crate::launch::NULL_INDEX). Indices must be distinct and less
 /// than `out.len()`.
 pub fn scatter<T: GatherElem>(
@@ -696,6 +761,48 @@ mod tests {
             p.swap(i, r.below(i as u64 + 1) as usize);
         }
         p
+    }
+
+    #[test]
+    fn rows_of_words_gather_whole_below_the_live_count() {
+        let device = test_device();
+        let stream = device.new_stream().unwrap();
+        for &n in SIZES {
+            for words in [1_usize, 3, 192] {
+                let rows = n.max(1);
+                let src: Vec<u16> = (0..rows * words).map(|v| (v * 7 + 1) as u16).collect();
+                let idx = random_indices(n, rows, 5);
+                let d_src = stream.from_host(&src).unwrap();
+                let d_idx = stream.from_host(&idx).unwrap();
+                let got =
+                    gather_rows_live(&stream, d_src.as_slice(), words, d_idx.as_slice(), None)
+                        .unwrap();
+                assert_eq!(
+                    stream.to_vec(&got).unwrap(),
+                    reference::gather_rows(&src, words, &idx),
+                    "n={n} words={words}"
+                );
+                // With a live count, the rows past it stay as allocated: only the first are
+                // compared.
+                let live = (n / 2) as u32;
+                let d_live = stream.from_host(&[live]).unwrap();
+                let got = gather_rows_live(
+                    &stream,
+                    d_src.as_slice(),
+                    words,
+                    d_idx.as_slice(),
+                    Some(d_live.as_slice()),
+                )
+                .unwrap();
+                let got = stream.to_vec(&got).unwrap();
+                let want = reference::gather_rows(&src, words, &idx[..live as usize]);
+                assert_eq!(&got[..want.len()], &want[..], "n={n} words={words} live");
+            }
+        }
+        let d = stream.from_host(&[1_u32, 2, 3]).unwrap();
+        let i = stream.from_host(&[0_u32]).unwrap();
+        assert!(gather_rows_live(&stream, d.as_slice(), 2, i.as_slice(), None).is_err());
+        assert!(gather_rows_live(&stream, d.as_slice(), 0, i.as_slice(), None).is_err());
     }
 
     #[test]

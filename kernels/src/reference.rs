@@ -205,6 +205,20 @@ pub fn gather<T: Copy + Default>(values: &[T], indices: &[u32]) -> Vec<T> {
         .collect()
 }
 
+/// Rows of `words` values: row `i` is row `indices[i]` of `values`, zeros for the null index.
+pub fn gather_rows<T: Copy + Default>(values: &[T], words: usize, indices: &[u32]) -> Vec<T> {
+    indices
+        .iter()
+        .flat_map(|i| {
+            if *i == u32::MAX {
+                vec![T::default(); words]
+            } else {
+                values[*i as usize * words..(*i as usize + 1) * words].to_vec()
+            }
+        })
+        .collect()
+}
+
 /// The gathered validity as booleans.
 pub fn gather_validity(bits: Option<&[u8]>, offset: usize, indices: &[u32]) -> Vec<bool> {
     indices

@@ -116,6 +116,31 @@ fn gather_fixed(s: &Stream, n: usize) -> Result<Option<String>> {
     Ok(mismatch(&got, &reference::gather(&src, &idx)))
 }
 
+fn gather_rows(s: &Stream, n: usize) -> Result<Option<String>> {
+    // Rows of 3 and 96 u32 words (a 768-dimension fp32 embedding is 192 of them), a null
+    // index among the indices.
+    for words in [3_usize, 96] {
+        let rows = n.max(1);
+        let src: Vec<u32> = reference::random_u32(rows * words, 19, u32::MAX);
+        let mut idx: Vec<u32> = reference::random_u32(n, 20, rows as u32);
+        if let Some(first) = idx.first_mut() {
+            *first = u32::MAX;
+        }
+        let (ds, di) = (s.from_host(&src)?, s.from_host(&idx)?);
+        let got = s.to_vec(&gather::gather_rows_live(
+            s,
+            ds.as_slice(),
+            words,
+            di.as_slice(),
+            None,
+        )?)?;
+        if let Some(m) = mismatch(&got, &reference::gather_rows(&src, words, &idx)) {
+            return Ok(Some(format!("{words} words: {m}")));
+        }
+    }
+    Ok(None)
+}
+
 fn gather_validity(s: &Stream, n: usize) -> Result<Option<String>> {
     let rows = n.max(1);
     let valid = reference::random_bitmap(rows, 7, 19, 0.6);
@@ -304,6 +329,7 @@ pub const CHECKS: &[(&str, Check)] = &[
     ("compact i64 by bitmap+nulls", compact_bitmap),
     ("compact indices by bytes", compact_bytes),
     ("gather u64", gather_fixed),
+    ("gather rows of u32 words", gather_rows),
     ("gather validity bitmap", gather_validity),
     ("gather strings", gather_strings),
     ("hash i64+utf8 with nulls", hash_keys),

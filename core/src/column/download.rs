@@ -107,6 +107,19 @@ fn build_array(column: &DeviceColumn, parts: &[&[u8]]) -> Result<ArrayRef> {
     };
     let data_type = column.data_type();
     let array: ArrayRef = match column.values() {
+        // An embedding: its elements end to end, none null.
+        DeviceValues::Fixed { .. } if let DataType::FixedSizeList(field, d) = data_type => {
+            let elements = ArrayData::builder(field.data_type().clone())
+                .len(len * *d as usize)
+                .add_buffer(Buffer::from_slice_ref(rest[0]))
+                .build()?;
+            let data = ArrayData::builder(data_type.clone())
+                .len(len)
+                .child_data(vec![elements])
+                .nulls(nulls)
+                .build()?;
+            make_array(data)
+        }
         DeviceValues::Fixed { .. } => {
             let data = ArrayData::builder(data_type.clone())
                 .len(len)

@@ -358,6 +358,24 @@ fn gather_fixed(
                 4 => kg::gather_live(stream, bytes.typed::<u32>()?, indices, live)?.into_bytes(),
                 8 => kg::gather_live(stream, bytes.typed::<u64>()?, indices, live)?.into_bytes(),
                 16 => kg::gather_live(stream, bytes.typed::<u128>()?, indices, live)?.into_bytes(),
+                // Wider rows (embeddings): the widest words that divide the row and that the
+                // bytes are aligned to.
+                w if w.is_multiple_of(16) && bytes.typed::<u128>().is_ok() => {
+                    kg::gather_rows_live(stream, bytes.typed::<u128>()?, w / 16, indices, live)?
+                        .into_bytes()
+                }
+                w if w.is_multiple_of(8) && bytes.typed::<u64>().is_ok() => {
+                    kg::gather_rows_live(stream, bytes.typed::<u64>()?, w / 8, indices, live)?
+                        .into_bytes()
+                }
+                w if w.is_multiple_of(4) && bytes.typed::<u32>().is_ok() => {
+                    kg::gather_rows_live(stream, bytes.typed::<u32>()?, w / 4, indices, live)?
+                        .into_bytes()
+                }
+                w if w.is_multiple_of(2) => {
+                    kg::gather_rows_live(stream, bytes.typed::<u16>()?, w / 2, indices, live)?
+                        .into_bytes()
+                }
                 other => {
                     return Err(SpateError::Internal {
                         message: format!("no gather for {other}-byte values"),

@@ -3,7 +3,11 @@
 //! Contracts:
 //! - Every supported type round-trips exactly, nulls included: Int8–64, UInt8–64,
 //!   Float16/32/64, Boolean, Date32/64, Time, Duration, Timestamp (any unit and zone),
-//!   Decimal128 (full 128-bit), Utf8, LargeUtf8 and Utf8View. Anything else is
+//!   Decimal128 (full 128-bit), Utf8, LargeUtf8 and Utf8View, and embeddings:
+//!   `FixedSizeList<Float16 | Float32 | UInt16, d>` (UInt16 for bf16, marked by the element
+//!   field's `spate.bfloat16` metadata, which the type carries), held as rows of `d` elements
+//!   end to end, gathered by `gather_rows` when wider than 16 bytes; their elements are never
+//!   null on the device (a null element in a set row is `Unsupported`). Anything else is
 //!   `SpateError::Unsupported`, naming the column and its type.
 //! - Sliced arrays upload only their rows; uploaded bitmaps start at bit 0, and string offsets
 //!   at 0.
@@ -1008,6 +1012,13 @@ pub fn device_layout(data_type: &DataType) -> Option<Layout> {
         Decimal128(_, _) => Layout::Fixed(16),
         Utf8 | Utf8View => Layout::Strings,
         LargeUtf8 => Layout::LargeStrings,
+        // An embedding: each row its `d` elements end to end (bf16 is UInt16 with the field
+        // metadata `spate.bfloat16`). Its elements are never null on the device.
+        FixedSizeList(child, d) if *d > 0 => match child.data_type() {
+            Float16 | UInt16 => Layout::Fixed(*d as usize * 2),
+            Float32 => Layout::Fixed(*d as usize * 4),
+            _ => return None,
+        },
         _ => return None,
     })
 }

@@ -573,3 +573,151 @@ fn unshared_bytes_leave_out_allocations_viewed_elsewhere() {
     drop(part);
     assert_eq!(batch.unshared_bytes(), batch.held_bytes());
 }
+
+/// Embedding columns, `n` rows, about 20% null rows (their elements arbitrary, some null):
+/// fp16 × 3 (6-byte rows), fp32 × 4 (16), fp32 × 5 (20), fp16 × 768 (1,536) and bf16 × 8 (a
+/// UInt16 element field marked `spate.bfloat16`).
+fn embeddings(n: usize, seed: u64) -> Vec<ArrayRef> {
+    use arrow::array::FixedSizeListArray;
+    use arrow::buffer::NullBuffer;
+    let mut r = Rng::new(seed);
+    let mut column = |element: Field, d: usize| -> ArrayRef {
+        let rows: Vec<bool> = (0..n).map(|_| !r.chance(0.2)).collect();
+        let elements: ArrayRef = match element.data_type() {
+            DataType::Float16 => Arc::new(Float16Array::from_iter((0..n * d).map(|k| {
+                // Elements under a null row may be null themselves, as writers leave them.
+                (rows[k / d] || r.chance(0.5)).then(|| f16::from_f32(r.below(2000) as f32 / 8.0))
+            }))),
+            DataType::Float32 => {
+                Arc::new(Float32Array::from_iter((0..n * d).map(|k| {
+                    (rows[k / d] || r.chance(0.5)).then(|| r.below(1 << 20) as f32 - 5e5)
+                })))
+            }
+            _ => Arc::new(UInt16Array::from_iter((0..n * d).map(|k| {
+                (rows[k / d] || r.chance(0.5)).then(|| r.below(1 << 16) as u16)
+            }))),
+        };
+        Arc::new(
+            FixedSizeListArray::try_new(
+                Arc::new(element),
+                d as i32,
+                elements,
+                Some(NullBuffer::from(rows)),
+            )
+            .unwrap(),
+        )
+    };
+    let bf16 = Field::new("item", DataType::UInt16, true)
+        .with_metadata([("spate.bfloat16".to_string(), "true".to_string())].into());
+    vec![
+        column(Field::new("item", DataType::Float16, true), 3),
+        column(Field::new("item", DataType::Float32, true), 4),
+        column(Field::new("element", DataType::Float32, true), 5),
+        column(Field::new("item", DataType::Float16, true), 768),
+        column(bf16, 8),
+    ]
+}
+
+#[test]
+fn embeddings_round_trip_slice_concatenate_and_gather() {
+    let stream = stream();
+    let full = embeddings(300, 4);
+    for (offset, len) in [(0usize, 300usize), (3, 100), (13, 0), (299, 1)] {
+        let batch = batch_of(full.iter().map(|a| a.slice(offset, len)).collect());
+        let device = upload_batch(&stream, &batch).unwrap();
+        let back = download_batch(&stream, &device).unwrap();
+        assert_eq!(back.schema(), batch.schema(), "at {offset}+{len}");
+        for (a, b) in batch.columns().iter().zip(back.columns()) {
+            assert_eq!(
+                a.as_ref(),
+                b.as_ref(),
+                "{} at {offset}+{len}",
+                a.data_type()
+            );
+            assert_eq!(a.null_count(), b.null_count());
+        }
+        // Gathered rows (and NULL_INDEX, a null row) equal Arrow's `take`.
+        let picks: Vec<u32> = (0..len as u32)
+            .rev()
+            .chain([u32::MAX, 0].into_iter().filter(|_| len > 0))
+            .collect();
+        let d_picks = stream.from_host(&picks).unwrap();
+        let gathers: Vec<Gather<'_>> = device
+            .columns()
+            .iter()
+            .map(|c| Gather::rows_or_null(c, d_picks.as_slice()))
+            .collect();
+        let columns = gather_columns(&stream, &gathers).unwrap();
+        let gathered = DeviceBatch::try_new(batch.schema(), columns, picks.len()).unwrap();
+        let back = download_batch(&stream, &gathered).unwrap();
+        let take = UInt32Array::from(
+            picks
+                .iter()
+                .map(|&p| (p != u32::MAX).then_some(p))
+                .collect::<Vec<_>>(),
+        );
+        for (a, b) in batch.columns().iter().zip(back.columns()) {
+            let want = arrow::compute::take(a.as_ref(), &take, None).unwrap();
+            assert_eq!(
+                want.as_ref(),
+                b.as_ref(),
+                "{} gathered at {offset}+{len}",
+                a.data_type()
+            );
+        }
+    }
+    // Concatenated on the device like Arrow's concat.
+    let pieces: Vec<RecordBatch> = [(0usize, 37usize), (37, 0), (37, 263)]
+        .iter()
+        .map(|(o, n)| batch_of(full.iter().map(|a| a.slice(*o, *n)).collect()))
+        .collect();
+    let schema = pieces[0].schema();
+    let on_device = pieces
+        .iter()
+        .map(|b| upload_batch(&stream, b).unwrap())
+        .collect();
+    let joined = download_batch(
+        &stream,
+        &concat_device_batches(&stream, &schema, on_device).unwrap(),
+    )
+    .unwrap();
+    let want = arrow::compute::concat_batches(&schema, &pieces).unwrap();
+    assert_eq!(joined.columns(), want.columns());
+}
+
+#[test]
+fn an_embedding_with_a_null_element_in_a_set_row_is_unsupported() {
+    use arrow::array::FixedSizeListArray;
+    let stream = stream();
+    let elements = Float32Array::from(vec![Some(1.0), None, Some(3.0), Some(4.0)]);
+    let list: ArrayRef = Arc::new(
+        FixedSizeListArray::try_new(
+            Arc::new(Field::new("item", DataType::Float32, true)),
+            2,
+            Arc::new(elements),
+            None,
+        )
+        .unwrap(),
+    );
+    let batch = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![Field::new(
+            "emb",
+            list.data_type().clone(),
+            true,
+        )])),
+        vec![list],
+    )
+    .unwrap();
+    let err = upload_batch(&stream, &batch).unwrap_err();
+    assert!(matches!(err, SpateError::Unsupported { .. }), "{err}");
+    assert!(
+        err.to_string().contains("`emb`") && err.to_string().contains("row 0"),
+        "{err}"
+    );
+    // Lists of other elements, and of no elements, stay on the CPU.
+    let f64_list =
+        DataType::FixedSizeList(Arc::new(Field::new("item", DataType::Float64, true)), 4);
+    assert!(device_layout(&f64_list).is_none());
+    let empty = DataType::FixedSizeList(Arc::new(Field::new("item", DataType::Float32, true)), 0);
+    assert!(device_layout(&empty).is_none());
+}

@@ -13,7 +13,8 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayRef, AsArray, BooleanArray, LargeStringArray, StringArray, StringViewArray,
+    Array, ArrayData, ArrayRef, AsArray, BooleanArray, LargeStringArray, StringArray,
+    StringViewArray,
 };
 use arrow::buffer::Buffer;
 use arrow::datatypes::{DataType, Field, SchemaRef};
@@ -524,7 +525,7 @@ fn unsupported(name: &str, data_type: &DataType) -> SpateError {
         message: format!(
             "column `{name}` has type {data_type}, which the GPU backend does not support yet; \
              supported: integers, floats, booleans, dates, times, timestamps, durations, \
-             Decimal128 and strings"
+             Decimal128, strings and embeddings (FixedSizeList of Float16, Float32 or UInt16)"
         ),
     }
 }
@@ -569,10 +570,23 @@ fn plan_column<'a>(field: &Field, parts: &'a [ArrayRef], rows: usize) -> Result<
             let mut pieces = Vec::with_capacity(parts.len());
             for a in parts {
                 let data = a.to_data();
+                let (data, start) = match data_type {
+                    // An embedding: its elements' buffer, from the list's first row on.
+                    DataType::FixedSizeList(_, d) => {
+                        let d = *d as usize;
+                        let elements = embedding_elements(name, &data, d)?;
+                        let start = (elements.offset() + data.offset() * d) * (width / d);
+                        (elements, start)
+                    }
+                    _ => {
+                        let start = data.offset() * width;
+                        (data, start)
+                    }
+                };
                 let buffer = data.buffers().first().ok_or_else(|| SpateError::Internal {
                     message: format!("column `{name}` ({data_type}) has no value buffer"),
                 })?;
-                let (start, len) = (data.offset() * width, a.len() * width);
+                let len = a.len() * width;
                 if buffer.len() < start + len {
                     return Err(SpateError::Internal {
                         message: format!("column `{name}` value buffer is shorter than its rows"),
@@ -605,6 +619,33 @@ fn plan_column<'a>(field: &Field, parts: &'a [ArrayRef], rows: usize) -> Result<
         validity,
         values,
     })
+}
+
+/// The elements of an embedding column's `data` (`d` per row), which must hold no null in a
+/// row that is not null: the device keeps no validity for them.
+fn embedding_elements(name: &str, data: &ArrayData, d: usize) -> Result<ArrayData> {
+    let elements = data
+        .child_data()
+        .first()
+        .cloned()
+        .ok_or_else(|| SpateError::Internal {
+            message: format!("embedding column `{name}` has no elements"),
+        })?;
+    if let Some(nulls) = elements.nulls().filter(|n| n.null_count() > 0) {
+        // Rows of the list start at `data.offset()` among the elements' rows of `d`.
+        let first = data.offset() * d;
+        let bad = (0..data.len())
+            .find(|&row| data.is_valid(row) && (0..d).any(|j| nulls.is_null(first + row * d + j)));
+        if let Some(row) = bad {
+            return Err(SpateError::Unsupported {
+                message: format!(
+                    "embedding column `{name}` has a null element in row {row}: the GPU \
+                     backend holds embeddings whose elements are all set (a null row is fine)"
+                ),
+            });
+        }
+    }
+    Ok(elements)
 }
 
 /// Utf8 and LargeUtf8: each part's offsets rebased to run on from the parts before, then the

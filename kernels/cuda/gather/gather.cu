@@ -21,6 +21,20 @@ __device__ void gather_values(const T* __restrict__ in, const u32* __restrict__ 
 }
 
 template <typename T>
+__device__ void gather_row_words(const T* __restrict__ in, u64 words, const u32* __restrict__ indices,
+                                 const u32* live, u64 n, T* __restrict__ out) {
+    const u64 total = live_rows(live, n) * words;
+    for (u64 t = global_thread_index(); t < total; t += grid_stride()) {
+        const u64 i = t / words;
+        const u64 j = t - i * words;
+        const u32 idx = indices[i];
+        T v{};
+        if (idx != SPATE_NULL_INDEX) v = in[(u64)idx * words + j];
+        out[t] = v;
+    }
+}
+
+template <typename T>
 __device__ void scatter_values(const T* __restrict__ in, const u32* __restrict__ indices, u64 n, T* __restrict__ out) {
     for (u64 i = global_thread_index(); i < n; i += grid_stride()) {
         u32 idx = indices[i];
@@ -65,6 +79,35 @@ SPATE_GATHER(u16)
 SPATE_GATHER(u32)
 SPATE_GATHER(u64)
 SPATE_GATHER(u128)
+
+/**
+ * @brief Gathers rows of `words` values each (a value wider than 16 bytes, such as an
+ *        embedding): out[i * words + j] = in[indices[i] * words + j].
+ *
+ * @param in       source rows, `words` values each
+ * @param words    values per row, at least 1
+ * @param indices  `n` row indices into `in`; SPATE_NULL_INDEX writes a row of zeros
+ * @param live     the device row count (see live_rows), or null: rows at or past it are not
+ *                 read or written
+ * @param n        number of output rows
+ * @param out      `n * words` output values
+ *
+ * Launch: SPATE_BLOCK_THREADS threads, grid-stride over `n * words`, no shared memory.
+ * Memory: caller allocates `out`; every index must be < len(in) / words or SPATE_NULL_INDEX.
+ * Nulls:  values only; validity is gathered by gather_bitmap.
+ * Stream: asynchronous on the launch stream.
+ */
+#define SPATE_GATHER_ROWS(T)                                                                                         \
+    extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS)                                                \
+        gather_rows_##T(const T* in, u64 words, const u32* indices, const u32* live, u64 n, T* out) {                \
+        spate::gather_row_words<T>(in, words, indices, live, n, out);                                                \
+    }                                                                                                                \
+    SPATE_EXPORT(gather_rows_##T)
+
+SPATE_GATHER_ROWS(u16)
+SPATE_GATHER_ROWS(u32)
+SPATE_GATHER_ROWS(u64)
+SPATE_GATHER_ROWS(u128)
 
 /**
  * @brief Gathers a validity bitmap: bit i of `out` = bit indices[i] of `in`.
