@@ -714,6 +714,25 @@ fn an_embedding_with_a_null_element_in_a_set_row_is_unsupported() {
         err.to_string().contains("`emb`") && err.to_string().contains("row 0"),
         "{err}"
     );
+    // In a slice: the bad row is found where it is, and a slice without it uploads.
+    let column = batch.column(0);
+    let shifted = arrow::compute::concat(&[column.slice(1, 1).as_ref(), column.as_ref()]).unwrap();
+    let one = |emb: ArrayRef| {
+        RecordBatch::try_new(
+            Arc::new(Schema::new(vec![Field::new(
+                "emb",
+                emb.data_type().clone(),
+                true,
+            )])),
+            vec![emb],
+        )
+        .unwrap()
+    };
+    let err = upload_batch(&stream, &one(shifted.slice(1, 2))).unwrap_err();
+    assert!(err.to_string().contains("row 0"), "{err}");
+    let err = upload_batch(&stream, &one(shifted.slice(0, 2))).unwrap_err();
+    assert!(err.to_string().contains("row 1"), "{err}");
+    upload_batch(&stream, &one(shifted.slice(2, 1))).unwrap();
     // Lists of other elements, and of no elements, stay on the CPU.
     let f64_list =
         DataType::FixedSizeList(Arc::new(Field::new("item", DataType::Float64, true)), 4);

@@ -632,10 +632,13 @@ fn embedding_elements(name: &str, data: &ArrayData, d: usize) -> Result<ArrayDat
             message: format!("embedding column `{name}` has no elements"),
         })?;
     if let Some(nulls) = elements.nulls().filter(|n| n.null_count() > 0) {
-        // Rows of the list start at `data.offset()` among the elements' rows of `d`.
+        // Rows of the list start at `data.offset()` among the elements' rows of `d`; a row's
+        // elements are all set when its `d` validity bits are (counted a word at a time:
+        // Parquet leaves `d` null elements under every null row).
         let first = data.offset() * d;
-        let bad = (0..data.len())
-            .find(|&row| data.is_valid(row) && (0..d).any(|j| nulls.is_null(first + row * d + j)));
+        let bad = (0..data.len()).find(|&row| {
+            data.is_valid(row) && nulls.inner().slice(first + row * d, d).count_set_bits() != d
+        });
         if let Some(row) = bad {
             return Err(SpateError::Unsupported {
                 message: format!(
