@@ -61,7 +61,6 @@ use datafusion::prelude::SessionContext;
 
 use super::state::{Kept, Stream, StreamTable};
 use super::windows::{Window, WindowedTable};
-use crate::device::GpuContext;
 use crate::error::{Result, SpateError};
 use crate::exec::{GpuCachedScanExec, as_gpu_exec, cache::DeviceTable};
 
@@ -227,7 +226,6 @@ impl TableProvider for PaneTable {
 #[derive(Debug)]
 pub(crate) struct Panes {
     stream: Arc<Stream>,
-    gpu: Option<Arc<GpuContext>>,
     /// The view's query, and its aggregation's input, output and columns.
     view: LogicalPlan,
     input: LogicalPlan,
@@ -467,7 +465,6 @@ impl Panes {
             states += kind.merges().len();
         }
         let mut panes = Panes {
-            gpu: stream.gpu.clone(),
             stream,
             view: plan.clone(),
             input: agg.input.as_ref().clone(),
@@ -689,7 +686,7 @@ impl Panes {
         let physical = df.create_physical_plan().await?;
         let schema = physical.schema();
         // One device: a plan spread over several would leave the state in pieces.
-        if let Some(gpu) = &self.gpu
+        if let Some(gpu) = &self.stream.gpu
             && gpu.devices().len() == 1
             && as_gpu_exec(physical.as_ref()).is_some()
         {
