@@ -204,6 +204,7 @@ impl EngineBuilder {
             None => state,
         };
         let ctx = SessionContext::new_with_state(state);
+        crate::vector::register(&ctx);
         for kind in [
             WindowFunctionKind::Tumble,
             WindowFunctionKind::Hop,

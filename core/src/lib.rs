@@ -50,6 +50,7 @@ mod source;
 mod stream;
 #[cfg(feature = "tpch")]
 pub mod tpch;
+pub mod vector;
 
 pub use cache::{CacheLocation, CachedTable, Shard};
 pub use config::{Backend, Devices, SpateOptions, parse_byte_size};

@@ -93,6 +93,19 @@ pub fn download_column(stream: &Stream, column: &DeviceColumn) -> Result<ArrayRe
     Ok(Arc::clone(download_batch(stream, &batch)?.column(0)))
 }
 
+/// The validity of an embedding's `count` elements held in `bytes`: NULL where an element has
+/// its type's null bits (`None` when none has).
+fn element_nulls(data_type: &DataType, bytes: &[u8], count: usize) -> Option<NullBuffer> {
+    let (elem, _) = crate::vector::Elem::of(data_type)?;
+    let width = elem.width();
+    let null = &elem.null_bits().to_le_bytes()[..width];
+    let elements = bytes.get(..count * width)?.chunks_exact(width);
+    if !elements.clone().any(|e| e == null) {
+        return None;
+    }
+    Some(NullBuffer::from_iter(elements.map(|e| e != null)))
+}
+
 fn build_array(column: &DeviceColumn, parts: &[&[u8]]) -> Result<ArrayRef> {
     let len = column.len();
     let (nulls, rest) = match column.validity() {
@@ -107,11 +120,13 @@ fn build_array(column: &DeviceColumn, parts: &[&[u8]]) -> Result<ArrayRef> {
     };
     let data_type = column.data_type();
     let array: ArrayRef = match column.values() {
-        // An embedding: its elements end to end, none null.
+        // An embedding: its elements end to end, those with the null bits NULL.
         DeviceValues::Fixed { .. } if let DataType::FixedSizeList(field, d) = data_type => {
+            let count = len * *d as usize;
             let elements = ArrayData::builder(field.data_type().clone())
-                .len(len * *d as usize)
+                .len(count)
                 .add_buffer(Buffer::from_slice_ref(rest[0]))
+                .nulls(element_nulls(data_type, rest[0], count))
                 .build()?;
             let data = ArrayData::builder(data_type.clone())
                 .len(len)

@@ -6,9 +6,11 @@
 //!   Decimal128 (full 128-bit), Utf8, LargeUtf8 and Utf8View, and embeddings:
 //!   `FixedSizeList<Float16 | Float32 | UInt16, d>` (UInt16 for bf16, marked by the element
 //!   field's `spate.bfloat16` metadata, which the type carries), held as rows of `d` elements
-//!   end to end, gathered by `gather_rows` when wider than 16 bytes; their elements are never
-//!   null on the device (a null element in a set row is `Unsupported`). Anything else is
-//!   `SpateError::Unsupported`, naming the column and its type.
+//!   end to end, gathered by `gather_rows` when wider than 16 bytes. A NULL element is stored
+//!   as a NaN with a payload of its own (`vector::Elem::null_bits`) and turned back into a
+//!   NULL on download; an upload refuses a set element with those bits (`Unsupported`), so
+//!   they always mean NULL. Anything else is `SpateError::Unsupported`, naming the column and
+//!   its type.
 //! - Sliced arrays upload only their rows; uploaded bitmaps start at bit 0, and string offsets
 //!   at 0.
 //! - Utf8View is stored as offsets + bytes on the device (what the kernels read). It crosses
@@ -1013,12 +1015,12 @@ pub fn device_layout(data_type: &DataType) -> Option<Layout> {
         Utf8 | Utf8View => Layout::Strings,
         LargeUtf8 => Layout::LargeStrings,
         // An embedding: each row its `d` elements end to end (bf16 is UInt16 with the field
-        // metadata `spate.bfloat16`). Its elements are never null on the device.
-        FixedSizeList(child, d) if *d > 0 => match child.data_type() {
-            Float16 | UInt16 => Layout::Fixed(*d as usize * 2),
-            Float32 => Layout::Fixed(*d as usize * 4),
-            _ => return None,
-        },
+        // metadata `spate.bfloat16`); a NULL element is stored as its type's
+        // `Elem::null_bits`.
+        FixedSizeList(child, d) => {
+            let elem = crate::vector::Elem::of_field(child).filter(|_| *d > 0)?;
+            Layout::Fixed(*d as usize * elem.width())
+        }
         _ => return None,
     })
 }

@@ -574,7 +574,8 @@ fn unshared_bytes_leave_out_allocations_viewed_elsewhere() {
     assert_eq!(batch.unshared_bytes(), batch.held_bytes());
 }
 
-/// Embedding columns, `n` rows, about 20% null rows (their elements arbitrary, some null):
+/// Embedding columns, `n` rows, about 20% null rows (their elements arbitrary, some null) and
+/// about 2% null elements in set rows:
 /// fp16 × 3 (6-byte rows), fp32 × 4 (16), fp32 × 5 (20), fp16 × 768 (1,536) and bf16 × 8 (a
 /// UInt16 element field marked `spate.bfloat16`).
 fn embeddings(n: usize, seed: u64) -> Vec<ArrayRef> {
@@ -586,15 +587,30 @@ fn embeddings(n: usize, seed: u64) -> Vec<ArrayRef> {
         let elements: ArrayRef = match element.data_type() {
             DataType::Float16 => Arc::new(Float16Array::from_iter((0..n * d).map(|k| {
                 // Elements under a null row may be null themselves, as writers leave them.
-                (rows[k / d] || r.chance(0.5)).then(|| f16::from_f32(r.below(2000) as f32 / 8.0))
+                let set = if rows[k / d] {
+                    !r.chance(0.02)
+                } else {
+                    r.chance(0.5)
+                };
+                set.then(|| f16::from_f32(r.below(2000) as f32 / 8.0))
             }))),
-            DataType::Float32 => {
-                Arc::new(Float32Array::from_iter((0..n * d).map(|k| {
-                    (rows[k / d] || r.chance(0.5)).then(|| r.below(1 << 20) as f32 - 5e5)
-                })))
-            }
+            DataType::Float32 => Arc::new(Float32Array::from_iter((0..n * d).map(|k| {
+                let set = if rows[k / d] {
+                    !r.chance(0.02)
+                } else {
+                    r.chance(0.5)
+                };
+                set.then(|| r.below(1 << 20) as f32 - 5e5)
+            }))),
             _ => Arc::new(UInt16Array::from_iter((0..n * d).map(|k| {
-                (rows[k / d] || r.chance(0.5)).then(|| r.below(1 << 16) as u16)
+                // Any bits but the null ones (a NaN upload refuses).
+                let set = if rows[k / d] {
+                    !r.chance(0.02)
+                } else {
+                    r.chance(0.5)
+                };
+                set.then(|| r.below(1 << 16) as u16)
+                    .filter(|&b| u32::from(b) != crate::vector::Elem::Bf16.null_bits())
             }))),
         };
         Arc::new(
@@ -686,37 +702,9 @@ fn embeddings_round_trip_slice_concatenate_and_gather() {
 }
 
 #[test]
-fn an_embedding_with_a_null_element_in_a_set_row_is_unsupported() {
+fn embedding_null_elements_round_trip_and_their_bits_are_refused_as_values() {
     use arrow::array::FixedSizeListArray;
     let stream = stream();
-    let elements = Float32Array::from(vec![Some(1.0), None, Some(3.0), Some(4.0)]);
-    let list: ArrayRef = Arc::new(
-        FixedSizeListArray::try_new(
-            Arc::new(Field::new("item", DataType::Float32, true)),
-            2,
-            Arc::new(elements),
-            None,
-        )
-        .unwrap(),
-    );
-    let batch = RecordBatch::try_new(
-        Arc::new(Schema::new(vec![Field::new(
-            "emb",
-            list.data_type().clone(),
-            true,
-        )])),
-        vec![list],
-    )
-    .unwrap();
-    let err = upload_batch(&stream, &batch).unwrap_err();
-    assert!(matches!(err, SpateError::Unsupported { .. }), "{err}");
-    assert!(
-        err.to_string().contains("`emb`") && err.to_string().contains("row 0"),
-        "{err}"
-    );
-    // In a slice: the bad row is found where it is, and a slice without it uploads.
-    let column = batch.column(0);
-    let shifted = arrow::compute::concat(&[column.slice(1, 1).as_ref(), column.as_ref()]).unwrap();
     let one = |emb: ArrayRef| {
         RecordBatch::try_new(
             Arc::new(Schema::new(vec![Field::new(
@@ -728,11 +716,64 @@ fn an_embedding_with_a_null_element_in_a_set_row_is_unsupported() {
         )
         .unwrap()
     };
-    let err = upload_batch(&stream, &one(shifted.slice(1, 2))).unwrap_err();
+    let list = |elements: Vec<Option<f32>>| -> ArrayRef {
+        Arc::new(
+            FixedSizeListArray::try_new(
+                Arc::new(Field::new("item", DataType::Float32, true)),
+                2,
+                Arc::new(Float32Array::from(elements)),
+                None,
+            )
+            .unwrap(),
+        )
+    };
+    // A NULL element in a set row comes back NULL, in slices too.
+    let column = list(vec![
+        Some(1.0),
+        None,
+        Some(3.0),
+        Some(4.0),
+        None,
+        Some(f32::NAN),
+    ]);
+    for (offset, len) in [(0, 3), (1, 2), (2, 1)] {
+        let batch = one(column.slice(offset, len));
+        let back = download_batch(&stream, &upload_batch(&stream, &batch).unwrap()).unwrap();
+        assert_eq!(
+            back.column(0).as_ref(),
+            batch.column(0).as_ref(),
+            "{offset}+{len}"
+        );
+        use arrow::array::AsArray;
+        let elements = back.column(0).as_fixed_size_list().values().clone();
+        let copied = arrow::compute::concat(&[batch.column(0).as_ref()]).unwrap();
+        let nulls = copied.as_fixed_size_list().values().null_count();
+        assert_eq!(elements.null_count(), nulls, "{offset}+{len}");
+    }
+    // A set element with the null bits would read back as NULL: refused, naming its row.
+    let null_bits = f32::from_bits(crate::vector::Elem::F32.null_bits());
+    let column = list(vec![Some(1.0), Some(2.0), Some(3.0), Some(null_bits)]);
+    let err = upload_batch(&stream, &one(Arc::clone(&column))).unwrap_err();
+    assert!(matches!(err, SpateError::Unsupported { .. }), "{err}");
+    assert!(
+        err.to_string().contains("`emb`") && err.to_string().contains("row 1"),
+        "{err}"
+    );
+    let err = upload_batch(&stream, &one(column.slice(1, 1))).unwrap_err();
     assert!(err.to_string().contains("row 0"), "{err}");
-    let err = upload_batch(&stream, &one(shifted.slice(0, 2))).unwrap_err();
-    assert!(err.to_string().contains("row 1"), "{err}");
-    upload_batch(&stream, &one(shifted.slice(2, 1))).unwrap();
+    upload_batch(&stream, &one(column.slice(0, 1))).unwrap();
+    // Under a NULL row those bits mean nothing.
+    let elements = Float32Array::from(vec![Some(null_bits), Some(2.0)]);
+    let null_row: ArrayRef = Arc::new(
+        FixedSizeListArray::try_new(
+            Arc::new(Field::new("item", DataType::Float32, true)),
+            2,
+            Arc::new(elements),
+            Some(vec![false].into()),
+        )
+        .unwrap(),
+    );
+    upload_batch(&stream, &one(null_row)).unwrap();
     // Lists of other elements, and of no elements, stay on the CPU.
     let f64_list =
         DataType::FixedSizeList(Arc::new(Field::new("item", DataType::Float64, true)), 4);

@@ -28,6 +28,7 @@ use super::{
     DeviceBatch, DeviceBytes, DeviceColumn, DeviceValidity, DeviceValues, Layout, device_layout,
 };
 use crate::error::{Result, SpateError};
+use crate::vector::Elem;
 
 /// Alignment of each segment in an arena: enough for any value type (Decimal128 is 16) and a
 /// cache line, so kernels read aligned data.
@@ -570,29 +571,26 @@ fn plan_column<'a>(field: &Field, parts: &'a [ArrayRef], rows: usize) -> Result<
             let mut pieces = Vec::with_capacity(parts.len());
             for a in parts {
                 let data = a.to_data();
-                let (data, start) = match data_type {
+                let (buffer, start) = match data_type {
                     // An embedding: its elements' buffer, from the list's first row on.
-                    DataType::FixedSizeList(_, d) => {
-                        let d = *d as usize;
-                        let elements = embedding_elements(name, &data, d)?;
-                        let start = (elements.offset() + data.offset() * d) * (width / d);
-                        (elements, start)
-                    }
+                    DataType::FixedSizeList(_, d) => embedding_elements(name, &data, *d as usize)?,
                     _ => {
-                        let start = data.offset() * width;
-                        (data, start)
+                        let buffer =
+                            data.buffers().first().ok_or_else(|| SpateError::Internal {
+                                message: format!(
+                                    "column `{name}` ({data_type}) has no value buffer"
+                                ),
+                            })?;
+                        (buffer.clone(), data.offset() * width)
                     }
                 };
-                let buffer = data.buffers().first().ok_or_else(|| SpateError::Internal {
-                    message: format!("column `{name}` ({data_type}) has no value buffer"),
-                })?;
                 let len = a.len() * width;
                 if buffer.len() < start + len {
                     return Err(SpateError::Internal {
                         message: format!("column `{name}` value buffer is shorter than its rows"),
                     });
                 }
-                pieces.push(Piece::Buffer(buffer.clone(), start, len));
+                pieces.push(Piece::Buffer(buffer, start, len));
             }
             Values::Fixed(Segment::Pieces(pieces), width)
         }
@@ -621,34 +619,118 @@ fn plan_column<'a>(field: &Field, parts: &'a [ArrayRef], rows: usize) -> Result<
     })
 }
 
-/// The elements of an embedding column's `data` (`d` per row), which must hold no null in a
-/// row that is not null: the device keeps no validity for them.
-fn embedding_elements(name: &str, data: &ArrayData, d: usize) -> Result<ArrayData> {
+/// The elements of an embedding column's `data` (`d` per row) as the device holds them: a
+/// buffer and the byte where the list's first row starts. A NULL element in a set row is
+/// replaced by its type's [`Elem::null_bits`], in a copy of the rows' elements (without such
+/// elements, the column's own buffer is used). A set element that has those bits already is
+/// `Unsupported`: on the device it would read as NULL.
+fn embedding_elements(name: &str, data: &ArrayData, d: usize) -> Result<(Buffer, usize)> {
     let elements = data
         .child_data()
         .first()
-        .cloned()
         .ok_or_else(|| SpateError::Internal {
             message: format!("embedding column `{name}` has no elements"),
         })?;
-    if let Some(nulls) = elements.nulls().filter(|n| n.null_count() > 0) {
-        // Rows of the list start at `data.offset()` among the elements' rows of `d`; a row's
-        // elements are all set when its `d` validity bits are (counted a word at a time:
-        // Parquet leaves `d` null elements under every null row).
-        let first = data.offset() * d;
-        let bad = (0..data.len()).find(|&row| {
-            data.is_valid(row) && nulls.inner().slice(first + row * d, d).count_set_bits() != d
+    let Some((elem, _)) = Elem::of(data.data_type()) else {
+        return Err(SpateError::Internal {
+            message: format!("column `{name}` ({}) is not an embedding", data.data_type()),
         });
-        if let Some(row) = bad {
-            return Err(SpateError::Unsupported {
-                message: format!(
-                    "embedding column `{name}` has a null element in row {row}: the GPU \
-                     backend holds embeddings whose elements are all set (a null row is fine)"
-                ),
-            });
+    };
+    let buffer = elements
+        .buffers()
+        .first()
+        .ok_or_else(|| SpateError::Internal {
+            message: format!("embedding column `{name}` has no element buffer"),
+        })?;
+    // Row `r` of the list is elements `first + r * d ..` of the child.
+    let first = elements.offset() + data.offset() * d;
+    let count = data.len() * d;
+    let width = elem.width();
+    let start = first * width;
+    if buffer.len() < start + count * width {
+        return Err(SpateError::Internal {
+            message: format!("embedding column `{name}` element buffer is shorter than its rows"),
+        });
+    }
+    // Element `j` of the rows is logical element `child_first + j` of the child.
+    let child_first = data.offset() * d;
+    let set = |j: usize| data.is_valid(j / d) && elements.is_valid(child_first + j);
+    let bits = ElementBits::new(elem, buffer, first, count);
+    if let Some(j) = bits.positions(elem.null_bits()).find(|&j| set(j)) {
+        return Err(SpateError::Unsupported {
+            message: format!(
+                "embedding column `{name}` holds, in row {}, a NaN with the bits the GPU \
+                 backend keeps for a NULL element ({:#x})",
+                j / d,
+                elem.null_bits()
+            ),
+        });
+    }
+    let Some(nulls) = elements.nulls().filter(|n| n.null_count() > 0) else {
+        return Ok((buffer.clone(), start));
+    };
+    // Set rows whose elements are not all set (counted a word at a time: Parquet leaves `d`
+    // null elements under every null row, which are not looked at).
+    let holed: Vec<usize> = (0..data.len())
+        .filter(|&row| {
+            data.is_valid(row)
+                && nulls
+                    .inner()
+                    .slice(child_first + row * d, d)
+                    .count_set_bits()
+                    != d
+        })
+        .collect();
+    if holed.is_empty() {
+        return Ok((buffer.clone(), start));
+    }
+    let mut copy = buffer.as_slice()[start..start + count * width].to_vec();
+    let null = elem.null_bits().to_le_bytes();
+    for row in holed {
+        for j in row * d..(row + 1) * d {
+            if nulls.is_null(child_first + j) {
+                copy[j * width..(j + 1) * width].copy_from_slice(&null[..width]);
+            }
         }
     }
-    Ok(elements)
+    Ok((Buffer::from_vec(copy), 0))
+}
+
+/// The raw bits of an embedding's elements, to search.
+enum ElementBits<'a> {
+    Half(&'a [u16]),
+    Single(&'a [u32]),
+}
+
+impl<'a> ElementBits<'a> {
+    /// Elements `first .. first + count` of an embedding's element buffer (bounds checked by
+    /// the caller).
+    fn new(elem: Elem, buffer: &'a Buffer, first: usize, count: usize) -> Self {
+        match elem {
+            Elem::F32 => ElementBits::Single(&buffer.typed_data::<u32>()[first..first + count]),
+            Elem::F16 | Elem::Bf16 => {
+                ElementBits::Half(&buffer.typed_data::<u16>()[first..first + count])
+            }
+        }
+    }
+
+    /// The indices of the elements with bits `bits`.
+    fn positions(&self, bits: u32) -> Box<dyn Iterator<Item = usize> + '_> {
+        match *self {
+            ElementBits::Half(v) => Box::new(
+                v.iter()
+                    .enumerate()
+                    .filter(move |&(_, &b)| u32::from(b) == bits)
+                    .map(|(j, _)| j),
+            ),
+            ElementBits::Single(v) => Box::new(
+                v.iter()
+                    .enumerate()
+                    .filter(move |&(_, &b)| b == bits)
+                    .map(|(j, _)| j),
+            ),
+        }
+    }
 }
 
 /// Utf8 and LargeUtf8: each part's offsets rebased to run on from the parts before, then the

@@ -1,0 +1,109 @@
+//! The distance arithmetic of embeddings, shared by the CPU functions, the tests' references
+//! and, operation for operation, the GPU's `kernels/cuda/common/vector.cuh`.
+
+/// A distance function over two vectors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Metric {
+    /// `cosine_distance`: `1 - a·b / (|a| |b|)`, NULL when either norm is zero.
+    Cosine,
+    /// `inner_product` (`dot_product`): `a·b`.
+    Inner,
+    /// `array_distance` (`list_distance`): the Euclidean distance `|a - b|`.
+    L2,
+}
+
+impl Metric {
+    /// The metric a SQL function computes, by DataFusion's names and aliases.
+    pub fn of_function(name: &str) -> Option<Metric> {
+        match name {
+            "cosine_distance" => Some(Metric::Cosine),
+            "inner_product" | "dot_product" => Some(Metric::Inner),
+            "array_distance" | "list_distance" => Some(Metric::L2),
+            _ => None,
+        }
+    }
+
+    /// The metric's SQL function.
+    pub fn function(self) -> &'static str {
+        match self {
+            Metric::Cosine => "cosine_distance",
+            Metric::Inner => "inner_product",
+            Metric::L2 => "array_distance",
+        }
+    }
+
+    /// The number the device's `vector.cuh` helpers know this metric by.
+    pub fn code(self) -> u32 {
+        match self {
+            Metric::Cosine => 0,
+            Metric::Inner => 1,
+            Metric::L2 => 2,
+        }
+    }
+
+    /// Whether a larger value means nearer (the inner product), so nearest-first orders it
+    /// descending.
+    pub fn larger_is_nearer(self) -> bool {
+        self == Metric::Inner
+    }
+}
+
+/// The distance between `a` and `b` (of equal lengths): accumulated in f32, element by
+/// element in order, every operation rounded, then finished in f64. `None` (NULL) for the
+/// cosine distance when either vector is all zeros.
+pub fn score(metric: Metric, a: &[f32], b: &[f32]) -> Option<f64> {
+    debug_assert_eq!(a.len(), b.len());
+    match metric {
+        Metric::Cosine => {
+            let (mut dot, mut sa, mut sb) = (0f32, 0f32, 0f32);
+            for (&x, &y) in a.iter().zip(b) {
+                dot += x * y;
+                sa += x * x;
+                sb += y * y;
+            }
+            if sa == 0.0 || sb == 0.0 {
+                return None;
+            }
+            Some(1.0 - f64::from(dot) / (f64::from(sa).sqrt() * f64::from(sb).sqrt()))
+        }
+        Metric::Inner => {
+            let mut dot = 0f32;
+            for (&x, &y) in a.iter().zip(b) {
+                dot += x * y;
+            }
+            Some(f64::from(dot))
+        }
+        Metric::L2 => {
+            let mut sum = 0f32;
+            for (&x, &y) in a.iter().zip(b) {
+                let diff = x - y;
+                sum += diff * diff;
+            }
+            Some(f64::from(sum).sqrt())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_on_small_vectors() {
+        let (a, b) = ([1.0, 0.0, 2.0], [0.0, 3.0, 4.0]);
+        assert_eq!(score(Metric::Inner, &a, &b), Some(8.0));
+        assert_eq!(score(Metric::L2, &a, &b), Some(14f64.sqrt()));
+        let cos = 1.0 - 8.0 / (5f64.sqrt() * 25f64.sqrt());
+        assert_eq!(score(Metric::Cosine, &a, &b), Some(cos));
+        assert_eq!(score(Metric::Cosine, &a, &[0.0; 3]), None);
+        assert_eq!(Metric::of_function("dot_product"), Some(Metric::Inner));
+        assert_eq!(Metric::of_function("list_distance"), Some(Metric::L2));
+    }
+
+    #[test]
+    fn accumulation_is_in_f32() {
+        // 1 + 2^-30 is 1 in f32: an f64 accumulation would keep the small term.
+        let a = [1.0, 2f32.powi(-15)];
+        assert_eq!(score(Metric::Inner, &a, &a), Some(1.0));
+    }
+}
