@@ -26,13 +26,14 @@
 //! `spate::live_rows`).
 
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 use arrow::datatypes::DataType;
 
 use super::scalars::RuntimeScalar;
 use crate::column::{DeviceBatch, DeviceColumn, DeviceValues};
 use crate::error::{Result, SpateError};
-use spate_kernels::KernelArg;
+use spate_kernels::{DeviceBuffer, KernelArg};
 
 /// A column the generated kernel reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,13 +81,22 @@ pub(crate) fn scalar_params(count: usize) -> String {
     params
 }
 
-/// The launch arguments of a kernel's input columns and runtime scalars, from `batch`.
+/// The C parameters of `count` query vectors, each followed by `, `.
+pub(crate) fn vector_params(count: usize) -> String {
+    (0..count).map(|k| format!("const f32* qv{k}, ")).collect()
+}
+
+/// The launch arguments of a kernel's input columns, runtime scalars and query vectors, from
+/// `batch`; the query vectors are copied to the device on `stream`, into the buffers returned
+/// (to be kept until the kernel has been launched: they are freed in stream order).
 pub(crate) fn input_args(
     inputs: &[KernelInput],
     scalars: &[RuntimeScalar],
+    vectors: &[Arc<[f32]>],
     batch: &DeviceBatch,
-) -> Result<Vec<KernelArg>> {
-    let mut args = Vec::with_capacity(inputs.len() * 5 + scalars.len() * 3 + 8);
+    stream: &spate_kernels::Stream,
+) -> Result<(Vec<KernelArg>, Vec<DeviceBuffer<f32>>)> {
+    let mut args = Vec::with_capacity(inputs.len() * 5 + scalars.len() * 3 + vectors.len() + 8);
     for input in inputs {
         let column = batch
             .columns()
@@ -99,7 +109,13 @@ pub(crate) fn input_args(
     for scalar in scalars {
         args.extend(scalar.launch_args()?);
     }
-    Ok(args)
+    let mut held = Vec::with_capacity(vectors.len());
+    for vector in vectors {
+        let buffer = stream.from_host(vector)?;
+        args.push((&buffer).into());
+        held.push(buffer);
+    }
+    Ok((args, held))
 }
 
 /// The five launch arguments of one column.

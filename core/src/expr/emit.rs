@@ -6,8 +6,9 @@
 
 use std::fmt::Write as _;
 
-use super::ir::{Arith, BitOp, Cast, Check, Cmp, Const, LikePattern, Node, OnFail, Op};
+use super::ir::{Arith, BitOp, Cast, Check, Cmp, Const, LikePattern, Node, OnFail, Op, VecSide};
 use super::types::DevType;
+use crate::vector::Metric;
 
 /// An emitted value: C expressions for its value and its null flag. A string's value is a byte
 /// pointer with its length in a companion `<value>_n` variable.
@@ -36,6 +37,8 @@ pub(crate) struct Emitter {
     /// The strings computed a byte at a time (`upper`, `replace`), by the operand's value: a
     /// `spate::StrStream` (`upper.cuh`).
     streams: Vec<String>,
+    /// Whether a vector distance was emitted.
+    vectors: bool,
 }
 
 /// `10^k` as an i128 literal (`k` <= 38, as the planner guarantees).
@@ -788,6 +791,12 @@ impl Emitter {
                 );
                 self.bind(ty, &value, a.null)
             }
+            Op::Distance {
+                metric,
+                left,
+                right,
+                dim,
+            } => self.distance(*metric, left, right, *dim),
             Op::DatePart {
                 arg,
                 field,
@@ -837,6 +846,36 @@ impl Emitter {
             null: n,
             ty,
         }
+    }
+
+    /// A distance between two vectors (`vector.cuh`).
+    fn distance(&mut self, metric: Metric, left: &VecSide, right: &VecSide, dim: usize) -> Operand {
+        self.vectors = true;
+        let side = |s: &VecSide| match s {
+            VecSide::Column { slot: k, elem } => (
+                format!("(d{k} + i * {}ull)", dim * elem.width()),
+                format!("!spate::row_is_valid(v{k}, o{k}, i)"),
+                elem.code(),
+            ),
+            // Code 3: an f32 vector without NULL elements.
+            VecSide::Query { slot: k } => (format!("(const u8*)qv{k}"), "false".into(), 3),
+        };
+        let ((a, a_null, ea), (b, b_null, eb)) = (side(left), side(right));
+        let (v, n) = (self.var(), self.var());
+        self.line(&format!(
+            "bool {n} = {a_null} || {b_null};\nf64 {v} = 0.0;\nif (!{n}) {v} = spate::vec_distance<{}u, {ea}u, {eb}u>({a}, {b}, {dim}ull, &{n});",
+            metric.code()
+        ));
+        Operand {
+            value: v,
+            null: n,
+            ty: DevType::F64,
+        }
+    }
+
+    /// Whether a kernel emitted so far needs `vector.cuh`.
+    pub(crate) fn uses_vectors(&self) -> bool {
+        self.vectors
     }
 
     /// A string literal as a local byte array.

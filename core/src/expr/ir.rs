@@ -14,6 +14,7 @@
 //! structure into guards).
 
 use super::types::DevType;
+use crate::vector::{Elem, Metric};
 
 /// A failure a node can raise: its bit in the kernel's error word ([`super::abi::ErrorBits`])
 /// and the message the query then fails with.
@@ -30,6 +31,15 @@ pub(crate) struct Node {
     /// Whether the value can be NULL. A node that cannot yields a constant null flag.
     pub nullable: bool,
     pub op: Op,
+}
+
+/// One side of a vector distance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum VecSide {
+    /// An embedding column: the kernel's input column `slot`, of rows of `elem`s.
+    Column { slot: usize, elem: Elem },
+    /// A constant vector: the kernel's query vector `slot` (f32, no NULL element).
+    Query { slot: usize },
 }
 
 /// A constant's value.
@@ -395,6 +405,14 @@ pub(crate) enum Op {
         months: i64,
         days: i64,
     },
+    /// A distance between two vectors of `dim` elements (`vector.cuh`), as an f64: NULL when
+    /// a side's row is NULL or holds a NULL element, and (cosine) when a side is all zeros.
+    Distance {
+        metric: Metric,
+        left: VecSide,
+        right: VecSide,
+        dim: usize,
+    },
     /// A field of a Date32 (`per_second` is `None`: the value counts days) or of a timestamp
     /// without a time zone (the value counts `1 / per_second` seconds).
     DatePart {
@@ -419,7 +437,9 @@ impl Node {
     /// The nodes this one computes from, in evaluation order.
     pub(crate) fn children(&self) -> Vec<&Node> {
         match &self.op {
-            Op::Column { .. } | Op::Scalar { .. } | Op::Const(_) => Vec::new(),
+            Op::Column { .. } | Op::Scalar { .. } | Op::Const(_) | Op::Distance { .. } => {
+                Vec::new()
+            }
             Op::Not(a) | Op::Negate(a) | Op::Upper(a) => vec![a],
             Op::IsNull { arg, .. }
             | Op::Abs { arg, .. }
@@ -485,6 +505,7 @@ fn nullable(op: &Op) -> bool {
         | Op::Like { arg, .. } => arg.nullable,
         // NULL past chrono's years too.
         Op::DatePart { .. } => true,
+        Op::Distance { .. } => true,
         Op::Affix { arg, affix, .. } => either(arg, affix),
         Op::Position { arg, sub } => either(arg, sub),
         Op::Concat(parts) | Op::FloatMath { args: parts, .. } => parts.iter().any(|p| p.nullable),

@@ -39,7 +39,13 @@ pub(crate) fn evaluate_values_at(
     use spate_kernels::{DeviceBuffer, KernelArg, LaunchConfig};
 
     let n = rows.map_or(batch.bound(), |r| r.len());
-    let mut args = input_args(&values.inputs, &values.scalars, batch)?;
+    let (mut args, _vectors) = input_args(
+        &values.inputs,
+        &values.scalars,
+        &values.vectors,
+        batch,
+        stream,
+    )?;
     args.push(live.map_or_else(KernelArg::null, KernelArg::from));
     args.push(KernelArg::U64(n as u64));
     args.push(rows.map_or_else(KernelArg::null, KernelArg::from));
@@ -223,7 +229,13 @@ pub fn evaluate_predicate(
     if n == 0 {
         return Ok(out);
     }
-    let mut args = input_args(&predicate.inputs, &predicate.scalars, batch)?;
+    let (mut args, _vectors) = input_args(
+        &predicate.inputs,
+        &predicate.scalars,
+        &predicate.vectors,
+        batch,
+        stream,
+    )?;
     args.push(batch.row_count().live_arg());
     args.push(KernelArg::U64(n as u64));
     args.push((&out).into());

@@ -8,6 +8,7 @@
 
 mod arith;
 mod cast;
+mod vector;
 
 use std::sync::Arc;
 
@@ -34,6 +35,8 @@ pub(crate) struct Lowerer<'a> {
     schema: &'a Schema,
     pub(crate) inputs: Vec<KernelInput>,
     pub(crate) scalars: Vec<RuntimeScalar>,
+    /// Constant vectors the kernel reads from device memory (a distance's query).
+    pub(crate) vectors: Vec<Arc<[f32]>>,
     /// What the CASE branches being lowered know of the rows they run for: input columns that
     /// are not zero there (`Sign::Positive` when above it), from their WHEN (`WHEN c > 0 THEN
     /// x / c`). A division by such a column cannot fail.
@@ -59,6 +62,7 @@ impl<'a> Lowerer<'a> {
             schema,
             inputs: Vec::new(),
             scalars: Vec::new(),
+            vectors: Vec::new(),
             facts: Vec::new(),
         }
     }
@@ -112,6 +116,9 @@ impl<'a> Lowerer<'a> {
                 name => {
                     if let Some(func) = FloatFn::of(name, f.args().len()) {
                         return self.float_math(f, func);
+                    }
+                    if let Some(metric) = crate::vector::Metric::of_function(name) {
+                        return self.distance(f, metric);
                     }
                 }
             }
@@ -169,17 +176,22 @@ impl<'a> Lowerer<'a> {
                 field.data_type()
             ))
         })?;
-        let slot = match self.inputs.iter().position(|i| i.index == c.index()) {
+        let slot = self.input_slot(c.index(), field.data_type());
+        Ok(Node::new(ty, Op::Column { slot }))
+    }
+
+    /// The kernel's parameter slot of input column `index`, added on first use.
+    fn input_slot(&mut self, index: usize, data_type: &DataType) -> usize {
+        match self.inputs.iter().position(|i| i.index == index) {
             Some(slot) => slot,
             None => {
                 self.inputs.push(KernelInput {
-                    index: c.index(),
-                    data_type: field.data_type().clone(),
+                    index,
+                    data_type: data_type.clone(),
                 });
                 self.inputs.len() - 1
             }
-        };
-        Ok(Node::new(ty, Op::Column { slot }))
+        }
     }
 
     /// A scalar subquery's result, read from the kernel's parameters.

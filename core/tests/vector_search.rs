@@ -1,0 +1,213 @@
+//! Vector distances and nearest-neighbour queries over embedding columns: `cosine_distance`,
+//! `inner_product`/`dot_product` and `array_distance` on fp16, bf16 and fp32 embeddings, on the
+//! emulated GPU backend against the CPU engine and against a plain Rust fp32 loop written here
+//! (element by element in order, each operation rounded, finished in f64).
+
+#![allow(
+    clippy::unwrap_used,
+    reason = "test helpers: a failed unwrap is a failed test"
+)]
+
+use std::sync::Arc;
+
+use arrow::array::{
+    Array, ArrayRef, AsArray, FixedSizeListArray, Float16Array, Float32Array, Int64Array,
+    UInt16Array,
+};
+use arrow::buffer::NullBuffer;
+use arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema};
+use arrow::record_batch::RecordBatch;
+use half::f16;
+use spate::kernels::reference::Rng;
+use spate::{Backend, Engine};
+
+mod common;
+use common::ordered;
+
+const ROWS: usize = 500;
+
+/// Element types of the test's embedding columns.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    F16,
+    Bf16,
+    F32,
+}
+
+/// The rows' vectors as f32, `None` for a NULL row or one holding a NULL element.
+struct Column {
+    name: &'static str,
+    dim: usize,
+    rows: Vec<Option<Vec<f32>>>,
+}
+
+/// `id`, then `h` (fp16 × 16), `b` (bf16 × 8) and `f` (fp32 × 8) and `g` (fp32 × 8): values
+/// are multiples of 1/8, about 10% NULL rows, a few NULL elements, and an all-zero row.
+fn table(seed: u64) -> (RecordBatch, Vec<Column>) {
+    let mut r = Rng::new(seed);
+    let mut fields = vec![Field::new("id", DataType::Int64, false)];
+    let mut arrays: Vec<ArrayRef> = vec![Arc::new(Int64Array::from_iter_values(0..ROWS as i64))];
+    let mut columns = Vec::new();
+    for (name, kind, dim) in [
+        ("h", Kind::F16, 16),
+        ("b", Kind::Bf16, 8),
+        ("f", Kind::F32, 8),
+        ("g", Kind::F32, 8),
+    ] {
+        let set: Vec<bool> = (0..ROWS).map(|_| !r.chance(0.1)).collect();
+        let mut values: Vec<Option<f32>> = (0..ROWS * dim)
+            .map(|_| (!r.chance(0.005)).then(|| (r.below(128) as f32 - 64.0) / 8.0))
+            .collect();
+        // Row 7: all zeros (no cosine distance).
+        for v in &mut values[7 * dim..8 * dim] {
+            *v = Some(0.0);
+        }
+        let field = match kind {
+            Kind::F16 => Field::new("item", DataType::Float16, true),
+            Kind::F32 => Field::new("item", DataType::Float32, true),
+            Kind::Bf16 => Field::new("item", DataType::UInt16, true)
+                .with_metadata([(spate::vector::BFLOAT16_KEY.into(), "true".into())].into()),
+        };
+        let elements: ArrayRef = match kind {
+            Kind::F16 => Arc::new(Float16Array::from_iter(
+                values.iter().map(|v| v.map(f16::from_f32)),
+            )),
+            Kind::F32 => Arc::new(Float32Array::from_iter(values.iter().copied())),
+            // Multiples of 1/8 below 8 in magnitude are exact in bf16: its top 16 bits.
+            Kind::Bf16 => Arc::new(UInt16Array::from_iter(
+                values.iter().map(|v| v.map(|x| (x.to_bits() >> 16) as u16)),
+            )),
+        };
+        let list = FixedSizeListArray::try_new(
+            Arc::new(field),
+            dim as i32,
+            elements,
+            Some(NullBuffer::from(set.clone())),
+        )
+        .unwrap();
+        fields.push(Field::new(name, list.data_type().clone(), true));
+        arrays.push(Arc::new(list));
+        let rows = (0..ROWS)
+            .map(|i| {
+                let row = &values[i * dim..(i + 1) * dim];
+                (set[i] && row.iter().all(Option::is_some))
+                    .then(|| row.iter().map(|v| v.unwrap()).collect())
+            })
+            .collect();
+        columns.push(Column { name, dim, rows });
+    }
+    let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).unwrap();
+    (batch, columns)
+}
+
+/// The reference: the distance in f32 steps, finished in f64.
+fn reference(metric: &str, a: &[f32], b: &[f32]) -> Option<f64> {
+    let (mut dot, mut sa, mut sb, mut sum) = (0f32, 0f32, 0f32, 0f32);
+    for (x, y) in a.iter().zip(b) {
+        dot += x * y;
+        sa += x * x;
+        sb += y * y;
+        let diff = x - y;
+        sum += diff * diff;
+    }
+    match metric {
+        "cosine_distance" => (sa != 0.0 && sb != 0.0)
+            .then(|| 1.0 - f64::from(dot) / (f64::from(sa).sqrt() * f64::from(sb).sqrt())),
+        "inner_product" | "dot_product" => Some(f64::from(dot)),
+        _ => Some(f64::from(sum).sqrt()),
+    }
+}
+
+/// A query vector of `dim` multiples of 1/8, and its SQL literal.
+fn query(dim: usize, seed: u64) -> (Vec<f32>, String) {
+    let mut r = Rng::new(seed);
+    let q: Vec<f32> = (0..dim)
+        .map(|_| (r.below(96) as f32 - 40.0) / 8.0)
+        .collect();
+    let sql = q.iter().map(|v| format!("{v:?}")).collect::<Vec<_>>();
+    (q, format!("[{}]", sql.join(", ")))
+}
+
+fn engine(backend: Backend, batch_bytes: &str, data: &RecordBatch) -> Engine {
+    let engine = Engine::builder()
+        .backend(backend)
+        .batch_size(128)
+        .target_partitions(2)
+        .option("spate.gpu.batch_bytes", batch_bytes)
+        .build()
+        .unwrap();
+    let half = data.num_rows() / 2;
+    engine
+        .register_batches(
+            "items",
+            vec![
+                data.slice(0, half),
+                data.slice(half, data.num_rows() - half),
+            ],
+        )
+        .unwrap();
+    engine
+}
+
+/// `(id, distance)` of each row of a result's first two columns.
+fn pairs(batches: &[RecordBatch]) -> Vec<(i64, Option<f64>)> {
+    let mut out = Vec::new();
+    for b in batches {
+        let ids = b.column(0).as_primitive::<Int64Type>();
+        let d = b.column(1).as_primitive::<Float64Type>();
+        for i in 0..b.num_rows() {
+            out.push((ids.value(i), d.is_valid(i).then(|| d.value(i))));
+        }
+    }
+    out
+}
+
+const METRICS: [&str; 4] = [
+    "cosine_distance",
+    "inner_product",
+    "dot_product",
+    "array_distance",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distances_equal_the_cpu_and_an_fp32_loop_bit_for_bit() {
+    let (data, columns) = table(3);
+    let cpu = engine(Backend::Cpu, "134217728", &data);
+    for bytes in ["4096", "134217728"] {
+        let gpu = engine(Backend::Emulated, bytes, &data);
+        for column in &columns {
+            let (q, literal) = query(column.dim, column.dim as u64);
+            for metric in METRICS {
+                let sql = format!(
+                    "SELECT id, {metric}({}, {literal}) AS d FROM items WHERE id >= 0",
+                    column.name
+                );
+                let mut want: Vec<(i64, Option<f64>)> = column
+                    .rows
+                    .iter()
+                    .enumerate()
+                    .map(|(i, row)| {
+                        (
+                            i as i64,
+                            row.as_ref().and_then(|v| reference(metric, v, &q)),
+                        )
+                    })
+                    .collect();
+                for engine in [&cpu, &gpu] {
+                    let mut got = pairs(&engine.collect(&sql).await.unwrap());
+                    got.sort_by_key(|p| p.0);
+                    want.sort_by_key(|p| p.0);
+                    let bits = |v: &[(i64, Option<f64>)]| -> Vec<(i64, Option<u64>)> {
+                        v.iter().map(|(i, d)| (*i, d.map(f64::to_bits))).collect()
+                    };
+                    assert_eq!(bits(&got), bits(&want), "{sql} ({bytes}-byte batches)");
+                }
+                let plan = ordered(&gpu.collect(&format!("EXPLAIN {sql}")).await.unwrap());
+                assert!(
+                    plan.join("\n").contains("GpuProjectionExec"),
+                    "{sql}: {plan:?}"
+                );
+            }
+        }
+    }
+}
