@@ -24,8 +24,6 @@ use spate::{Backend, Engine};
 mod common;
 use common::ordered;
 
-const ROWS: usize = 500;
-
 /// Element types of the test's embedding columns.
 #[derive(Clone, Copy, Debug)]
 enum Kind {
@@ -43,10 +41,10 @@ struct Column {
 
 /// `id`, then `h` (fp16 × 16), `b` (bf16 × 8) and `f` (fp32 × 8) and `g` (fp32 × 8): values
 /// are multiples of 1/8, about 10% NULL rows, a few NULL elements, and an all-zero row.
-fn table(seed: u64) -> (RecordBatch, Vec<Column>) {
+fn table(rows: usize, seed: u64) -> (RecordBatch, Vec<Column>) {
     let mut r = Rng::new(seed);
     let mut fields = vec![Field::new("id", DataType::Int64, false)];
-    let mut arrays: Vec<ArrayRef> = vec![Arc::new(Int64Array::from_iter_values(0..ROWS as i64))];
+    let mut arrays: Vec<ArrayRef> = vec![Arc::new(Int64Array::from_iter_values(0..rows as i64))];
     let mut columns = Vec::new();
     for (name, kind, dim) in [
         ("h", Kind::F16, 16),
@@ -54,8 +52,8 @@ fn table(seed: u64) -> (RecordBatch, Vec<Column>) {
         ("f", Kind::F32, 8),
         ("g", Kind::F32, 8),
     ] {
-        let set: Vec<bool> = (0..ROWS).map(|_| !r.chance(0.1)).collect();
-        let mut values: Vec<Option<f32>> = (0..ROWS * dim)
+        let set: Vec<bool> = (0..rows).map(|_| !r.chance(0.1)).collect();
+        let mut values: Vec<Option<f32>> = (0..rows * dim)
             .map(|_| (!r.chance(0.005)).then(|| (r.below(128) as f32 - 64.0) / 8.0))
             .collect();
         // Row 7: all zeros (no cosine distance).
@@ -87,7 +85,7 @@ fn table(seed: u64) -> (RecordBatch, Vec<Column>) {
         .unwrap();
         fields.push(Field::new(name, list.data_type().clone(), true));
         arrays.push(Arc::new(list));
-        let rows = (0..ROWS)
+        let rows = (0..rows)
             .map(|i| {
                 let row = &values[i * dim..(i + 1) * dim];
                 (set[i] && row.iter().all(Option::is_some))
@@ -171,7 +169,7 @@ const METRICS: [&str; 4] = [
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn distances_equal_the_cpu_and_an_fp32_loop_bit_for_bit() {
-    let (data, columns) = table(3);
+    let (data, columns) = table(500, 3);
     let cpu = engine(Backend::Cpu, "134217728", &data);
     for bytes in ["4096", "134217728"] {
         let gpu = engine(Backend::Emulated, bytes, &data);
@@ -209,5 +207,114 @@ async fn distances_equal_the_cpu_and_an_fp32_loop_bit_for_bit() {
                 );
             }
         }
+    }
+}
+
+/// The `k` nearest rows by `metric` of `column` to `q` (larger is nearer for the inner
+/// product), ties by id, among the rows `keep` admits.
+fn nearest(
+    column: &Column,
+    metric: &str,
+    q: &[f32],
+    k: usize,
+    keep: impl Fn(usize) -> bool,
+) -> Vec<(i64, Option<f64>)> {
+    let mut scored: Vec<(i64, f64)> = column
+        .rows
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| keep(*i))
+        .filter_map(|(i, row)| Some((i as i64, reference(metric, row.as_ref()?, q)?)))
+        .collect();
+    let descending = metric == "inner_product";
+    scored.sort_by(|a, b| {
+        let by = if descending {
+            b.1.total_cmp(&a.1)
+        } else {
+            a.1.total_cmp(&b.1)
+        };
+        by.then(a.0.cmp(&b.0))
+    });
+    scored
+        .into_iter()
+        .take(k)
+        .map(|(i, d)| (i, Some(d)))
+        .collect()
+}
+
+/// Fails unless every operator EXPLAIN places on the CPU is plumbing: the scan, a merge of
+/// sorted partitions, or a projection that only selects columns.
+fn assert_gpu_top_k(plan: &str, sql: &str) {
+    assert!(plan.contains("GpuSortExec: TopK"), "{sql}: {plan}");
+    for line in plan.lines().filter(|l| l.contains("[CPU")) {
+        let plumbing = ["DataSourceExec", "SortPreservingMergeExec", "only selects"]
+            .iter()
+            .any(|p| line.contains(p));
+        assert!(plumbing, "{sql}: a CPU compute node: {line}\n{plan}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn order_by_distance_limit_k_is_a_gpu_top_k_equal_to_the_exact_one() {
+    let (data, columns) = table(600, 5);
+    let cpu = engine(Backend::Cpu, "134217728", &data);
+    let gpu = engine(Backend::Emulated, "16384", &data);
+    for column in &columns {
+        let (q, literal) = query(column.dim, 100 + column.dim as u64);
+        for metric in ["cosine_distance", "inner_product", "array_distance"] {
+            let order = if metric == "inner_product" {
+                "DESC"
+            } else {
+                "ASC"
+            };
+            for (k, filter) in [(1, false), (10, true), (100, false), (700, true)] {
+                let (filter_sql, keep): (&str, fn(usize) -> bool) = if filter {
+                    ("WHERE id % 3 <> 0", |i| i % 3 != 0)
+                } else {
+                    ("", |_| true)
+                };
+                let distance = format!("{metric}({}, {literal})", column.name);
+                let sql = format!(
+                    "SELECT id, {distance} AS d FROM items {filter_sql} \
+                     ORDER BY {distance} {order} NULLS LAST, id LIMIT {k}"
+                );
+                let mut want = nearest(column, metric, &q, k, keep);
+                // LIMIT k past the rows with a distance: the NULLs follow, by id.
+                let nulls = (0..column.rows.len())
+                    .filter(|&i| keep(i))
+                    .filter(|&i| {
+                        column.rows[i]
+                            .as_ref()
+                            .and_then(|r| reference(metric, r, &q))
+                            .is_none()
+                    })
+                    .map(|i| (i as i64, None));
+                let room = k - want.len();
+                want.extend(nulls.take(room));
+                for (name, engine) in [("cpu", &cpu), ("emulated", &gpu)] {
+                    let got = pairs(&engine.collect(&sql).await.unwrap());
+                    assert_eq!(got, want, "{name}: {sql}");
+                }
+                let plan = ordered(&gpu.collect(&format!("EXPLAIN {sql}")).await.unwrap());
+                assert_gpu_top_k(&plan.join("\n"), &sql);
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_top_k_over_many_rows_narrows_on_the_device_and_stays_exact() {
+    // Past the top-k's narrowing threshold (65,536 held rows), in one device batch.
+    let (data, columns) = table(80_000, 9);
+    let gpu = engine(Backend::Emulated, "134217728", &data);
+    let column = &columns[2];
+    let (q, literal) = query(column.dim, 77);
+    for metric in ["cosine_distance", "array_distance"] {
+        let sql =
+            format!("SELECT id, {metric}(f, {literal}) AS d FROM items ORDER BY d, id LIMIT 25");
+        let want = nearest(column, metric, &q, 25, |_| true);
+        assert_eq!(pairs(&gpu.collect(&sql).await.unwrap()), want, "{sql}");
+        let plan = ordered(&gpu.collect(&format!("EXPLAIN {sql}")).await.unwrap());
+        assert_gpu_top_k(&plan.join("\n"), &sql);
     }
 }
