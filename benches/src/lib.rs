@@ -23,6 +23,7 @@ pub mod runner;
 pub mod stream;
 pub mod suite;
 pub mod tpcds;
+pub mod vector;
 pub mod workload;
 
 pub mod tpch {

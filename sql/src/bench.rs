@@ -61,6 +61,9 @@ pub enum Suite {
     Tpcds(TpcdsArgs),
     /// Streaming: a scenario's events pushed through continuous views (`--scenario fraud`).
     Stream(crate::bench_stream::StreamArgs),
+    /// Vector search: `ORDER BY <distance>(emb, [...]) LIMIT k` against the exact top-k, with
+    /// numpy and faiss-cpu as peers.
+    Vector(crate::bench_vector::VectorArgs),
 }
 
 #[derive(Debug, Args)]
@@ -209,13 +212,14 @@ pub fn run(suite: Suite) -> Result<ExitCode, String> {
         }),
         Suite::Tpcds(args) => tpcds(args),
         Suite::Stream(args) => crate::bench_stream::run(args),
+        Suite::Vector(args) => crate::bench_vector::run(args),
     }
 }
 
 /// The repository checkout the binary runs in (the scripts and the virtual environment are
 /// found there): the first folder upwards from the current one that holds the TPC-H queries,
 /// else the source tree the binary was built from.
-fn workspace_root() -> PathBuf {
+pub(crate) fn workspace_root() -> PathBuf {
     let marker = Path::new("benches/queries/tpch/q01.sql");
     if let Ok(cwd) = std::env::current_dir() {
         for dir in cwd.ancestors() {

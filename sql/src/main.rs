@@ -13,6 +13,7 @@
 
 mod bench;
 mod bench_stream;
+mod bench_vector;
 mod cluster;
 mod format;
 mod script;
