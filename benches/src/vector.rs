@@ -172,7 +172,9 @@ impl Data {
                     [(spate::vector::BFLOAT16_KEY.to_string(), "true".to_string())].into(),
                 ),
                 Arc::new(UInt16Array::from_iter_values(
-                    self.items.iter().map(|&x| half::bf16::from_f32(x).to_bits()),
+                    self.items
+                        .iter()
+                        .map(|&x| half::bf16::from_f32(x).to_bits()),
                 )),
             ),
         };
@@ -196,9 +198,21 @@ impl Data {
 
     /// The SQL of query `q`.
     pub fn sql(&self, q: usize) -> String {
-        let literal: Vec<String> = self.query(q).iter().map(|v| f64::from(*v).to_string()).collect();
-        let distance = format!("{}(emb, [{}])", self.spec.metric.function(), literal.join(", "));
-        let order = if self.spec.metric == Metric::Ip { "DESC" } else { "ASC" };
+        let literal: Vec<String> = self
+            .query(q)
+            .iter()
+            .map(|v| f64::from(*v).to_string())
+            .collect();
+        let distance = format!(
+            "{}(emb, [{}])",
+            self.spec.metric.function(),
+            literal.join(", ")
+        );
+        let order = if self.spec.metric == Metric::Ip {
+            "DESC"
+        } else {
+            "ASC"
+        };
         let filter = self
             .spec
             .filter
@@ -218,7 +232,11 @@ impl Data {
             .collect();
         let ip = self.spec.metric == Metric::Ip;
         scored.sort_by(|a, b| {
-            let by = if ip { b.1.total_cmp(&a.1) } else { a.1.total_cmp(&b.1) };
+            let by = if ip {
+                b.1.total_cmp(&a.1)
+            } else {
+                a.1.total_cmp(&b.1)
+            };
             by.then(a.0.cmp(&b.0))
         });
         scored.truncate(self.spec.k);
@@ -258,7 +276,8 @@ fn distance(metric: Metric, a: &[f32], b: &[f32]) -> Option<f64> {
 /// One engine's run of every query.
 #[derive(Debug)]
 pub struct EngineRun {
-    pub backend: String,
+    /// The backend the queries ran on (`auto` resolved).
+    pub backend: Backend,
     pub selection: String,
     /// Time of each query, after one untimed warm-up (kernel compiles).
     pub times: Vec<Duration>,
@@ -274,10 +293,11 @@ pub async fn run_engine(backend: Backend, data: &Data) -> Result<EngineRun, Stri
     let err = |e: spate::SpateError| e.to_string();
     let engine = Engine::builder().backend(backend).build().map_err(err)?;
     let selection = engine.backend().to_string();
+    let resolved = engine.backend().resolved;
     engine
         .register_batches("items", vec![data.batch()?])
         .map_err(err)?;
-    if backend != Backend::Cpu {
+    if resolved != Backend::Cpu {
         engine.cache_table("items").await.map_err(err)?;
     }
     let plan = engine
@@ -298,7 +318,7 @@ pub async fn run_engine(backend: Backend, data: &Data) -> Result<EngineRun, Stri
         results.push(rows(&batches));
     }
     Ok(EngineRun {
-        backend: format!("{backend:?}").to_lowercase(),
+        backend: resolved,
         selection,
         times,
         results,
@@ -352,13 +372,20 @@ pub fn run_peers(
     data: &Data,
 ) -> Result<Vec<(String, Peer)>, String> {
     let dim = data.spec.dim;
-    let write = |name: &str, shape: &[usize], descr: &str, bytes: &[u8]| -> Result<PathBuf, String> {
-        let path = dir.join(name);
-        write_npy(&path, shape, descr, bytes).map_err(|e| format!("{}: {e}", path.display()))?;
-        Ok(path)
-    };
+    let write =
+        |name: &str, shape: &[usize], descr: &str, bytes: &[u8]| -> Result<PathBuf, String> {
+            let path = dir.join(name);
+            write_npy(&path, shape, descr, bytes)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            Ok(path)
+        };
     let as_bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-    let items = write("items.npy", &[data.spec.rows, dim], "<f4", &as_bytes(&data.items))?;
+    let items = write(
+        "items.npy",
+        &[data.spec.rows, dim],
+        "<f4",
+        &as_bytes(&data.items),
+    )?;
     let queries = write(
         "queries.npy",
         &[data.spec.queries, dim],
@@ -375,8 +402,12 @@ pub fn run_peers(
         .args(["--k", &data.spec.k.to_string()])
         .args(["--metric", data.spec.metric.name()]);
     if data.spec.filter.is_some() {
-        let mask: Vec<u8> = (0..data.spec.rows).map(|i| u8::from(data.kept(i))).collect();
-        command.arg("--mask").arg(write("mask.npy", &[data.spec.rows], "|b1", &mask)?);
+        let mask: Vec<u8> = (0..data.spec.rows)
+            .map(|i| u8::from(data.kept(i)))
+            .collect();
+        command
+            .arg("--mask")
+            .arg(write("mask.npy", &[data.spec.rows], "|b1", &mask)?);
     }
     let output = command
         .output()

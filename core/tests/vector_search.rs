@@ -318,3 +318,40 @@ async fn a_top_k_over_many_rows_narrows_on_the_device_and_stays_exact() {
         assert_gpu_top_k(&plan.join("\n"), &sql);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_embedding_columns_and_vectors_of_different_lengths() {
+    let (data, columns) = table(400, 13);
+    let cpu = engine(Backend::Cpu, "134217728", &data);
+    let gpu = engine(Backend::Emulated, "8192", &data);
+    let (f, g) = (&columns[2], &columns[3]);
+    for metric in ["cosine_distance", "inner_product", "array_distance"] {
+        let sql = format!("SELECT id, {metric}(f, g) AS d FROM items WHERE id >= 0");
+        let want: Vec<(i64, Option<u64>)> = (0..400)
+            .map(|i| {
+                let d = match (&f.rows[i], &g.rows[i]) {
+                    (Some(a), Some(b)) => reference(metric, a, b),
+                    _ => None,
+                };
+                (i as i64, d.map(f64::to_bits))
+            })
+            .collect();
+        for engine in [&cpu, &gpu] {
+            let mut got = pairs(&engine.collect(&sql).await.unwrap());
+            got.sort_by_key(|p| p.0);
+            let got: Vec<(i64, Option<u64>)> = got
+                .into_iter()
+                .map(|(i, d)| (i, d.map(f64::to_bits)))
+                .collect();
+            assert_eq!(got, want, "{sql}");
+        }
+        let plan = ordered(&gpu.collect(&format!("EXPLAIN {sql}")).await.unwrap());
+        assert!(plan.join("\n").contains("GpuProjectionExec"), "{plan:?}");
+    }
+    // A query vector of another length fails on both backends, with DataFusion's message.
+    let sql = "SELECT id FROM items WHERE cosine_distance(f, [1.0, 2.0]) < 0.5";
+    for engine in [&cpu, &gpu] {
+        let err = engine.collect(sql).await.unwrap_err().to_string();
+        assert!(err.contains("same length, got 8 and 2"), "{err}");
+    }
+}

@@ -159,7 +159,7 @@ pub async fn start_executor(options: ExecutorOptions) -> Result<Executor> {
         &work_path,
         runtime_producer,
         config_producer,
-        Arc::new(BallistaFunctionRegistry::default()),
+        Arc::new(function_registry()),
         Arc::new(LoggingMetricsCollector::default()),
         tasks,
         Arc::new(GpuStages::new(
@@ -192,4 +192,19 @@ pub async fn start_executor(options: ExecutorOptions) -> Result<Executor> {
         flight,
         _work_dir: work_dir,
     })
+}
+
+/// Ballista's functions, with Spate's vector distances (`spate::vector`) in place of
+/// DataFusion's: a task's plan names the functions it was planned with.
+fn function_registry() -> BallistaFunctionRegistry {
+    let mut registry = BallistaFunctionRegistry::default();
+    for udf in spate::vector::functions() {
+        let names = std::iter::once(udf.name()).chain(udf.aliases().iter().map(String::as_str));
+        for name in names {
+            registry
+                .scalar_functions
+                .insert(name.to_string(), Arc::clone(&udf));
+        }
+    }
+    registry
 }

@@ -91,6 +91,7 @@ pub async fn start_scheduler(bind: &str, options: &SchedulerOptions) -> Result<S
         no_executors_grace_period_seconds: options.no_executors_grace.as_secs(),
         // A stopped executor is let go of at once.
         executor_termination_grace_period: 0,
+        override_session_builder: Some(Arc::new(session_with_spate_functions)),
         ..SchedulerConfig::default()
     };
     config
@@ -110,4 +111,18 @@ pub async fn start_scheduler(bind: &str, options: &SchedulerOptions) -> Result<S
     });
     log::info!("Ballista scheduler listening on {address}");
     Ok(Scheduler { address, service })
+}
+
+/// Ballista's session, with Spate's vector distances (`spate::vector`) in place of
+/// DataFusion's, so a client's plan that calls them decodes to the functions it was planned
+/// with.
+fn session_with_spate_functions(
+    config: datafusion::prelude::SessionConfig,
+) -> datafusion::common::Result<datafusion::execution::SessionState> {
+    use datafusion::execution::FunctionRegistry as _;
+    let mut state = ballista_core::utils::default_session_builder(config)?;
+    for udf in spate::vector::functions() {
+        state.register_udf(udf)?;
+    }
+    Ok(state)
 }

@@ -106,6 +106,40 @@ def _lit(value: Operand) -> _spate.Expr:
     return _spate.Expr.lit(array)
 
 
+#: ``DataFrame.nearest``'s metrics, by the SQL function each calls.
+_DISTANCES = {
+    "cosine": "cosine_distance",
+    "ip": "inner_product",
+    "inner_product": "inner_product",
+    "l2": "array_distance",
+    "euclidean": "array_distance",
+}
+
+
+def _query_vectors(queries: Any) -> tuple[list[list[float]], bool]:
+    """``nearest``'s queries as lists of floats, and whether there was a single vector."""
+    def as_list(value: Any) -> Any:
+        return value.tolist() if hasattr(value, "tolist") else value
+
+    queries = as_list(queries)
+    if not isinstance(queries, (list, tuple)) or not queries:
+        raise ConfigError("nearest: queries must be a non-empty vector or list of vectors")
+    queries = [as_list(q) for q in queries]
+    single = not isinstance(queries[0], (list, tuple))
+    vectors = [queries] if single else list(queries)
+    out = []
+    for v in vectors:
+        if not isinstance(v, (list, tuple)) or not v:
+            raise ConfigError("nearest: every query must be a non-empty vector")
+        try:
+            out.append([float(x) for x in v])
+        except (TypeError, ValueError):
+            raise ConfigError("nearest: a query vector holds something that is not a number") from None
+    if len({len(v) for v in out}) > 1:
+        raise ConfigError("nearest: the query vectors have different lengths")
+    return out, single
+
+
 def _is_missing(value: Any) -> bool:
     """Whether ``value`` is a null marker: None, NaN, or pandas' NA/NaT."""
     if value is None:
@@ -474,6 +508,66 @@ class DataFrame:
         if n < 0:
             raise UnsupportedError("head with a negative n is not supported")
         return self._derive(self._frame.limit(n, 0))
+
+    def nearest(
+        self,
+        column: str,
+        queries: Any,
+        k: int = 10,
+        metric: str = "cosine",
+    ) -> DataFrame:
+        """The ``k`` rows whose embedding ``column`` is nearest each query vector, with their
+        ``distance``; lazy, like every frame method.
+
+        ``queries`` is one vector (a 1-D numpy array or a list of numbers) or several (a 2-D
+        array or a list of lists). ``metric`` is ``"cosine"`` (``cosine_distance``),
+        ``"ip"`` (``inner_product``: larger is nearer) or ``"l2"`` (``array_distance``);
+        ``k`` goes up to 4096. With one query the result is the rows nearest first; with
+        several it has a ``query`` column (the query's position, from 0) and is sorted by it,
+        then nearest first. Rows with no distance (a NULL embedding, one holding a NULL
+        element, or a zero vector for the cosine) are never returned. The same plan as ``ORDER BY <distance> LIMIT k`` in
+        SQL: on a GPU backend, the GPU top-k. Distances accumulate in fp32 (see
+        ``docs/vector.md``).
+        """
+        function = _DISTANCES.get(metric)
+        if function is None:
+            raise ConfigError(
+                f"nearest: unknown metric {metric!r}; use one of {', '.join(sorted(_DISTANCES))}"
+            )
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 4096:
+            raise ConfigError(f"nearest: k must be an integer from 1 to 4096, got {k!r}")
+        if column not in self.columns:
+            raise PlanError(f"nearest: no column {column!r} in {self.columns}")
+        for taken in ("distance", "query"):
+            if taken in self._frame.columns():
+                raise PlanError(
+                    f"nearest: the frame already has a column {taken!r}; rename it first"
+                )
+        vectors, single = _query_vectors(queries)
+        larger_is_nearer = function == "inner_product"
+        frames = []
+        for position, vector in enumerate(vectors):
+            literal = _spate.Expr.lit(pa.array([vector], type=pa.list_(pa.float64())))
+            distance = _spate.Expr.function(function, [_spate.Expr.col(column), literal])
+            frame = self._frame.with_column("distance", distance)
+            frame = frame.filter(_spate.Expr.col("distance").is_not_null())
+            frame = frame.sort([_spate.Expr.col("distance")], [not larger_is_nearer], [False])
+            frame = frame.limit(k, 0)
+            if not single:
+                frame = frame.with_column("query", _lit(position))
+            frames.append(frame)
+        result = frames[0]
+        for frame in frames[1:]:
+            result = result.union(frame)
+        if not single:
+            names = ["query"] + [c for c in result.columns() if c != "query"]
+            result = result.select([_spate.Expr.col(n) for n in names])
+            result = result.sort(
+                [_spate.Expr.col("query"), _spate.Expr.col("distance")],
+                [True, not larger_is_nearer],
+                [False, False],
+            )
+        return self._derive(result)
 
     def drop_duplicates(
         self, subset: str | Sequence[str] | None = None, keep: str = "first"

@@ -37,7 +37,12 @@ impl From<Expr> for PyExpr {
 
 fn scalar_functions() -> &'static [Arc<ScalarUDF>] {
     static FUNCTIONS: OnceLock<Vec<Arc<ScalarUDF>>> = OnceLock::new();
-    FUNCTIONS.get_or_init(all_default_functions)
+    // Spate's vector distances come first, so a lookup by name finds them.
+    FUNCTIONS.get_or_init(|| {
+        let mut functions = spate::vector::functions();
+        functions.extend(all_default_functions());
+        functions
+    })
 }
 
 fn aggregate_functions() -> &'static [Arc<AggregateUDF>] {

@@ -165,6 +165,11 @@ impl PyFrame {
         Ok(self.with(self.df.clone().limit(offset, n).py(Origin::Frame)?))
     }
 
+    /// `self UNION ALL other` (the columns matched by position).
+    fn union(&self, other: &PyFrame) -> PyResult<Self> {
+        Ok(self.with(self.df.clone().union(other.df.clone()).py(Origin::Frame)?))
+    }
+
     /// `SELECT DISTINCT *`.
     fn distinct(&self) -> PyResult<Self> {
         Ok(self.with(self.df.clone().distinct().py(Origin::Frame)?))

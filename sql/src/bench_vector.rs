@@ -3,8 +3,8 @@
 //! SQL (`ORDER BY <distance>(emb, [...]) LIMIT k`) on one backend and on the CPU backend, with
 //! numpy and faiss-cpu as peers over the same vectors (`spate_bench::vector`).
 //!
-//! It prints each engine's queries per second and its ratio to faiss, and, on a GPU backend,
-//! the bytes a query must scan. With `--verify` the last line is
+//! It prints each engine's queries per second and its ratio to faiss, and, on a GPU, the bytes
+//! a query must scan and the time an H200 takes to read them. With `--verify` the last line is
 //! `verified: N/Q queries equal the exact top-k`, and the exit code is non-zero when any
 //! differs.
 
@@ -63,10 +63,10 @@ fn report(run: &EngineRun, faiss: Option<f64>) {
     let mut times = run.times.clone();
     times.sort();
     let p50 = times.get(times.len() / 2).copied().unwrap_or_default();
-    let ratio = faiss.map_or(String::new(), |f| format!(", {:.2}x faiss", qps(run) / f));
+    let ratio = faiss.map_or(String::new(), |f| format!(", {:.3}x faiss", qps(run) / f));
     println!(
         "  spate {}: {:.1} queries/s (p50 {:.2} ms{ratio}){}",
-        run.backend,
+        format!("{:?}", run.backend).to_lowercase(),
         qps(run),
         p50.as_secs_f64() * 1e3,
         if run.gpu_top_k { ", GPU top-k" } else { "" }
@@ -110,7 +110,7 @@ pub fn run(args: VectorArgs) -> Result<ExitCode, String> {
     let runtime = crate::runtime()?;
     let under_test = runtime.block_on(run_engine(args.backend, &data))?;
     println!("{}", under_test.selection);
-    let cpu = match args.backend {
+    let cpu = match under_test.backend {
         Backend::Cpu => None,
         _ => Some(runtime.block_on(run_engine(Backend::Cpu, &data))?),
     };
@@ -152,7 +152,7 @@ pub fn run(args: VectorArgs) -> Result<ExitCode, String> {
     if let Some(cpu) = &cpu {
         report(cpu, faiss);
     }
-    if args.backend != Backend::Cpu {
+    if under_test.backend == Backend::Cuda {
         let bytes = data.scan_bytes();
         println!(
             "  a query scans {:.1} MB of embeddings: {:.3} ms at the H200's 4.8 TB/s",

@@ -429,6 +429,58 @@ fn the_tpch_report_names_where_operators_ran_and_verifies_results() {
 }
 
 #[test]
+fn bench_vector_verifies_the_top_k_and_runs_its_peers() {
+    for extra in [
+        &["--dtype", "f16"][..],
+        &["--dtype", "bf16", "--metric", "ip"],
+        &["--dtype", "f32", "--metric", "l2", "--filter", "0.2"],
+    ] {
+        let mut args = vec![
+            "bench",
+            "vector",
+            "--rows",
+            "3000",
+            "--dim",
+            "16",
+            "--queries",
+            "4",
+            "--k",
+            "10",
+            "--backend",
+            "emulated",
+            "--verify",
+        ];
+        args.extend_from_slice(extra);
+        let o = spate(&args);
+        let out = stdout(&o);
+        assert!(o.status.success(), "{extra:?}: {out}\n{}", stderr(&o));
+        assert!(out.contains("spate emulated: "), "{out}");
+        assert!(out.contains(", GPU top-k"), "{out}");
+        assert!(
+            out.contains("spate cpu: 4/4 queries equal the exact top-k"),
+            "{out}"
+        );
+        // The peers ran (scripts/test installs numpy and faiss-cpu) or say why not.
+        for peer in ["numpy: ", "faiss: "] {
+            assert!(
+                out.lines().any(|l| {
+                    let l = l.trim_start();
+                    l.starts_with(peer) || l.starts_with("peers: skipped")
+                }),
+                "{peer}{out}"
+            );
+        }
+        assert_eq!(
+            out.lines().last().unwrap(),
+            "verified: 4/4 queries equal the exact top-k",
+            "{out}"
+        );
+    }
+    let o = spate(&["bench", "vector", "--k", "5000"]);
+    assert_clean_failure(&o, 2, "4096");
+}
+
+#[test]
 fn selftest_checks_every_kernel_on_the_emulator() {
     let o = spate(&["selftest", "--backend", "emulated"]);
     let out = stdout(&o);

@@ -745,7 +745,7 @@ fn embedding_null_elements_round_trip_and_their_bits_are_refused_as_values() {
             "{offset}+{len}"
         );
         use arrow::array::AsArray;
-        let elements = back.column(0).as_fixed_size_list().values().clone();
+        let elements = Arc::clone(back.column(0).as_fixed_size_list().values());
         let copied = arrow::compute::concat(&[batch.column(0).as_ref()]).unwrap();
         let nulls = copied.as_fixed_size_list().values().null_count();
         assert_eq!(elements.null_count(), nulls, "{offset}+{len}");

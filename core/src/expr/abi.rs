@@ -13,8 +13,12 @@
 //! **A runtime scalar** ([`super::RuntimeScalar`]) is three, `(u64 sa, u64 sb, u32 sn)`: the
 //! value's bits (low and high word; a Decimal128 uses both) and 1 for NULL.
 //!
-//! **An expression kernel** takes its columns, then its runtime scalars, in the order of
-//! [`KernelInput`]s and scalars its builder returns, then its outputs:
+//! **A query vector** (a distance's constant vector) is one, `const f32* qv{k}`: its elements
+//! in device memory, copied there at each launch ([`input_args`]). An embedding column is a
+//! column like any other: `d` holds its rows of elements end to end.
+//!
+//! **An expression kernel** takes its columns, then its runtime scalars, then its query
+//! vectors, in the order its builder returns them, then its outputs:
 //! - a predicate: `(const u32* live, u64 n, u8* out)`: a byte per row, 1 where the predicate is
 //!   TRUE;
 //! - values: `(const u32* live, u64 n, const u32* rows, u32 pass)` and, per output,

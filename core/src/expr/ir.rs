@@ -406,7 +406,7 @@ pub(crate) enum Op {
         days: i64,
     },
     /// A distance between two vectors of `dim` elements (`vector.cuh`), as an f64: NULL when
-    /// a side's row is NULL or holds a NULL element, and (cosine) when a side is all zeros.
+    /// a side's row is NULL or holds a NULL element, and (cosine) when a side's sum of squares is 0.
     Distance {
         metric: Metric,
         left: VecSide,

@@ -47,7 +47,9 @@
 //! `btrim`/`ltrim`/`rtrim`, `starts_with`/`ends_with`, `strpos`, `upper` (compared, or as an
 //! output) and `||` as a value kernel's output; `abs`, `round` with a literal scale, `floor`,
 //! `ceil`, the float functions `sqrt` to `trunc` (`math.cuh`), `nullif`, bitwise
-//! `& | ^ << >>`, and `CASE x WHEN` on floats (Arrow's total-order `eq`). A division that a CASE branch's WHEN proves safe (`WHEN c > 0 THEN x / c`)
+//! `& | ^ << >>`, `CASE x WHEN` on floats (Arrow's total-order `eq`), and the vector distances
+//! `cosine_distance`, `inner_product` and `array_distance` of an embedding column to a constant
+//! vector or another embedding (`vector.cuh`, in fp32 as `crate::vector` computes them). A division that a CASE branch's WHEN proves safe (`WHEN c > 0 THEN x / c`)
 //! carries no check.
 //!
 //! Anything else (other string functions, casts from and to strings) is reported

@@ -50,8 +50,17 @@ impl Metric {
 
 /// The distance between `a` and `b` (of equal lengths): accumulated in f32, element by
 /// element in order, every operation rounded, then finished in f64. `None` (NULL) for the
-/// cosine distance when either vector is all zeros.
+/// cosine distance when either vector's sum of squares is 0 in f32 (all zeros, or elements
+/// too small to square). A NaN result is always the one NaN [`CANONICAL_NAN`]: a CPU carries
+/// an input NaN's sign and payload through, a GPU does not, and a sort would tell them apart.
 pub fn score(metric: Metric, a: &[f32], b: &[f32]) -> Option<f64> {
+    raw_score(metric, a, b).map(|d| if d.is_nan() { CANONICAL_NAN } else { d })
+}
+
+/// The NaN every distance that is not a number is: `f64::NAN`'s bits, positive and quiet.
+pub const CANONICAL_NAN: f64 = f64::NAN;
+
+fn raw_score(metric: Metric, a: &[f32], b: &[f32]) -> Option<f64> {
     debug_assert_eq!(a.len(), b.len());
     match metric {
         Metric::Cosine => {
@@ -98,6 +107,13 @@ mod tests {
         assert_eq!(score(Metric::Cosine, &a, &[0.0; 3]), None);
         assert_eq!(Metric::of_function("dot_product"), Some(Metric::Inner));
         assert_eq!(Metric::of_function("list_distance"), Some(Metric::L2));
+    }
+
+    #[test]
+    fn a_nan_distance_is_the_canonical_nan() {
+        let negative_nan = f32::from_bits(0xFFC0_0001);
+        let d = score(Metric::Inner, &[negative_nan], &[1.0]).unwrap();
+        assert_eq!(d.to_bits(), 0x7FF8_0000_0000_0000);
     }
 
     #[test]

@@ -45,9 +45,9 @@ impl Elem {
         }
     }
 
-    /// The bits a NULL element is stored as on the device: a quiet NaN with a payload no
-    /// arithmetic produces (a NaN computed by a kernel or a CPU has the canonical payload). An
-    /// upload refuses a set element with these bits, so they always mean NULL.
+    /// The bits a NULL element is stored as on the device: a quiet NaN with a payload of its
+    /// own. An upload refuses a set element with these bits, so on the device they always mean
+    /// NULL.
     pub fn null_bits(self) -> u32 {
         match self {
             Elem::F32 => 0x7FC5_A11E,

@@ -5,13 +5,14 @@
 //! `List<Float64>` first (reading a bf16 column as integers).
 //!
 //! The result type stays DataFusion's, Float64, and so does NULL handling: NULL when either
-//! row is NULL or holds a NULL element, and (cosine) when either vector is all zeros.
+//! row is NULL or holds a NULL element, and (cosine) when either vector's sum of squares is 0
+//! in f32 (all zeros, or elements too small to square).
 
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, Float64Builder, GenericListArray, OffsetSizeTrait};
 use arrow::datatypes::{DataType, Float16Type, Float32Type, Float64Type, UInt16Type};
-use datafusion::common::{Result as DFResult, exec_err};
+use datafusion::common::{Result as DFResult, ScalarValue, exec_err};
 use datafusion::execution::context::SessionContext;
 use datafusion::functions_nested::{cosine_distance, distance, inner_product};
 use datafusion::logical_expr::{
@@ -22,10 +23,26 @@ use super::distance::{Metric, score};
 use super::elem::Elem;
 
 /// Registers the three distance functions in `ctx`, in place of DataFusion's.
-pub fn register(ctx: &SessionContext) {
-    for metric in [Metric::Cosine, Metric::Inner, Metric::L2] {
-        ctx.register_udf(ScalarUDF::new_from_impl(VectorDistance::new(metric)));
+pub(crate) fn register(ctx: &SessionContext) {
+    for udf in functions() {
+        ctx.register_udf(udf.as_ref().clone());
     }
+}
+
+/// The three distance functions as Spate defines them, for plans built without SQL (the
+/// Python DataFrame API looks functions up by name).
+pub fn functions() -> Vec<Arc<ScalarUDF>> {
+    [Metric::Cosine, Metric::Inner, Metric::L2]
+        .into_iter()
+        .map(|metric| Arc::new(ScalarUDF::new_from_impl(VectorDistance::new(metric))))
+        .collect()
+}
+
+/// Whether `udf` is one of Spate's distance functions (a function of the same name registered
+/// otherwise, for example DataFusion's own on a Ballista executor, computes something else).
+pub(crate) fn is_spate_distance(udf: &ScalarUDF) -> bool {
+    let inner: &dyn std::any::Any = udf.inner().as_ref();
+    inner.is::<VectorDistance>()
 }
 
 /// DataFusion's version of a metric's function.
@@ -88,17 +105,20 @@ impl ScalarUDFImpl for VectorDistance {
         if !embeddings {
             return datafusion_udf(self.metric).invoke_with_args(args);
         }
-        let scalar = args
-            .args
-            .iter()
-            .all(|a| matches!(a, ColumnarValue::Scalar(_)));
-        let arrays = ColumnarValue::values_to_arrays(&args.args)?;
-        let [left, right] = arrays.as_slice() else {
+        let [left, right] = args.args.as_slice() else {
             return exec_err!("{} takes two arguments", self.name());
         };
-        let result: ArrayRef = Arc::new(self.distances(left, right)?);
-        Ok(if scalar {
-            ColumnarValue::Scalar(datafusion::common::ScalarValue::try_from_array(&result, 0)?)
+        let constants = matches!(
+            (left, right),
+            (ColumnarValue::Scalar(_), ColumnarValue::Scalar(_))
+        );
+        let (mut left_one, mut right_one) = (None, None);
+        let left = Side::of(left, &mut left_one)?;
+        let right = Side::of(right, &mut right_one)?;
+        let rows = if constants { 1 } else { args.number_rows };
+        let result: ArrayRef = Arc::new(self.distances(&left, &right, rows)?);
+        Ok(if constants {
+            ColumnarValue::Scalar(ScalarValue::try_from_array(&result, 0)?)
         } else {
             ColumnarValue::Array(result)
         })
@@ -106,32 +126,40 @@ impl ScalarUDFImpl for VectorDistance {
 }
 
 impl VectorDistance {
-    /// The distance of each row of `left` to the same row of `right`.
-    fn distances(&self, left: &ArrayRef, right: &ArrayRef) -> DFResult<arrow::array::Float64Array> {
-        let (left, right) = (Side::of(left)?, Side::of(right)?);
-        let rows = left.len().min(right.len());
+    /// The distance of each of `rows` rows of `left` to the same row of `right`. As
+    /// DataFusion's functions: a NULL row gives NULL, then vectors of different lengths fail,
+    /// then a NULL element gives NULL.
+    fn distances(
+        &self,
+        left: &Side<'_>,
+        right: &Side<'_>,
+        rows: usize,
+    ) -> DFResult<arrow::array::Float64Array> {
         let mut out = Float64Builder::with_capacity(rows);
         let (mut a, mut b) = (Vec::new(), Vec::new());
         for row in 0..rows {
-            let (Some(()), Some(())) = (left.read(row, &mut a), right.read(row, &mut b)) else {
+            let (Some(x), Some(y)) = (left.read(row, &mut a), right.read(row, &mut b)) else {
                 out.append_null();
                 continue;
             };
-            if a.len() != b.len() {
+            if x.len() != y.len() {
                 return exec_err!(
                     "{} requires both list inputs to have the same length, got {} and {}",
                     self.name(),
-                    a.len(),
-                    b.len()
+                    x.len(),
+                    y.len()
                 );
             }
-            out.append_option(score(self.metric, &a, &b));
+            match (x, y) {
+                (Read::Values(x), Read::Values(y)) => out.append_option(score(self.metric, x, y)),
+                _ => out.append_null(),
+            }
         }
         Ok(out.finish())
     }
 }
 
-/// One argument, as rows of f32 vectors.
+/// One argument: an array, or a constant converted once.
 enum Side<'a> {
     /// An embedding: `d` elements per row, read as `elem`.
     Embedding {
@@ -141,10 +169,53 @@ enum Side<'a> {
     },
     List(&'a GenericListArray<i32>),
     LargeList(&'a GenericListArray<i64>),
+    /// A scalar argument, the same for every row: its row as read into `values` (`None`
+    /// when it is NULL; `Some(true)` when an element is NULL).
+    Constant {
+        values: Vec<f32>,
+        holed: Option<bool>,
+    },
+}
+
+/// A row that is not NULL, as read.
+enum Read<'a> {
+    Values(&'a [f32]),
+    /// A vector of this many elements, one of them NULL.
+    Holed(usize),
+}
+
+impl Read<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Read::Values(v) => v.len(),
+            Read::Holed(n) => *n,
+        }
+    }
 }
 
 impl<'a> Side<'a> {
-    fn of(array: &'a ArrayRef) -> DFResult<Side<'a>> {
+    /// `value` as a side; a scalar is read once, here (`array` holds its one-row array).
+    fn of(value: &'a ColumnarValue, array: &'a mut Option<ArrayRef>) -> DFResult<Side<'a>> {
+        match value {
+            ColumnarValue::Array(a) => Side::of_array(a),
+            ColumnarValue::Scalar(scalar) => {
+                let one = array.insert(scalar.to_array()?);
+                let side = Side::of_array(one)?;
+                let mut values = Vec::new();
+                let holed = side
+                    .read(0, &mut values)
+                    .map(|r| matches!(r, Read::Holed(_)));
+                let values = if holed == Some(false) {
+                    values
+                } else {
+                    Vec::new()
+                };
+                Ok(Side::Constant { values, holed })
+            }
+        }
+    }
+
+    fn of_array(array: &'a ArrayRef) -> DFResult<Side<'a>> {
         if let Some((elem, d)) = Elem::of(array.data_type()) {
             return Ok(Side::Embedding {
                 list: array.as_fixed_size_list(),
@@ -163,29 +234,24 @@ impl<'a> Side<'a> {
         }
     }
 
-    fn len(&self) -> usize {
-        match self {
-            Side::Embedding { list, .. } => list.len(),
-            Side::List(l) => l.len(),
-            Side::LargeList(l) => l.len(),
-        }
-    }
-
-    /// Row `row` as f32s into `out`; `None` when the row is NULL or holds a NULL element.
-    fn read(&self, row: usize, out: &mut Vec<f32>) -> Option<()> {
+    /// Row `row`, its values read into `out` (a constant's are its own); `None` when the row
+    /// is NULL.
+    fn read<'s>(&'s self, row: usize, out: &'s mut Vec<f32>) -> Option<Read<'s>> {
         out.clear();
         match self {
+            Side::Constant { values, holed } => Some(match (*holed)? {
+                true => Read::Holed(values.len()),
+                false => Read::Values(values),
+            }),
             Side::Embedding { list, elem, d } => {
                 if list.is_null(row) {
                     return None;
                 }
                 let values = list.values();
-                let start = list.value_offset(row) as usize;
-                if values.logical_null_count() > 0 && (start..start + d).any(|j| values.is_null(j))
-                {
-                    return None;
+                let range = row * d..(row + 1) * d;
+                if values.null_count() > 0 && range.clone().any(|j| values.is_null(j)) {
+                    return Some(Read::Holed(*d));
                 }
-                let range = start..start + d;
                 match elem {
                     Elem::F32 => {
                         out.extend_from_slice(&values.as_primitive::<Float32Type>().values()[range])
@@ -201,7 +267,7 @@ impl<'a> Side<'a> {
                             .map(|&v| Elem::Bf16.to_f32(u32::from(v))),
                     ),
                 }
-                Some(())
+                Some(Read::Values(out))
             }
             Side::List(l) => read_list(l, row, out),
             Side::LargeList(l) => read_list(l, row, out),
@@ -210,17 +276,17 @@ impl<'a> Side<'a> {
 }
 
 /// A `List<Float64>` row as f32s (each rounded to nearest, as the GPU's query vectors are).
-fn read_list<O: OffsetSizeTrait>(
+fn read_list<'s, O: OffsetSizeTrait>(
     list: &GenericListArray<O>,
     row: usize,
-    out: &mut Vec<f32>,
-) -> Option<()> {
+    out: &'s mut Vec<f32>,
+) -> Option<Read<'s>> {
     if list.is_null(row) {
         return None;
     }
     let values = list.value(row);
     if values.null_count() > 0 {
-        return None;
+        return Some(Read::Holed(values.len()));
     }
     out.extend(
         values
@@ -229,5 +295,5 @@ fn read_list<O: OffsetSizeTrait>(
             .iter()
             .map(|&v| v as f32),
     );
-    Some(())
+    Some(Read::Values(out))
 }

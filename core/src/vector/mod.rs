@@ -19,4 +19,5 @@ pub(crate) mod functions;
 
 pub use distance::{Metric, score};
 pub use elem::{BFLOAT16_KEY, Elem};
-pub(crate) use functions::register;
+pub use functions::functions;
+pub(crate) use functions::{is_spate_distance, register};

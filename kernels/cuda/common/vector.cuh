@@ -1,7 +1,8 @@
 // vector.cuh: distances between embeddings for generated expressions, computed as
 // spate::vector::score computes them on the CPU: accumulated in f32, one element after the other
 // in element order, each operation rounded (kernels compile without multiply-add contraction),
-// then finished in f64. So a GPU distance equals the CPU's bit for bit.
+// then finished in f64. So a GPU distance equals the CPU's bit for bit (a NaN is the one
+// canonical NaN on both).
 //
 // Element codes (spate::vector::Elem::code): 0 f32, 1 f16, 2 bf16; 3 is a query vector (f32, no
 // NULL elements). A NULL element is held as a NaN with a payload of its own
@@ -56,10 +57,11 @@ __device__ __forceinline__ f32 vec_element(const u8* p, u64 j, bool* hole) {
 }
 
 // The distance M between the d-element vectors at a (element type EA) and b (EB); sets *null
-// (and returns 0) when either holds a NULL element, or, for the cosine distance, when either is
-// all zeros.
+// (and returns 0) when either holds a NULL element, or, for the cosine distance, when either's
+// sum of squares is 0 in f32. A NaN result is the canonical positive quiet NaN, as
+// spate::vector::score returns it (a CPU carries input NaN payloads through, a GPU does not).
 template <u32 M, u32 EA, u32 EB>
-__device__ inline f64 vec_distance(const u8* a, const u8* b, u64 d, bool* null) {
+__device__ inline f64 vec_distance_raw(const u8* a, const u8* b, u64 d, bool* null) {
     bool hole = false;
     f32 dot = 0.0f, sa = 0.0f, sb = 0.0f, sum = 0.0f;
     for (u64 j = 0; j < d; ++j) {
@@ -89,6 +91,12 @@ __device__ inline f64 vec_distance(const u8* a, const u8* b, u64 d, bool* null) 
     }
     if (M == 1u) return (f64)dot;
     return sqrt((f64)sum);
+}
+
+template <u32 M, u32 EA, u32 EB>
+__device__ inline f64 vec_distance(const u8* a, const u8* b, u64 d, bool* null) {
+    const f64 r = vec_distance_raw<M, EA, EB>(a, b, d, null);
+    return r != r ? __longlong_as_double(0x7FF8000000000000ll) : r;
 }
 
 }  // namespace spate

@@ -22,6 +22,11 @@ impl Lowerer<'_> {
         f: &ScalarFunctionExpr,
         metric: Metric,
     ) -> Result<Node, Unsupported> {
+        if !crate::vector::is_spate_distance(f.fun()) {
+            return Err(Unsupported(format!(
+                "`{f}` is not Spate's distance function (registered in its place)"
+            )));
+        }
         let [a, b] = f.args() else {
             return Err(Unsupported(format!("`{f}` does not take two vectors")));
         };
@@ -90,11 +95,42 @@ impl Lowerer<'_> {
     }
 }
 
-/// A constant list of numbers as f32s (each rounded to nearest, as the CPU functions do), or
-/// `None` when it is NULL, holds a NULL, is empty or is not a list of numbers.
+/// A constant list of numbers as f32s (each rounded to nearest, as the CPU functions do; an
+/// embedding's elements as their element type reads), or `None` when it is NULL, holds a
+/// NULL, is empty or is not a list of numbers.
 fn constant_vector(value: &ScalarValue) -> Option<Vec<f32>> {
     if value.is_null() {
         return None;
+    }
+    if let Some((elem, _)) = Elem::of(&value.data_type()) {
+        let ScalarValue::FixedSizeList(list) = value else {
+            return None;
+        };
+        let values = list.value(0);
+        if values.null_count() > 0 {
+            return None;
+        }
+        let bits: Vec<u32> = match elem {
+            Elem::F32 => values
+                .as_primitive::<arrow::datatypes::Float32Type>()
+                .values()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect(),
+            Elem::F16 => values
+                .as_primitive::<arrow::datatypes::Float16Type>()
+                .values()
+                .iter()
+                .map(|v| u32::from(v.to_bits()))
+                .collect(),
+            Elem::Bf16 => values
+                .as_primitive::<arrow::datatypes::UInt16Type>()
+                .values()
+                .iter()
+                .map(|&v| u32::from(v))
+                .collect(),
+        };
+        return Some(bits.into_iter().map(|b| elem.to_f32(b)).collect());
     }
     let values: ArrayRef = match value {
         ScalarValue::List(a) => a.value(0),
@@ -114,4 +150,37 @@ fn constant_vector(value: &ScalarValue) -> Option<Vec<f32>> {
             .map(|&v| v as f32)
             .collect(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{FixedSizeListArray, UInt16Array};
+    use arrow::datatypes::Field;
+
+    use super::*;
+
+    #[test]
+    fn a_bf16_constant_is_read_as_bf16() {
+        let field = Field::new("item", DataType::UInt16, true)
+            .with_metadata([(crate::vector::BFLOAT16_KEY.to_string(), "true".to_string())].into());
+        let list = FixedSizeListArray::try_new(
+            Arc::new(field),
+            2,
+            Arc::new(UInt16Array::from(vec![0x3F80, 0xC040])),
+            None,
+        )
+        .unwrap();
+        let value = ScalarValue::FixedSizeList(Arc::new(list));
+        assert_eq!(constant_vector(&value), Some(vec![1.0, -3.0]));
+        let floats = ScalarValue::List(ScalarValue::new_list_nullable(
+            &[
+                ScalarValue::Float64(Some(2.0)),
+                ScalarValue::Float64(Some(0.5)),
+            ],
+            &DataType::Float64,
+        ));
+        assert_eq!(constant_vector(&floats), Some(vec![2.0, 0.5]));
+    }
 }
