@@ -28,9 +28,9 @@ pub struct VectorArgs {
     /// Queries, each one SQL statement.
     #[arg(long, default_value_t = 64)]
     queries: usize,
-    /// Nearest items per query (at most 4096).
-    #[arg(long, default_value_t = 10)]
-    k: usize,
+    /// Nearest items per query, 1 to 4096.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    k: u32,
     /// Element type of the embeddings: f16, bf16 or f32.
     #[arg(long, default_value = "f16", value_parser = Dtype::parse)]
     dtype: Dtype,
@@ -74,11 +74,8 @@ fn report(run: &EngineRun, faiss: Option<f64>) {
 }
 
 pub fn run(args: VectorArgs) -> Result<ExitCode, String> {
-    if args.rows == 0 || args.dim == 0 || args.queries == 0 || args.k == 0 {
-        return Err("--rows, --dim, --queries and --k must be at least 1".into());
-    }
-    if args.k > 4096 {
-        return Err(format!("--k {} is over 4096", args.k));
+    if args.rows == 0 || args.dim == 0 || args.queries == 0 {
+        return Err("--rows, --dim and --queries must be at least 1".into());
     }
     if let Some(f) = args.filter
         && !(f > 0.0 && f <= 1.0)
@@ -89,7 +86,7 @@ pub fn run(args: VectorArgs) -> Result<ExitCode, String> {
         rows: args.rows,
         dim: args.dim,
         queries: args.queries,
-        k: args.k,
+        k: args.k as usize,
         dtype: args.dtype,
         metric: args.metric,
         filter: args.filter,
