@@ -525,9 +525,9 @@ class DataFrame:
         ``k`` goes up to 4096. With one query the result is the rows nearest first; with
         several it has a ``query`` column (the query's position, from 0) and is sorted by it,
         then nearest first. Rows with no distance (a NULL embedding, one holding a NULL
-        element, or a zero vector for the cosine) are never returned. The same plan as ``ORDER BY <distance> LIMIT k`` in
-        SQL: on a GPU backend, the GPU top-k. Distances accumulate in fp32 (see
-        ``docs/vector.md``).
+        element, or a zero vector for the cosine) are never returned. It is the plan of
+        ``ORDER BY <distance> LIMIT k`` in SQL: on a GPU backend, the GPU top-k. Distances
+        accumulate in fp32 (see ``docs/vector.md``).
         """
         function = _DISTANCES.get(metric)
         if function is None:

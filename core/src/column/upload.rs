@@ -696,40 +696,32 @@ fn embedding_elements(name: &str, data: &ArrayData, d: usize) -> Result<(Buffer,
     Ok((Buffer::from_vec(copy), 0))
 }
 
-/// The raw bits of an embedding's elements, to search.
-enum ElementBits<'a> {
-    Half(&'a [u16]),
-    Single(&'a [u32]),
+/// The raw bits of an embedding's elements, to search: `width` bytes each, little-endian
+/// (read as bytes, so no alignment is assumed of the buffer).
+struct ElementBits<'a> {
+    bytes: &'a [u8],
+    width: usize,
 }
 
 impl<'a> ElementBits<'a> {
     /// Elements `first .. first + count` of an embedding's element buffer (bounds checked by
     /// the caller).
     fn new(elem: Elem, buffer: &'a Buffer, first: usize, count: usize) -> Self {
-        match elem {
-            Elem::F32 => ElementBits::Single(&buffer.typed_data::<u32>()[first..first + count]),
-            Elem::F16 | Elem::Bf16 => {
-                ElementBits::Half(&buffer.typed_data::<u16>()[first..first + count])
-            }
+        let width = elem.width();
+        ElementBits {
+            bytes: &buffer.as_slice()[first * width..(first + count) * width],
+            width,
         }
     }
 
     /// The indices of the elements with bits `bits`.
-    fn positions(&self, bits: u32) -> Box<dyn Iterator<Item = usize> + '_> {
-        match *self {
-            ElementBits::Half(v) => Box::new(
-                v.iter()
-                    .enumerate()
-                    .filter(move |&(_, &b)| u32::from(b) == bits)
-                    .map(|(j, _)| j),
-            ),
-            ElementBits::Single(v) => Box::new(
-                v.iter()
-                    .enumerate()
-                    .filter(move |&(_, &b)| b == bits)
-                    .map(|(j, _)| j),
-            ),
-        }
+    fn positions(&self, bits: u32) -> impl Iterator<Item = usize> + '_ {
+        let (wanted, width) = (bits.to_le_bytes(), self.width);
+        self.bytes
+            .chunks_exact(width)
+            .enumerate()
+            .filter(move |(_, e)| *e == &wanted[..width])
+            .map(|(j, _)| j)
     }
 }
 
