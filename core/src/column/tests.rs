@@ -576,8 +576,8 @@ fn unshared_bytes_leave_out_allocations_viewed_elsewhere() {
 
 /// Embedding columns, `n` rows, about 20% null rows (their elements arbitrary, some null) and
 /// about 2% null elements in set rows:
-/// fp16 × 3 (6-byte rows), fp32 × 4 (16), fp32 × 5 (20), fp16 × 768 (1,536) and bf16 × 8 (a
-/// UInt16 element field marked `spate.bfloat16`).
+/// fp16 × 3 (6-byte rows), fp32 × 4 (16), fp32 × 5 (20), fp16 × 768 (1,536), fp32 × 6 (24) and
+/// bf16 × 8 (a UInt16 element field marked `spate.bfloat16`).
 fn embeddings(n: usize, seed: u64) -> Vec<ArrayRef> {
     use arrow::array::FixedSizeListArray;
     use arrow::buffer::NullBuffer;
@@ -630,6 +630,8 @@ fn embeddings(n: usize, seed: u64) -> Vec<ArrayRef> {
         column(Field::new("item", DataType::Float32, true), 4),
         column(Field::new("element", DataType::Float32, true), 5),
         column(Field::new("item", DataType::Float16, true), 768),
+        // 24-byte rows: gathered in u64 words.
+        column(Field::new("item", DataType::Float32, true), 6),
         column(bf16, 8),
     ]
 }
@@ -681,6 +683,30 @@ fn embeddings_round_trip_slice_concatenate_and_gather() {
                 a.data_type()
             );
         }
+    }
+    // Gathered from a slice of a device batch: the slice's rows, not the batch's.
+    let batch = batch_of(full.clone());
+    let device = upload_batch(&stream, &batch).unwrap();
+    let part = device.slice(&stream, 41, 150).unwrap();
+    let picks: Vec<u32> = (0..150u32).rev().step_by(3).collect();
+    let d_picks = stream.from_host(&picks).unwrap();
+    let gathers: Vec<Gather<'_>> = part
+        .columns()
+        .iter()
+        .map(|c| Gather::rows_or_null(c, d_picks.as_slice()))
+        .collect();
+    let columns = gather_columns(&stream, &gathers).unwrap();
+    let gathered = DeviceBatch::try_new(batch.schema(), columns, picks.len()).unwrap();
+    let back = download_batch(&stream, &gathered).unwrap();
+    let take = UInt32Array::from(picks.iter().map(|&p| p + 41).collect::<Vec<_>>());
+    for (a, b) in batch.columns().iter().zip(back.columns()) {
+        let want = arrow::compute::take(a.as_ref(), &take, None).unwrap();
+        assert_eq!(
+            want.as_ref(),
+            b.as_ref(),
+            "{} gathered from a slice",
+            a.data_type()
+        );
     }
     // Concatenated on the device like Arrow's concat.
     let pieces: Vec<RecordBatch> = [(0usize, 37usize), (37, 0), (37, 263)]
