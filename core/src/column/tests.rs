@@ -636,6 +636,19 @@ fn embeddings(n: usize, seed: u64) -> Vec<ArrayRef> {
     ]
 }
 
+/// Rows `picks` of `device` (`u32::MAX`: a null row), gathered on the device and downloaded.
+fn gather_rows(stream: &spate_kernels::Stream, device: &DeviceBatch, picks: &[u32]) -> RecordBatch {
+    let d_picks = stream.from_host(picks).unwrap();
+    let gathers: Vec<Gather<'_>> = device
+        .columns()
+        .iter()
+        .map(|c| Gather::rows_or_null(c, d_picks.as_slice()))
+        .collect();
+    let columns = gather_columns(stream, &gathers).unwrap();
+    let gathered = DeviceBatch::try_new(Arc::clone(device.schema()), columns, picks.len()).unwrap();
+    download_batch(stream, &gathered).unwrap()
+}
+
 #[test]
 fn embeddings_round_trip_slice_concatenate_and_gather() {
     let stream = stream();
@@ -659,15 +672,7 @@ fn embeddings_round_trip_slice_concatenate_and_gather() {
             .rev()
             .chain([u32::MAX, 0].into_iter().filter(|_| len > 0))
             .collect();
-        let d_picks = stream.from_host(&picks).unwrap();
-        let gathers: Vec<Gather<'_>> = device
-            .columns()
-            .iter()
-            .map(|c| Gather::rows_or_null(c, d_picks.as_slice()))
-            .collect();
-        let columns = gather_columns(&stream, &gathers).unwrap();
-        let gathered = DeviceBatch::try_new(batch.schema(), columns, picks.len()).unwrap();
-        let back = download_batch(&stream, &gathered).unwrap();
+        let back = gather_rows(&stream, &device, &picks);
         let take = UInt32Array::from(
             picks
                 .iter()
@@ -689,15 +694,7 @@ fn embeddings_round_trip_slice_concatenate_and_gather() {
     let device = upload_batch(&stream, &batch).unwrap();
     let part = device.slice(&stream, 41, 150).unwrap();
     let picks: Vec<u32> = (0..150u32).rev().step_by(3).collect();
-    let d_picks = stream.from_host(&picks).unwrap();
-    let gathers: Vec<Gather<'_>> = part
-        .columns()
-        .iter()
-        .map(|c| Gather::rows_or_null(c, d_picks.as_slice()))
-        .collect();
-    let columns = gather_columns(&stream, &gathers).unwrap();
-    let gathered = DeviceBatch::try_new(batch.schema(), columns, picks.len()).unwrap();
-    let back = download_batch(&stream, &gathered).unwrap();
+    let back = gather_rows(&stream, &part, &picks);
     let take = UInt32Array::from(picks.iter().map(|&p| p + 41).collect::<Vec<_>>());
     for (a, b) in batch.columns().iter().zip(back.columns()) {
         let want = arrow::compute::take(a.as_ref(), &take, None).unwrap();
