@@ -349,9 +349,32 @@ async fn two_embedding_columns_and_vectors_of_different_lengths() {
         assert!(plan.join("\n").contains("GpuProjectionExec"), "{plan:?}");
     }
     // A query vector of another length fails on both backends, with DataFusion's message.
-    let sql = "SELECT id FROM items WHERE cosine_distance(f, [1.0, 2.0]) < 0.5";
-    for engine in [&cpu, &gpu] {
-        let err = engine.collect(sql).await.unwrap_err().to_string();
-        assert!(err.contains("same length, got 8 and 2"), "{err}");
+    for (sql, message) in [
+        (
+            "SELECT id FROM items WHERE cosine_distance(f, [1.0, 2.0]) < 0.5",
+            "same length, got 8 and 2",
+        ),
+        (
+            "SELECT id FROM items WHERE array_distance(f, [1.0, 2.0]) < 0.5",
+            "Both arrays must have the same length",
+        ),
+    ] {
+        for engine in [&cpu, &gpu] {
+            let err = engine.collect(sql).await.unwrap_err().to_string();
+            assert!(err.contains(message), "{sql}: {err}");
+        }
+    }
+    // A query vector holding a NULL: every distance is NULL (array_distance even at another
+    // length, as DataFusion's).
+    for sql in [
+        "SELECT id, inner_product(f, [1.0, NULL, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]) AS d FROM items \
+         WHERE id >= 0",
+        "SELECT id, array_distance(f, [1.0, NULL]) AS d FROM items WHERE id >= 0",
+    ] {
+        for engine in [&cpu, &gpu] {
+            let got = pairs(&engine.collect(sql).await.unwrap());
+            assert_eq!(got.len(), 400, "{sql}");
+            assert!(got.iter().all(|(_, d)| d.is_none()), "{sql}: {got:?}");
+        }
     }
 }

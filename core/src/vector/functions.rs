@@ -126,9 +126,10 @@ impl ScalarUDFImpl for VectorDistance {
 }
 
 impl VectorDistance {
-    /// The distance of each of `rows` rows of `left` to the same row of `right`. As
-    /// DataFusion's functions: a NULL row gives NULL, then vectors of different lengths fail,
-    /// then a NULL element gives NULL.
+    /// The distance of each of `rows` rows of `left` to the same row of `right`. In the order
+    /// DataFusion's functions check: a NULL row gives NULL; then, for `cosine_distance` and
+    /// `inner_product`, vectors of different lengths fail before a NULL element gives NULL,
+    /// and for `array_distance` the other way round (with its own message).
     fn distances(
         &self,
         left: &Side<'_>,
@@ -142,7 +143,15 @@ impl VectorDistance {
                 out.append_null();
                 continue;
             };
+            let holed = matches!(x, Read::Holed(_)) || matches!(y, Read::Holed(_));
+            if holed && self.metric == Metric::L2 {
+                out.append_null();
+                continue;
+            }
             if x.len() != y.len() {
+                if self.metric == Metric::L2 {
+                    return exec_err!("Both arrays must have the same length");
+                }
                 return exec_err!(
                     "{} requires both list inputs to have the same length, got {} and {}",
                     self.name(),
@@ -169,12 +178,15 @@ enum Side<'a> {
     },
     List(&'a GenericListArray<i32>),
     LargeList(&'a GenericListArray<i64>),
-    /// A scalar argument, the same for every row: its row as read into `values` (`None`
-    /// when it is NULL; `Some(true)` when an element is NULL).
-    Constant {
-        values: Vec<f32>,
-        holed: Option<bool>,
-    },
+    /// A scalar argument, the same for every row, read once (`None` when it is NULL).
+    Constant(Option<ConstRow>),
+}
+
+/// A constant vector that is not NULL.
+enum ConstRow {
+    Values(Vec<f32>),
+    /// This many elements, one of them NULL.
+    Holed(usize),
 }
 
 /// A row that is not NULL, as read.
@@ -202,15 +214,15 @@ impl<'a> Side<'a> {
                 let one = array.insert(scalar.to_array()?);
                 let side = Side::of_array(one)?;
                 let mut values = Vec::new();
-                let holed = side
-                    .read(0, &mut values)
-                    .map(|r| matches!(r, Read::Holed(_)));
-                let values = if holed == Some(false) {
-                    values
-                } else {
-                    Vec::new()
+                let holed = match side.read(0, &mut values) {
+                    None => return Ok(Side::Constant(None)),
+                    Some(Read::Holed(n)) => Some(n),
+                    Some(Read::Values(_)) => None,
                 };
-                Ok(Side::Constant { values, holed })
+                Ok(Side::Constant(Some(match holed {
+                    Some(n) => ConstRow::Holed(n),
+                    None => ConstRow::Values(values),
+                })))
             }
         }
     }
@@ -239,9 +251,9 @@ impl<'a> Side<'a> {
     fn read<'s>(&'s self, row: usize, out: &'s mut Vec<f32>) -> Option<Read<'s>> {
         out.clear();
         match self {
-            Side::Constant { values, holed } => Some(match (*holed)? {
-                true => Read::Holed(values.len()),
-                false => Read::Values(values),
+            Side::Constant(row) => Some(match row.as_ref()? {
+                ConstRow::Holed(n) => Read::Holed(*n),
+                ConstRow::Values(values) => Read::Values(values),
             }),
             Side::Embedding { list, elem, d } => {
                 if list.is_null(row) {
