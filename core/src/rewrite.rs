@@ -10,6 +10,10 @@
 //!
 //! - `CHECKPOINT 'folder'` and `RESTORE 'folder'` become `SET spate_checkpoint = 'folder'` and
 //!   `SET spate_restore = 'folder'`.
+//! - `a <-> b`, PostgreSQL's (pgvector's) Euclidean distance, becomes `array_distance(a, b)`
+//!   when `a` is a column (`t.emb`) or an array literal and `b` is a column, an array literal
+//!   (`[1, 2]`) or pgvector's text form of one (`'[1, 2]'`); other operands are left to the
+//!   parser, which reports them.
 //!
 //! The engine then recognises the options (`Engine::execute_statement`, `stream::Catalog`) and
 //! shards the cache, or creates a stream or a continuous view instead of a table or a view. The
@@ -82,6 +86,17 @@ impl<'a> Tokens<'a> {
         self.offset(self.tokens[i].span.end)
     }
 
+    /// Whether `<->` starts at token `i`: `<` followed at once by `->`.
+    fn is_distance_operator(&self, i: usize) -> bool {
+        matches!(self.tokens[i].token, Token::Lt)
+            && self
+                .tokens
+                .get(i + 1)
+                .is_some_and(|n| matches!(n.token, Token::Arrow))
+            && self.end(i).is_some()
+            && self.end(i) == self.start(i + 1)
+    }
+
     fn is_word(&self, i: usize, word: &str) -> bool {
         matches!(&self.tokens[i].token, Token::Word(w) if w.quote_style.is_none() && w.value.eq_ignore_ascii_case(word))
     }
@@ -104,6 +119,7 @@ pub fn rewrite<'a>(sql: &'a str, dialect: &dyn Dialect) -> Result<Cow<'a, str>> 
         ["SHARDED", "STREAM", "CONTINUOUS", "CHECKPOINT", "RESTORE"]
             .iter()
             .any(|w| t.is_word(i, w))
+            || t.is_distance_operator(i)
     });
     if !interesting {
         return Ok(sql.into());
@@ -151,6 +167,7 @@ fn rewrite_statement(
     sig: &[usize],
     edits: &mut Vec<(usize, usize, String)>,
 ) -> Result<()> {
+    distance_operators(t, sig, edits);
     let word = |k: usize, w: &str| sig.get(k).is_some_and(|&i| t.is_word(i, w));
     for (command, variable) in [
         ("CHECKPOINT", CHECKPOINT_VARIABLE),
@@ -192,6 +209,111 @@ fn rewrite_statement(
     } else {
         Ok(())
     }
+}
+
+/// `a <-> b` → `array_distance(a, b)`, for the operands the module docs name.
+fn distance_operators(t: &Tokens<'_>, sig: &[usize], edits: &mut Vec<(usize, usize, String)>) {
+    let is = |k: usize, f: fn(&Token) -> bool| sig.get(k).is_some_and(|&i| f(&t.tokens[i].token));
+    let word = |tok: &Token| matches!(tok, Token::Word(_));
+    // The significant token after the last edit: operands may not reach back before it.
+    let mut free = 0;
+    let mut k = 1;
+    while k + 1 < sig.len() {
+        if !t.is_distance_operator(sig[k]) || sig.get(k + 1) != Some(&(sig[k] + 1)) {
+            k += 1;
+            continue;
+        }
+        // The left operand: `[ … ]`, or words joined by periods, ending at k - 1.
+        let first = if is(k - 1, |tok| matches!(tok, Token::RBracket)) {
+            opening_bracket(t, sig, k - 1)
+        } else if is(k - 1, word) {
+            let mut j = k - 1;
+            while j >= 2 && is(j - 1, |tok| matches!(tok, Token::Period)) && is(j - 2, word) {
+                j -= 2;
+            }
+            Some(j)
+        } else {
+            None
+        };
+        // The right operand from k + 2: `[ … ]`, `'[ … ]'`, or words joined by periods.
+        let r = k + 2;
+        let (last, text) = match sig.get(r).map(|&i| &t.tokens[i].token) {
+            Some(Token::LBracket) => (closing_bracket(t, sig, r), None),
+            // pgvector's text form: numbers only, so the text stays a literal.
+            Some(Token::SingleQuotedString(s))
+                if s.trim_start().starts_with('[')
+                    && s.trim_end().ends_with(']')
+                    && s.chars().all(|c| {
+                        c.is_ascii_digit() || c.is_ascii_whitespace() || "[],.+-eE".contains(c)
+                    }) =>
+            {
+                (Some(r), Some(s.clone()))
+            }
+            Some(Token::Word(_)) => {
+                let mut j = r;
+                while is(j + 1, |tok| matches!(tok, Token::Period)) && is(j + 2, word) {
+                    j += 2;
+                }
+                (Some(j), None)
+            }
+            _ => (None, None),
+        };
+        let (Some(first), Some(last)) = (first, last) else {
+            k += 1;
+            continue;
+        };
+        let span = |a: usize, b: usize| Some((t.start(sig[a])?, t.end(sig[b])?));
+        if first < free {
+            k += 1;
+            continue;
+        }
+        if let (Some((ls, le)), Some((rs, re))) = (span(first, k - 1), span(r, last)) {
+            let right = text.unwrap_or_else(|| t.sql[rs..re].to_string());
+            edits.push((
+                ls,
+                re,
+                format!("array_distance({}, {right})", &t.sql[ls..le]),
+            ));
+            free = last + 1;
+        }
+        k = last + 1;
+    }
+}
+
+/// Where in `sig` the bracket closed at `sig[close]` opens.
+fn opening_bracket(t: &Tokens<'_>, sig: &[usize], close: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    for k in (0..=close).rev() {
+        match t.tokens[sig[k]].token {
+            Token::RBracket => depth += 1,
+            Token::LBracket => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(k);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Where in `sig` the bracket opened at `sig[open]` closes.
+fn closing_bracket(t: &Tokens<'_>, sig: &[usize], open: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    for (k, &i) in sig.iter().enumerate().skip(open) {
+        match t.tokens[i].token {
+            Token::LBracket => depth += 1,
+            Token::RBracket => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(k);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 /// Where in `sig` the parenthesis opened at `sig[open]` closes.
@@ -452,6 +574,37 @@ mod tests {
 
     fn rewritten(sql: &str) -> String {
         rewrite(sql, &GenericDialect {}).unwrap().into_owned()
+    }
+
+    #[test]
+    fn the_distance_operator_becomes_array_distance() {
+        assert_eq!(
+            rewritten("SELECT id FROM items ORDER BY emb <-> [1.5, -2] LIMIT 5"),
+            "SELECT id FROM items ORDER BY array_distance(emb, [1.5, -2]) LIMIT 5"
+        );
+        assert_eq!(
+            rewritten("SELECT i.emb<->'[1,2]' AS d FROM items i WHERE i.emb <-> q.v < 3"),
+            "SELECT array_distance(i.emb, [1,2]) AS d FROM items i WHERE array_distance(i.emb, q.v) < 3"
+        );
+        assert_eq!(
+            rewritten("SELECT [0.0, [1]] <-> \"Emb\" FROM t"),
+            "SELECT array_distance([0.0, [1]], \"Emb\") FROM t"
+        );
+        // Not the operator: `<` then `->` apart, inside a string, or operands it does not
+        // take (left to the parser), and a chain whose second operator would overlap.
+        for sql in [
+            "SELECT a < -> b",
+            "SELECT '<->' FROM t",
+            "SELECT f(x) <-> [1] FROM t",
+            "SELECT a <-> 1 FROM t",
+            "SELECT a <-> '[1]) OR ([1]' FROM t",
+        ] {
+            assert_eq!(rewritten(sql), sql);
+        }
+        assert_eq!(
+            rewritten("SELECT a <-> b <-> c"),
+            "SELECT array_distance(a, b) <-> c"
+        );
     }
 
     #[test]

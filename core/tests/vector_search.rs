@@ -378,3 +378,24 @@ async fn two_embedding_columns_and_vectors_of_different_lengths() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_postgresql_distance_operator_is_array_distance() {
+    let (data, columns) = table(300, 17);
+    let (q, literal) = query(8, 4);
+    let want = nearest(&columns[2], "array_distance", &q, 5, |_| true);
+    for backend in [Backend::Cpu, Backend::Emulated] {
+        let engine = engine(backend, "134217728", &data);
+        let text = literal.replace(' ', "");
+        for sql in [
+            format!("SELECT id, f <-> {literal} AS d FROM items ORDER BY d, id LIMIT 5"),
+            format!("SELECT id, items.f<->'{text}' AS d FROM items ORDER BY d, id LIMIT 5"),
+        ] {
+            assert_eq!(pairs(&engine.collect(&sql).await.unwrap()), want, "{sql}");
+            if backend == Backend::Emulated {
+                let plan = ordered(&engine.collect(&format!("EXPLAIN {sql}")).await.unwrap());
+                assert_gpu_top_k(&plan.join("\n"), &sql);
+            }
+        }
+    }
+}
