@@ -12,8 +12,8 @@
 //!   `SET spate_restore = 'folder'`.
 //! - `a <-> b`, PostgreSQL's (pgvector's) Euclidean distance, becomes `array_distance(a, b)`
 //!   when `a` is a column (`t.emb`) or an array literal and `b` is a column, an array literal
-//!   (`[1, 2]`) or pgvector's text form of one (`'[1, 2]'`); other operands are left to the
-//!   parser, which reports them.
+//!   (`[1, 2]`, `ARRAY[1, 2]`) or pgvector's text form of one (`'[1, 2]'`); other operands are
+//!   left to the parser, which reports them.
 //!
 //! The engine then recognises the options (`Engine::execute_statement`, `stream::Catalog`) and
 //! shards the cache, or creates a stream or a continuous view instead of a table or a view. The
@@ -235,10 +235,14 @@ fn distance_operators(t: &Tokens<'_>, sig: &[usize], edits: &mut Vec<(usize, usi
         } else {
             None
         };
-        // The right operand from k + 2: `[ … ]`, `'[ … ]'`, or words joined by periods.
+        // The right operand from k + 2: `[ … ]`, `ARRAY[ … ]`, `'[ … ]'`, or words joined by
+        // periods.
         let r = k + 2;
+        let array_keyword = sig.get(r).is_some_and(|&i| t.is_word(i, "ARRAY"))
+            && is(r + 1, |tok| matches!(tok, Token::LBracket));
         let (last, text) = match sig.get(r).map(|&i| &t.tokens[i].token) {
             Some(Token::LBracket) => (closing_bracket(t, sig, r), None),
+            Some(Token::Word(_)) if array_keyword => (closing_bracket(t, sig, r + 1), None),
             // pgvector's text form: numbers only, so the text stays a literal.
             Some(Token::SingleQuotedString(s))
                 if s.trim_start().starts_with('[')
@@ -585,6 +589,10 @@ mod tests {
         assert_eq!(
             rewritten("SELECT i.emb<->'[1,2]' AS d FROM items i WHERE i.emb <-> q.v < 3"),
             "SELECT array_distance(i.emb, [1,2]) AS d FROM items i WHERE array_distance(i.emb, q.v) < 3"
+        );
+        assert_eq!(
+            rewritten("SELECT e <-> ARRAY[1, 2] FROM t"),
+            "SELECT array_distance(e, ARRAY[1, 2]) FROM t"
         );
         assert_eq!(
             rewritten("SELECT [0.0, [1]] <-> \"Emb\" FROM t"),

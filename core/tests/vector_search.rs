@@ -390,6 +390,7 @@ async fn the_postgresql_distance_operator_is_array_distance() {
         for sql in [
             format!("SELECT id, f <-> {literal} AS d FROM items ORDER BY d, id LIMIT 5"),
             format!("SELECT id, items.f<->'{text}' AS d FROM items ORDER BY d, id LIMIT 5"),
+            format!("SELECT id, f <-> ARRAY{literal} AS d FROM items ORDER BY d, id LIMIT 5"),
         ] {
             assert_eq!(pairs(&engine.collect(&sql).await.unwrap()), want, "{sql}");
             if backend == Backend::Emulated {
