@@ -225,7 +225,7 @@ fn distance_operators(t: &Tokens<'_>, sig: &[usize], edits: &mut Vec<(usize, usi
         }
         // The left operand: `[ … ]`, or words joined by periods, ending at k - 1.
         let first = if is(k - 1, |tok| matches!(tok, Token::RBracket)) {
-            opening_bracket(t, sig, k - 1)
+            matching(t, sig, k - 1)
         } else if is(k - 1, word) {
             let mut j = k - 1;
             while j >= 2 && is(j - 1, |tok| matches!(tok, Token::Period)) && is(j - 2, word) {
@@ -241,8 +241,8 @@ fn distance_operators(t: &Tokens<'_>, sig: &[usize], edits: &mut Vec<(usize, usi
         let array_keyword = sig.get(r).is_some_and(|&i| t.is_word(i, "ARRAY"))
             && is(r + 1, |tok| matches!(tok, Token::LBracket));
         let (last, text) = match sig.get(r).map(|&i| &t.tokens[i].token) {
-            Some(Token::LBracket) => (closing_bracket(t, sig, r), None),
-            Some(Token::Word(_)) if array_keyword => (closing_bracket(t, sig, r + 1), None),
+            Some(Token::LBracket) => (matching(t, sig, r), None),
+            Some(Token::Word(_)) if array_keyword => (matching(t, sig, r + 1), None),
             // pgvector's text form: numbers only, so the text stays a literal.
             Some(Token::SingleQuotedString(s))
                 if s.trim_start().starts_with('[')
@@ -284,55 +284,36 @@ fn distance_operators(t: &Tokens<'_>, sig: &[usize], edits: &mut Vec<(usize, usi
     }
 }
 
-/// Where in `sig` the bracket closed at `sig[close]` opens.
-fn opening_bracket(t: &Tokens<'_>, sig: &[usize], close: usize) -> Option<usize> {
+/// Where in `sig` the parenthesis or square bracket at `sig[at]` is matched: forward from an
+/// opening one, backward from a closing one.
+fn matching(t: &Tokens<'_>, sig: &[usize], at: usize) -> Option<usize> {
+    let (open, close, forward) = match t.tokens[*sig.get(at)?].token {
+        Token::LParen => (Token::LParen, Token::RParen, true),
+        Token::RParen => (Token::LParen, Token::RParen, false),
+        Token::LBracket => (Token::LBracket, Token::RBracket, true),
+        Token::RBracket => (Token::LBracket, Token::RBracket, false),
+        _ => return None,
+    };
+    let (inward, outward) = if forward {
+        (open, close)
+    } else {
+        (close, open)
+    };
+    let steps: Box<dyn Iterator<Item = usize>> = if forward {
+        Box::new(at..sig.len())
+    } else {
+        Box::new((0..=at).rev())
+    };
     let mut depth = 0usize;
-    for k in (0..=close).rev() {
-        match t.tokens[sig[k]].token {
-            Token::RBracket => depth += 1,
-            Token::LBracket => {
-                depth -= 1;
-                if depth == 0 {
-                    return Some(k);
-                }
+    for k in steps {
+        let token = &t.tokens[sig[k]].token;
+        if *token == inward {
+            depth += 1;
+        } else if *token == outward {
+            depth -= 1;
+            if depth == 0 {
+                return Some(k);
             }
-            _ => {}
-        }
-    }
-    None
-}
-
-/// Where in `sig` the bracket opened at `sig[open]` closes.
-fn closing_bracket(t: &Tokens<'_>, sig: &[usize], open: usize) -> Option<usize> {
-    let mut depth = 0usize;
-    for (k, &i) in sig.iter().enumerate().skip(open) {
-        match t.tokens[i].token {
-            Token::LBracket => depth += 1,
-            Token::RBracket => {
-                depth -= 1;
-                if depth == 0 {
-                    return Some(k);
-                }
-            }
-            _ => {}
-        }
-    }
-    None
-}
-
-/// Where in `sig` the parenthesis opened at `sig[open]` closes.
-fn closing(t: &Tokens<'_>, sig: &[usize], open: usize) -> Option<usize> {
-    let mut depth = 0usize;
-    for (k, &i) in sig.iter().enumerate().skip(open) {
-        match t.tokens[i].token {
-            Token::LParen => depth += 1,
-            Token::RParen => {
-                depth -= 1;
-                if depth == 0 {
-                    return Some(k);
-                }
-            }
-            _ => {}
         }
     }
     None
@@ -353,7 +334,7 @@ fn sharded_by(
     }) else {
         return Ok(());
     };
-    let Some(close) = closing(t, sig, k + 2) else {
+    let Some(close) = matching(t, sig, k + 2) else {
         return Ok(());
     };
     let columns: Vec<String> = sig[k + 3..close]
@@ -393,7 +374,7 @@ fn create_stream(
     let open = (kind + 1..sig.len())
         .find(|&k| matches!(t.tokens[sig[k]].token, Token::LParen))
         .ok_or_else(|| sql_error("CREATE STREAM needs its columns in parentheses".into()))?;
-    let close = closing(t, sig, open)
+    let close = matching(t, sig, open)
         .ok_or_else(|| sql_error("CREATE STREAM: unclosed parenthesis".into()))?;
     // The WATERMARK element: at depth 1, after `(` or `,`.
     let mut depth = 0usize;

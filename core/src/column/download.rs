@@ -98,12 +98,13 @@ pub fn download_column(stream: &Stream, column: &DeviceColumn) -> Result<ArrayRe
 fn element_nulls(data_type: &DataType, bytes: &[u8], count: usize) -> Option<NullBuffer> {
     let (elem, _) = crate::vector::Elem::of(data_type)?;
     let width = elem.width();
-    let null = &elem.null_bits().to_le_bytes()[..width];
     let elements = bytes.get(..count * width)?.chunks_exact(width);
-    if !elements.clone().any(|e| e == null) {
+    if !elements.clone().any(|e| elem.is_null_element(e)) {
         return None;
     }
-    Some(NullBuffer::from_iter(elements.map(|e| e != null)))
+    Some(NullBuffer::from_iter(
+        elements.map(|e| !elem.is_null_element(e)),
+    ))
 }
 
 fn build_array(column: &DeviceColumn, parts: &[&[u8]]) -> Result<ArrayRef> {

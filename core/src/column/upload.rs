@@ -655,8 +655,13 @@ fn embedding_elements(name: &str, data: &ArrayData, d: usize) -> Result<(Buffer,
     // Element `j` of the rows is logical element `child_first + j` of the child.
     let child_first = data.offset() * d;
     let set = |j: usize| data.is_valid(j / d) && elements.is_valid(child_first + j);
-    let bits = ElementBits::new(elem, buffer, first, count);
-    if let Some(j) = bits.positions(elem.null_bits()).find(|&j| set(j)) {
+    // Read as bytes: no alignment is assumed of the buffer.
+    let elements_bytes = &buffer.as_slice()[start..start + count * width];
+    let taken = elements_bytes
+        .chunks_exact(width)
+        .enumerate()
+        .find(|&(j, e)| elem.is_null_element(e) && set(j));
+    if let Some((j, _)) = taken {
         return Err(SpateError::Unsupported {
             message: format!(
                 "embedding column `{name}` holds, in row {}, a NaN with the bits the GPU \
@@ -684,7 +689,7 @@ fn embedding_elements(name: &str, data: &ArrayData, d: usize) -> Result<(Buffer,
     if holed.is_empty() {
         return Ok((buffer.clone(), start));
     }
-    let mut copy = buffer.as_slice()[start..start + count * width].to_vec();
+    let mut copy = elements_bytes.to_vec();
     let null = elem.null_bits().to_le_bytes();
     for row in holed {
         for j in row * d..(row + 1) * d {
@@ -694,35 +699,6 @@ fn embedding_elements(name: &str, data: &ArrayData, d: usize) -> Result<(Buffer,
         }
     }
     Ok((Buffer::from_vec(copy), 0))
-}
-
-/// The raw bits of an embedding's elements, to search: `width` bytes each, little-endian
-/// (read as bytes, so no alignment is assumed of the buffer).
-struct ElementBits<'a> {
-    bytes: &'a [u8],
-    width: usize,
-}
-
-impl<'a> ElementBits<'a> {
-    /// Elements `first .. first + count` of an embedding's element buffer (bounds checked by
-    /// the caller).
-    fn new(elem: Elem, buffer: &'a Buffer, first: usize, count: usize) -> Self {
-        let width = elem.width();
-        ElementBits {
-            bytes: &buffer.as_slice()[first * width..(first + count) * width],
-            width,
-        }
-    }
-
-    /// The indices of the elements with bits `bits`.
-    fn positions(&self, bits: u32) -> impl Iterator<Item = usize> + '_ {
-        let (wanted, width) = (bits.to_le_bytes(), self.width);
-        self.bytes
-            .chunks_exact(width)
-            .enumerate()
-            .filter(move |(_, e)| *e == &wanted[..width])
-            .map(|(j, _)| j)
-    }
 }
 
 /// Utf8 and LargeUtf8: each part's offsets rebased to run on from the parts before, then the

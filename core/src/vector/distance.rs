@@ -40,12 +40,6 @@ impl Metric {
             Metric::L2 => 2,
         }
     }
-
-    /// Whether a larger value means nearer (the inner product), so nearest-first orders it
-    /// descending.
-    pub fn larger_is_nearer(self) -> bool {
-        self == Metric::Inner
-    }
 }
 
 /// The distance between `a` and `b` (of equal lengths): accumulated in f32, element by

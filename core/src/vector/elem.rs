@@ -56,12 +56,44 @@ impl Elem {
         }
     }
 
+    /// Whether one element's little-endian bytes are this type's [`Elem::null_bits`].
+    pub(crate) fn is_null_element(self, element: &[u8]) -> bool {
+        element == &self.null_bits().to_le_bytes()[..self.width()]
+    }
+
     /// The element's value as an f32 (exact: every f16 and bf16 is an f32).
     pub fn to_f32(self, bits: u32) -> f32 {
         match self {
             Elem::F32 => f32::from_bits(bits),
             Elem::F16 => half::f16::from_bits(bits as u16).to_f32(),
             Elem::Bf16 => f32::from_bits(bits << 16),
+        }
+    }
+
+    /// Appends elements `range` of `values` (an embedding's elements, of this type) to `out`
+    /// as f32s.
+    pub(crate) fn extend_f32(
+        self,
+        values: &dyn arrow::array::Array,
+        range: std::ops::Range<usize>,
+        out: &mut Vec<f32>,
+    ) {
+        use arrow::array::AsArray;
+        use arrow::datatypes::{Float16Type, Float32Type, UInt16Type};
+        match self {
+            Elem::F32 => {
+                out.extend_from_slice(&values.as_primitive::<Float32Type>().values()[range])
+            }
+            Elem::F16 => out.extend(
+                values.as_primitive::<Float16Type>().values()[range]
+                    .iter()
+                    .map(|v| v.to_f32()),
+            ),
+            Elem::Bf16 => out.extend(
+                values.as_primitive::<UInt16Type>().values()[range]
+                    .iter()
+                    .map(|&v| Elem::Bf16.to_f32(u32::from(v))),
+            ),
         }
     }
 

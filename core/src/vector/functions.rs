@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, Float64Builder, GenericListArray, OffsetSizeTrait};
-use arrow::datatypes::{DataType, Float16Type, Float32Type, Float64Type, UInt16Type};
+use arrow::datatypes::{DataType, Float64Type};
 use datafusion::common::{Result as DFResult, ScalarValue, exec_err};
 use datafusion::execution::context::SessionContext;
 use datafusion::functions_nested::{cosine_distance, distance, inner_product};
@@ -264,21 +264,7 @@ impl<'a> Side<'a> {
                 if values.null_count() > 0 && range.clone().any(|j| values.is_null(j)) {
                     return Some(Read::Holed(*d));
                 }
-                match elem {
-                    Elem::F32 => {
-                        out.extend_from_slice(&values.as_primitive::<Float32Type>().values()[range])
-                    }
-                    Elem::F16 => out.extend(
-                        values.as_primitive::<Float16Type>().values()[range]
-                            .iter()
-                            .map(|v| v.to_f32()),
-                    ),
-                    Elem::Bf16 => out.extend(
-                        values.as_primitive::<UInt16Type>().values()[range]
-                            .iter()
-                            .map(|&v| Elem::Bf16.to_f32(u32::from(v))),
-                    ),
-                }
+                elem.extend_f32(values.as_ref(), range, out);
                 Some(Read::Values(out))
             }
             Side::List(l) => read_list(l, row, out),

@@ -110,27 +110,9 @@ fn constant_vector(value: &ScalarValue) -> Option<Vec<f32>> {
         if values.null_count() > 0 {
             return None;
         }
-        let bits: Vec<u32> = match elem {
-            Elem::F32 => values
-                .as_primitive::<arrow::datatypes::Float32Type>()
-                .values()
-                .iter()
-                .map(|v| v.to_bits())
-                .collect(),
-            Elem::F16 => values
-                .as_primitive::<arrow::datatypes::Float16Type>()
-                .values()
-                .iter()
-                .map(|v| u32::from(v.to_bits()))
-                .collect(),
-            Elem::Bf16 => values
-                .as_primitive::<arrow::datatypes::UInt16Type>()
-                .values()
-                .iter()
-                .map(|&v| u32::from(v))
-                .collect(),
-        };
-        return Some(bits.into_iter().map(|b| elem.to_f32(b)).collect());
+        let mut out = Vec::with_capacity(values.len());
+        elem.extend_f32(values.as_ref(), 0..values.len(), &mut out);
+        return Some(out);
     }
     let values: ArrayRef = match value {
         ScalarValue::List(a) => a.value(0),
