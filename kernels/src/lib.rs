@@ -49,6 +49,7 @@ pub mod source;
 pub mod stream;
 pub mod throughput;
 pub mod top_k;
+pub mod vector_topk;
 pub mod views;
 pub mod wait;
 

@@ -265,6 +265,76 @@ pub fn order_key_f64(v: f64) -> u64 {
     }
 }
 
+/// One query's nearest item, as `vector_topk` reports it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NearestRow {
+    pub query: u64,
+    pub item: u64,
+    pub rank: u64,
+    pub distance: f64,
+}
+
+/// The distance `metric` (`0` cosine distance, `1` inner product, `2` Euclidean) between two
+/// f32 vectors, as `vector.cuh` computes it: accumulated in f32 in element order, finished in
+/// f64; `None` for a cosine against a zero vector. A NaN element makes the distance NaN.
+pub fn vector_distance(metric: u32, a: &[f32], b: &[f32]) -> Option<f64> {
+    let (mut dot, mut sa, mut sb, mut sum) = (0f32, 0f32, 0f32, 0f32);
+    for (&x, &y) in a.iter().zip(b) {
+        dot += x * y;
+        sa += x * x;
+        sb += y * y;
+        sum += (x - y) * (x - y);
+    }
+    match metric {
+        0 if sa == 0.0 || sb == 0.0 => None,
+        0 => Some(1.0 - f64::from(dot) / (f64::from(sa).sqrt() * f64::from(sb).sqrt())),
+        1 => Some(f64::from(dot)),
+        _ => Some(f64::from(sum).sqrt()),
+    }
+}
+
+/// The `k` nearest items to each query by `metric` (see [`vector_distance`]): nearest first
+/// (the largest inner product first), ties by item; `None` rows and NULL or NaN distances
+/// left out.
+pub fn nearest_items(
+    items: &[Option<Vec<f32>>],
+    queries: &[Option<Vec<f32>>],
+    metric: u32,
+    k: usize,
+) -> Vec<NearestRow> {
+    let mut out = Vec::new();
+    for (q, query) in queries.iter().enumerate() {
+        let Some(query) = query else { continue };
+        let mut scored: Vec<(u64, u64, f64)> = items
+            .iter()
+            .enumerate()
+            .filter_map(|(i, item)| {
+                let d = vector_distance(metric, item.as_ref()?, query)?;
+                let key = if metric == 1 {
+                    !order_key_f64(d)
+                } else {
+                    order_key_f64(d)
+                };
+                (!d.is_nan()).then_some((key, i as u64, d))
+            })
+            .collect();
+        scored.sort_by_key(|&(key, item, _)| (key, item));
+        out.extend(
+            scored
+                .iter()
+                .take(k)
+                .enumerate()
+                .map(|(r, &(_, item, distance))| NearestRow {
+                    query: q as u64,
+                    item,
+                    rank: r as u64 + 1,
+                    distance,
+                }),
+        );
+    }
+    out
+}
+
 /// Relative closeness for float sums whose order of addition differs from the CPU's:
 /// `|a - b| <= 1e-9 * max(1, |a|, |b|) + ulp slack`, NaN equal to NaN, infinities exact.
 pub fn close_f64(a: f64, b: f64) -> bool {

@@ -12,7 +12,7 @@ use crate::error::{KernelError, Result};
 use crate::memory::DeviceBitmap;
 use crate::reference::{self, bit};
 use crate::stream::Stream;
-use crate::{compact, gather, hash, partition, reduce, scan, sort};
+use crate::{compact, gather, hash, partition, reduce, scan, sort, vector_topk};
 
 /// Sizes every kernel test covers: empty, single, around a warp (32), around a block (1024
 /// with 256 threads x 4), and several tiles (2048 rows each).
@@ -322,6 +322,50 @@ fn partition_by_hash(s: &Stream, n: usize) -> Result<Option<String>> {
     })
 }
 
+fn nearest_f32(s: &Stream, n: usize) -> Result<Option<String>> {
+    const DIM: usize = 8;
+    let values = reference::random_f32(n * DIM, 18);
+    let queries = reference::random_f32(3 * DIM, 19);
+    let rows = |v: &[f32]| -> Vec<Option<Vec<f32>>> {
+        v.chunks_exact(DIM).map(|r| Some(r.to_vec())).collect()
+    };
+    let bytes = |v: &[f32]| -> Vec<u8> {
+        let mut b: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        b.push(0);
+        b
+    };
+    let (di, dq) = (
+        s.from_host(&bytes(&values))?,
+        s.from_host(&bytes(&queries))?,
+    );
+    fn vectors(d: &crate::memory::DeviceBuffer<u8>, rows: usize) -> vector_topk::Vectors<'_> {
+        vector_topk::Vectors {
+            bytes: d.as_slice(),
+            validity: None,
+            rows,
+            dim: DIM,
+            elem: 0,
+        }
+    }
+    let mut top = vector_topk::NearestItems::new(s, 3, 10, 2)?;
+    top.add_items(s, vectors(&di, n), vectors(&dq, 3), 1 << 24)?;
+    let out = top.finish(s, 0)?;
+    let count = s.to_vec(&out.count)?[0] as usize;
+    let got: Vec<(u64, u64, u64, u64)> = (0..count)
+        .zip(s.to_vec(&out.query)?)
+        .zip(s.to_vec(&out.item)?)
+        .zip(s.to_vec(&out.rank)?)
+        .zip(s.to_vec(&out.distance)?)
+        .map(|((((_, q), i), r), d)| (q, i, r, d.to_bits()))
+        .collect();
+    let want: Vec<(u64, u64, u64, u64)> =
+        reference::nearest_items(&rows(&values), &rows(&queries), 2, 10)
+            .into_iter()
+            .map(|r| (r.query, r.item, r.rank, r.distance.to_bits()))
+            .collect();
+    Ok(mismatch(&got, &want))
+}
+
 /// Every check, by name.
 pub const CHECKS: &[(&str, Check)] = &[
     ("scan exclusive u32", scan_u32),
@@ -340,6 +384,7 @@ pub const CHECKS: &[(&str, Check)] = &[
     ("sum i64 with nulls", reduce_sum_i64),
     ("min/max f64 total order", reduce_min_max_f64),
     ("segmented sum i32", reduce_segments),
+    ("vector top-k f32 L2", nearest_f32),
 ];
 
 /// Runs every check at every size in `sizes` on `device`.

@@ -1,0 +1,318 @@
+//! The k nearest items to each of many query vectors: `kernels/cuda/vector/topk.cu`.
+//!
+//! A [`NearestItems`] holds, per query, its running best: at most `k` (distance key, item)
+//! entries, in device memory. [`NearestItems::add_items`] scores one batch of items against
+//! every query and merges the batch's nearest into the running bests (two launches per group
+//! of queries, no readback); [`NearestItems::finish`] sorts each query's entries and writes the
+//! output columns, with their row count left on the device. The distance matrix is never
+//! held: a batch's candidates are at most `k` per query and tile of
+//! [`TILE`](crate::launch::TILE) items, and the queries are taken in groups whose candidates
+//! fit the given budget.
+//!
+//! An item's position is its row in the batch plus the rows of the batches added before it.
+//! Entries order by distance, nearest first (the largest inner product first), then by
+//! position, so ties keep the earlier item. An item with no distance (NULL, or NaN) is never
+//! an entry, so a query may have fewer than `k`.
+
+use crate::error::{Result, ensure_arg};
+use crate::launch::{KernelArg, LaunchConfig, TILE};
+use crate::memory::{DeviceBitmap, DeviceBuffer, DeviceSlice};
+use crate::stream::Stream;
+
+/// The largest `k`: a query's running best is sorted by one block.
+pub const MAX_K: usize = 4096;
+
+/// The most queries of one launch of the tile kernel (a grid's y dimension).
+const MAX_GRID_Y: usize = 65_535;
+
+/// Bytes of one candidate entry: its key and its item.
+const ENTRY_BYTES: usize = 16;
+
+/// Embeddings in device memory: `rows` vectors of `dim` elements, row `i` at byte
+/// `i * dim * width` of `bytes`.
+#[derive(Debug, Clone, Copy)]
+pub struct Vectors<'a> {
+    /// The elements, row after row.
+    pub bytes: DeviceSlice<'a, u8>,
+    /// Row validity, or `None` when no row is NULL.
+    pub validity: Option<DeviceBitmap<'a>>,
+    /// Rows.
+    pub rows: usize,
+    /// Elements per row.
+    pub dim: usize,
+    /// The element type's code (`0` f32, `1` f16, `2` bf16, as `vector.cuh` numbers them).
+    pub elem: u32,
+}
+
+impl Vectors<'_> {
+    fn width(&self) -> usize {
+        if self.elem == 0 { 4 } else { 2 }
+    }
+
+    fn check(&self, what: &str) -> Result<()> {
+        ensure_arg!(self.elem <= 2, "{what}: no element type {}", self.elem);
+        ensure_arg!(self.dim > 0, "{what}: vectors of no elements");
+        let bytes = self
+            .rows
+            .checked_mul(self.dim)
+            .and_then(|e| e.checked_mul(self.width()));
+        ensure_arg!(
+            bytes.is_some_and(|b| b <= self.bytes.len()),
+            "{what}: {} bytes hold fewer than {} vectors of {} elements",
+            self.bytes.len(),
+            self.rows,
+            self.dim
+        );
+        if let Some(v) = &self.validity {
+            v.check_covers(self.rows, what)?;
+        }
+        Ok(())
+    }
+
+    fn args(&self) -> [KernelArg; 3] {
+        [
+            self.bytes.into(),
+            self.validity.into(),
+            KernelArg::U64(self.validity.map_or(0, |v| v.offset as u64)),
+        ]
+    }
+}
+
+/// One half of the running bests: `stride` slots of keys and items per query, and a count.
+#[derive(Debug)]
+struct Best {
+    keys: DeviceBuffer<u64>,
+    items: DeviceBuffer<u64>,
+    counts: DeviceBuffer<u32>,
+}
+
+impl Best {
+    fn new(stream: &Stream, queries: usize, stride: usize) -> Result<Self> {
+        Ok(Best {
+            keys: stream.alloc(queries * stride)?,
+            items: stream.alloc(queries * stride)?,
+            counts: stream.alloc_zeroed(queries)?,
+        })
+    }
+}
+
+/// The output of [`NearestItems::finish`]: `bound` rows allocated, `count` (on the device)
+/// written, query after query, each query's nearest first.
+#[derive(Debug)]
+pub struct Nearest {
+    /// The query's position among the queries.
+    pub query: DeviceBuffer<u64>,
+    /// The item's position among the items.
+    pub item: DeviceBuffer<u64>,
+    /// 1 for a query's nearest item, then 2, 3, …
+    pub rank: DeviceBuffer<u64>,
+    /// The distance (the inner product for that metric).
+    pub distance: DeviceBuffer<f64>,
+    /// The rows written: one u32.
+    pub count: DeviceBuffer<u32>,
+    /// The rows allocated: queries × k.
+    pub bound: usize,
+}
+
+/// The running nearest items of every query (see the module docs).
+#[derive(Debug)]
+pub struct NearestItems {
+    queries: usize,
+    k: usize,
+    /// Slots per query in the running bests: `k` rounded up to a power of two.
+    stride: usize,
+    metric: u32,
+    /// The running best, and the other half the next merge writes.
+    best: [Best; 2],
+    current: usize,
+    /// Items added so far: the position of the next batch's row 0.
+    items: u64,
+}
+
+impl NearestItems {
+    /// Running bests for `queries` queries, each keeping `k` items (1 to [`MAX_K`]) nearest
+    /// by `metric` (`0` cosine distance, `1` inner product, `2` Euclidean).
+    pub fn new(stream: &Stream, queries: usize, k: usize, metric: u32) -> Result<Self> {
+        ensure_arg!(
+            (1..=MAX_K).contains(&k),
+            "a vector top-k of {k} items; k must be 1 to {MAX_K}"
+        );
+        ensure_arg!(metric <= 2, "no vector metric {metric}");
+        ensure_arg!(
+            queries < i32::MAX as usize,
+            "{queries} queries pass a grid's blocks"
+        );
+        ensure_arg!(
+            queries
+                .checked_mul(k)
+                .is_some_and(|n| n < u32::MAX as usize),
+            "{queries} queries × k = {k} pass an output's 2^32 - 1 rows"
+        );
+        let stride = k.next_power_of_two();
+        Ok(NearestItems {
+            queries,
+            k,
+            stride,
+            metric,
+            best: [
+                Best::new(stream, queries, stride)?,
+                Best::new(stream, queries, stride)?,
+            ],
+            current: 0,
+            items: 0,
+        })
+    }
+
+    /// Items added so far.
+    pub fn items(&self) -> u64 {
+        self.items
+    }
+
+    /// Queries per launch of the tile kernel for a batch of `tiles` tiles, so that their
+    /// candidates take at most `budget` bytes (at least one query).
+    fn group(&self, tiles: usize, budget: usize) -> usize {
+        let per_query = tiles * self.k.min(TILE) * ENTRY_BYTES;
+        (budget / per_query.max(1)).clamp(1, MAX_GRID_Y.min(self.queries.max(1)))
+    }
+
+    /// Scores `items` against `queries` (the same queries every call, of the same dimension)
+    /// and merges each query's nearest into its running best. Candidates take at most about
+    /// `budget` bytes at a time. The launches: two per group of queries.
+    pub fn add_items(
+        &mut self,
+        stream: &Stream,
+        items: Vectors<'_>,
+        queries: Vectors<'_>,
+        budget: usize,
+    ) -> Result<()> {
+        items.check("vector top-k items")?;
+        queries.check("vector top-k queries")?;
+        ensure_arg!(
+            queries.rows == self.queries,
+            "{} query vectors for a top-k of {}",
+            queries.rows,
+            self.queries
+        );
+        ensure_arg!(
+            items.dim == queries.dim,
+            "items of {} elements against queries of {}",
+            items.dim,
+            queries.dim
+        );
+        let base = self.items;
+        self.items += items.rows as u64;
+        if items.rows == 0 || self.queries == 0 {
+            return Ok(());
+        }
+        let tiles = items.rows.div_ceil(TILE);
+        ensure_arg!(
+            tiles < i32::MAX as usize,
+            "{} items pass a grid's tiles",
+            items.rows
+        );
+        let slots = self.k.min(TILE);
+        let group = self.group(tiles, budget);
+        let device = stream.device();
+        let tile_kernel = device.kernel(&format!(
+            "vector_topk_tiles_{}_{}_{}",
+            self.metric, items.elem, queries.elem
+        ))?;
+        let merge = device.kernel("vector_topk_merge")?;
+        let lists = group * tiles;
+        let cand_keys = stream.alloc::<u64>(lists * slots)?;
+        let cand_items = stream.alloc::<u64>(lists * slots)?;
+        let cand_counts = stream.alloc::<u32>(lists)?;
+        let (now, next) = (self.current, 1 - self.current);
+        let mut first = 0;
+        while first < self.queries {
+            let in_group = group.min(self.queries - first);
+            let mut args = items.args().to_vec();
+            args.extend([KernelArg::U64(items.rows as u64), KernelArg::U64(base)]);
+            args.extend(queries.args());
+            args.extend([
+                KernelArg::U64(first as u64),
+                KernelArg::U64(items.dim as u64),
+                KernelArg::U32(self.k as u32),
+                KernelArg::U32(slots as u32),
+                (&cand_keys).into(),
+                (&cand_items).into(),
+                (&cand_counts).into(),
+            ]);
+            let grid = LaunchConfig {
+                grid: (tiles as u32, in_group as u32, 1),
+                ..LaunchConfig::blocks(1)
+            };
+            // SAFETY: the items and queries hold their rows (checked), with validity covering
+            // them; the candidates hold `in_group * tiles` lists of `slots` entries and counts.
+            unsafe { stream.launch(&tile_kernel, grid, &args)? };
+            let (before, after) = (&self.best[now], &self.best[next]);
+            let args = [
+                (&cand_keys).into(),
+                (&cand_items).into(),
+                (&cand_counts).into(),
+                KernelArg::U64(tiles as u64),
+                KernelArg::U32(slots as u32),
+                KernelArg::U64(first as u64),
+                KernelArg::U32(self.k as u32),
+                KernelArg::U32(self.stride as u32),
+                (&before.keys).into(),
+                (&before.items).into(),
+                (&before.counts).into(),
+                (&after.keys).into(),
+                (&after.items).into(),
+                (&after.counts).into(),
+            ];
+            // SAFETY: the candidates were written above for these `in_group` queries; both
+            // running bests hold `stride` slots and a count for every query.
+            unsafe { stream.launch(&merge, LaunchConfig::blocks(in_group as u32), &args)? };
+            first += in_group;
+        }
+        self.current = next;
+        Ok(())
+    }
+
+    /// Sorts each query's entries, nearest first, into the output columns. `query_base` is
+    /// added to every query's position. One scan and one launch; nothing waits.
+    pub fn finish(self, stream: &Stream, query_base: u64) -> Result<Nearest> {
+        let bound = self.queries * self.k;
+        let out = Nearest {
+            query: stream.alloc(bound)?,
+            item: stream.alloc(bound)?,
+            rank: stream.alloc(bound)?,
+            distance: stream.alloc(bound)?,
+            count: stream.alloc_zeroed(1)?,
+            bound,
+        };
+        if self.queries == 0 {
+            return Ok(out);
+        }
+        let best = &self.best[self.current];
+        let offsets = crate::scan::exclusive_sum_total_on_device::<u32>(
+            stream,
+            best.counts.as_slice(),
+            out.count.as_slice(),
+        )?;
+        let kernel = stream.device().kernel("vector_topk_finish")?;
+        let args = [
+            (&best.keys).into(),
+            (&best.items).into(),
+            (&best.counts).into(),
+            KernelArg::U32(self.stride as u32),
+            KernelArg::U32(self.metric),
+            KernelArg::U64(query_base),
+            (&offsets).into(),
+            (&out.query).into(),
+            (&out.item).into(),
+            (&out.rank).into(),
+            (&out.distance).into(),
+        ];
+        // SAFETY: the running best holds `stride` slots and a count per query, each count at
+        // most k; the offsets are their exclusive sum, so every row written is below
+        // queries × k, the outputs' length.
+        unsafe { stream.launch(&kernel, LaunchConfig::blocks(self.queries as u32), &args)? };
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests;
