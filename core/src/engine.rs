@@ -205,6 +205,10 @@ impl EngineBuilder {
         };
         let ctx = SessionContext::new_with_state(state);
         crate::vector::register(&ctx);
+        ctx.register_udtf(
+            crate::vector::table_function::NAME,
+            Arc::new(crate::vector::VectorTopKFunction),
+        );
         for kind in [
             WindowFunctionKind::Tumble,
             WindowFunctionKind::Hop,

@@ -15,7 +15,7 @@ use arrow::array::{
     UInt16Array,
 };
 use arrow::buffer::NullBuffer;
-use arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema};
+use arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema, UInt64Type};
 use arrow::record_batch::RecordBatch;
 use half::f16;
 use spate::kernels::reference::Rng;
@@ -397,6 +397,125 @@ async fn the_postgresql_distance_operator_is_array_distance() {
                 let plan = ordered(&engine.collect(&format!("EXPLAIN {sql}")).await.unwrap());
                 assert_gpu_top_k(&plan.join("\n"), &sql);
             }
+        }
+    }
+}
+
+/// `query_row|item_row|rank|distance` of each row of a `vector_topk` result, the distance in
+/// Rust's shortest round-trip form (equal text, equal bits).
+fn topk_rows(batches: &[RecordBatch]) -> Vec<String> {
+    let mut out = Vec::new();
+    for b in batches {
+        let [q, i, r] = [0, 1, 2].map(|c| b.column(c).as_primitive::<UInt64Type>());
+        let d = b.column(3).as_primitive::<Float64Type>();
+        for row in 0..b.num_rows() {
+            out.push(format!(
+                "{}|{}|{}|{:?}",
+                q.value(row),
+                i.value(row),
+                r.value(row),
+                d.value(row)
+            ));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vector_topk_equals_an_exact_loop_on_both_backends() {
+    let (data, columns) = table(3000, 21);
+    let (queries, query_columns) = table(25, 22);
+    let cpu = engine(Backend::Cpu, "134217728", &data);
+    // Small device batches: the items arrive in many batches, each merged into the running
+    // nearest of every query.
+    let gpu = engine(Backend::Emulated, "16384", &data);
+    for engine in [&cpu, &gpu] {
+        engine
+            .register_batches(
+                "queries",
+                vec![queries.slice(0, 10), queries.slice(10, 15)],
+            )
+            .unwrap();
+    }
+    // fp16 × fp16, bf16 × bf16, two fp32 columns, and bf16 items against fp32 queries.
+    for (item, query) in [(0, 0), (1, 1), (2, 3), (1, 2)] {
+        let (items, asked) = (&columns[item], &query_columns[query]);
+        for (metric, function) in [
+            ("cosine", "cosine_distance"),
+            ("ip", "inner_product"),
+            ("l2", "array_distance"),
+        ] {
+            for k in [1, 10, 700] {
+                let mut want = Vec::new();
+                for (q, vector) in asked.rows.iter().enumerate() {
+                    let Some(vector) = vector else { continue };
+                    let near = nearest(items, function, vector, k, |_| true);
+                    for (rank, (id, d)) in near.into_iter().enumerate() {
+                        want.push(format!("{q}|{id}|{}|{:?}", rank + 1, d.unwrap()));
+                    }
+                }
+                let sql = format!(
+                    "SELECT * FROM vector_topk(items, {}, queries, {}, {k}, {metric}) \
+                     ORDER BY query_row, rank",
+                    items.name, asked.name
+                );
+                for (name, engine) in [("cpu", &cpu), ("emulated", &gpu)] {
+                    let got = topk_rows(&engine.collect(&sql).await.unwrap());
+                    assert_eq!(got.len(), want.len(), "{name}: {sql}");
+                    assert_eq!(got, want, "{name}: {sql}");
+                }
+            }
+        }
+    }
+    let sql = "SELECT * FROM vector_topk('items', 'h', 'queries', 'h', 10, 'cosine')";
+    let plan = ordered(&gpu.collect(&format!("EXPLAIN {sql}")).await.unwrap()).join("\n");
+    assert!(plan.contains("GpuVectorTopKExec"), "{plan}");
+    for line in plan.lines().filter(|l| l.contains("[CPU")) {
+        assert!(line.contains("DataSourceExec"), "a CPU compute node: {line}\n{plan}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vector_topk_joins_back_to_its_tables_and_rejects_bad_calls() {
+    let (data, _) = table(200, 31);
+    let (queries, _) = table(12, 32);
+    for backend in [Backend::Cpu, Backend::Emulated] {
+        let engine = engine(backend, "134217728", &data);
+        engine.register_batches("queries", vec![queries.clone()]).unwrap();
+        // Positions are rows in the order the tables are read: here the ids.
+        let joined = engine
+            .collect(
+                "SELECT v.query_row, i.id, v.rank FROM vector_topk(items, f, queries, g, 3, l2) v \
+                 JOIN items i ON v.item_row = i.id ORDER BY v.query_row, v.rank",
+            )
+            .await
+            .unwrap();
+        let direct = engine
+            .collect(
+                "SELECT query_row, CAST(item_row AS BIGINT), rank \
+                 FROM vector_topk(items, f, queries, g, 3, l2) ORDER BY query_row, rank",
+            )
+            .await
+            .unwrap();
+        assert_eq!(ordered(&joined), ordered(&direct), "{backend:?}");
+        assert!(!ordered(&direct).is_empty());
+        for (sql, message) in [
+            ("vector_topk(items, f, queries, g, 3)", "takes 6 arguments"),
+            ("vector_topk(nope, f, queries, g, 3, l2)", "no table named 'nope'"),
+            ("vector_topk(items, nope, queries, g, 3, l2)", "has no column 'nope'"),
+            ("vector_topk(items, id, queries, g, 3, l2)", "not an embedding"),
+            ("vector_topk(items, h, queries, g, 3, l2)", "16 elements and the queries 8"),
+            ("vector_topk(items, f, queries, g, 0, l2)", "1 to 4096"),
+            ("vector_topk(items, f, queries, g, 4097, l2)", "1 to 4096"),
+            ("vector_topk(items, f, queries, g, 'x', l2)", "not a whole number"),
+            ("vector_topk(items, f, queries, g, 3, hamming)", "unknown metric"),
+        ] {
+            let err = engine
+                .collect(&format!("SELECT * FROM {sql}"))
+                .await
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(message), "{backend:?}: {sql}: {err}");
         }
     }
 }

@@ -97,6 +97,7 @@ pub(crate) mod spill;
 mod top_k;
 pub mod union;
 mod upload;
+pub mod vector_topk;
 pub mod window;
 
 pub use cache::CACHE_RELOADS;
@@ -134,6 +135,7 @@ pub use limit::GpuLimitExec;
 pub use projection::GpuProjectionExec;
 pub use sort::GpuSortExec;
 pub use union::GpuUnionExec;
+pub use vector_topk::GpuVectorTopKExec;
 pub use window::GpuWindowExec;
 
 /// A GPU operator's EXPLAIN text: its CPU twin's, with `Gpu` before the operator name (the
@@ -175,6 +177,13 @@ pub trait GpuExec: ExecutionPlan {
     fn replaces(&self) -> Option<&dyn ExecutionPlan> {
         None
     }
+
+    /// Whether the operator reads its inputs' partitions itself, one after the other in
+    /// partition order (row positions are part of its result): the region pass then leaves
+    /// them unmerged (a merge on the device interleaves them).
+    fn reads_partitions_in_order(&self) -> bool {
+        false
+    }
 }
 
 /// The GPU operator behind a plan node, if it is one.
@@ -214,6 +223,9 @@ pub fn as_gpu_exec(plan: &dyn ExecutionPlan) -> Option<&dyn GpuExec> {
     }
     if let Some(w) = plan.downcast_ref::<GpuWindowExec>() {
         return Some(w);
+    }
+    if let Some(v) = plan.downcast_ref::<GpuVectorTopKExec>() {
+        return Some(v);
     }
     None
 }

@@ -36,8 +36,10 @@ use crate::config::{DeviceErrorPolicy, FallbackPolicy, SpateOptions};
 use crate::device::GpuContext;
 use crate::exec::{
     GpuAggregateExec, GpuCoalescePartitionsExec, GpuCrossJoinExec, GpuFilterExec, GpuHashJoinExec,
-    GpuLimitExec, GpuProjectionExec, GpuSortExec, GpuUnionExec, GpuWindowExec, as_gpu_exec,
+    GpuLimitExec, GpuProjectionExec, GpuSortExec, GpuUnionExec, GpuVectorTopKExec, GpuWindowExec,
+    as_gpu_exec,
 };
+use crate::vector::VectorTopKExec;
 
 /// Operators that move or read data but compute nothing a GPU would do for them.
 pub(crate) const PLUMBING: &[&str] = &[
@@ -159,6 +161,11 @@ fn cpu_reason(node: &dyn ExecutionPlan) -> String {
                 match GpuWindowExec::check(node) {
                     Err(reason) => reason.0,
                     Ok(()) => "a GPU window operator was not chosen for it".into(),
+                }
+            } else if let Some(top) = node.downcast_ref::<VectorTopKExec>() {
+                match GpuVectorTopKExec::check(top) {
+                    Err(reason) => reason.0,
+                    Ok(()) => "a GPU vector top-k was not chosen for it".into(),
                 }
             } else if is_column_selection(node) {
                 "only selects or renames columns of a CPU input".into()
@@ -451,6 +458,11 @@ impl PhysicalOptimizerRule for GpuOffloadRule {
             }
             if is_window(node.as_ref())
                 && let Ok(gpu) = GpuWindowExec::try_new(Arc::clone(&node))
+            {
+                return Ok(Transformed::yes(Arc::new(gpu) as Arc<dyn ExecutionPlan>));
+            }
+            if node.downcast_ref::<VectorTopKExec>().is_some()
+                && let Ok(gpu) = GpuVectorTopKExec::try_new(Arc::clone(&node))
             {
                 return Ok(Transformed::yes(Arc::new(gpu) as Arc<dyn ExecutionPlan>));
             }

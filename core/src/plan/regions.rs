@@ -10,7 +10,8 @@
 //! - An exchange (`RepartitionExec`, `CoalesceBatchesExec`) whose consumer is a GPU operator
 //!   leaves the plan.
 //! - A GPU operator whose input still has several partitions gets them merged on the device
-//!   first, by a [`GpuCoalescePartitionsExec`]. Over a CPU input that is the first upload: each
+//!   first, by a [`GpuCoalescePartitionsExec`] (except one that reads them in order itself,
+//!   `vector_topk`'s). Over a CPU input that is the first upload: each
 //!   partition is decoded in a task of its own and uploaded into the one device stream.
 //! - Every node above is rebuilt, so its partitioning follows: a final aggregation or a
 //!   partitioned join over one partition each side is correct as it is (one partition
@@ -246,6 +247,9 @@ fn rewrite(node: Arc<dyn ExecutionPlan>, gpu_consumer: bool) -> DFResult<Arc<dyn
         return union_of(children);
     }
     let on_gpu = as_gpu_exec(node.as_ref()).is_some();
+    // An operator that reads its inputs' partitions in order keeps them (see
+    // `GpuExec::reads_partitions_in_order`).
+    let in_order = as_gpu_exec(node.as_ref()).is_some_and(|g| g.reads_partitions_in_order());
     let below = on_gpu || (gpu_consumer && PLUMBING.contains(&node.name()));
     let before: Vec<Arc<dyn ExecutionPlan>> = node.children().into_iter().cloned().collect();
     // A CPU consumer that pairs the partitions of its inputs (a partitioned join) gets them as
@@ -254,7 +258,7 @@ fn rewrite(node: Arc<dyn ExecutionPlan>, gpu_consumer: bool) -> DFResult<Arc<dyn
     let mut children = Vec::with_capacity(before.len());
     for child in &before {
         let rewritten = rewrite(Arc::clone(child), below)?;
-        children.push(if on_gpu {
+        children.push(if on_gpu && !in_order {
             merged(rewritten)?
         } else if co_partitioned {
             as_planned(rewritten, child.output_partitioning())?
