@@ -220,8 +220,9 @@ impl fmt::Display for BackendSelection {
 }
 
 /// What runs where with a GPU backend, for the selection's reason line.
-const GPU_SCOPE: &str = "filters, projections, joins, aggregations, sorts, limits, unions and \
-                         window functions run on the GPU, other operators on the CPU";
+const GPU_SCOPE: &str = "filters, projections, joins, aggregations, sorts, limits, unions, \
+                         window functions and vector top-k run on the GPU, other operators on \
+                         the CPU";
 
 fn device_summary(devices: &[DeviceInfo]) -> String {
     match devices {

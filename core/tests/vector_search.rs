@@ -431,10 +431,7 @@ async fn vector_topk_equals_an_exact_loop_on_both_backends() {
     let gpu = engine(Backend::Emulated, "16384", &data);
     for engine in [&cpu, &gpu] {
         engine
-            .register_batches(
-                "queries",
-                vec![queries.slice(0, 10), queries.slice(10, 15)],
-            )
+            .register_batches("queries", vec![queries.slice(0, 10), queries.slice(10, 15)])
             .unwrap();
     }
     // fp16 × fp16, bf16 × bf16, two fp32 columns, and bf16 items against fp32 queries.
@@ -471,7 +468,10 @@ async fn vector_topk_equals_an_exact_loop_on_both_backends() {
     let plan = ordered(&gpu.collect(&format!("EXPLAIN {sql}")).await.unwrap()).join("\n");
     assert!(plan.contains("GpuVectorTopKExec"), "{plan}");
     for line in plan.lines().filter(|l| l.contains("[CPU")) {
-        assert!(line.contains("DataSourceExec"), "a CPU compute node: {line}\n{plan}");
+        assert!(
+            line.contains("DataSourceExec"),
+            "a CPU compute node: {line}\n{plan}"
+        );
     }
 }
 
@@ -481,7 +481,9 @@ async fn vector_topk_joins_back_to_its_tables_and_rejects_bad_calls() {
     let (queries, _) = table(12, 32);
     for backend in [Backend::Cpu, Backend::Emulated] {
         let engine = engine(backend, "134217728", &data);
-        engine.register_batches("queries", vec![queries.clone()]).unwrap();
+        engine
+            .register_batches("queries", vec![queries.clone()])
+            .unwrap();
         // Positions are rows in the order the tables are read: here the ids.
         let joined = engine
             .collect(
@@ -501,14 +503,32 @@ async fn vector_topk_joins_back_to_its_tables_and_rejects_bad_calls() {
         assert!(!ordered(&direct).is_empty());
         for (sql, message) in [
             ("vector_topk(items, f, queries, g, 3)", "takes 6 arguments"),
-            ("vector_topk(nope, f, queries, g, 3, l2)", "no table named 'nope'"),
-            ("vector_topk(items, nope, queries, g, 3, l2)", "has no column 'nope'"),
-            ("vector_topk(items, id, queries, g, 3, l2)", "not an embedding"),
-            ("vector_topk(items, h, queries, g, 3, l2)", "16 elements and the queries 8"),
+            (
+                "vector_topk(nope, f, queries, g, 3, l2)",
+                "no table named 'nope'",
+            ),
+            (
+                "vector_topk(items, nope, queries, g, 3, l2)",
+                "has no column 'nope'",
+            ),
+            (
+                "vector_topk(items, id, queries, g, 3, l2)",
+                "not an embedding",
+            ),
+            (
+                "vector_topk(items, h, queries, g, 3, l2)",
+                "16 elements and the queries 8",
+            ),
             ("vector_topk(items, f, queries, g, 0, l2)", "1 to 4096"),
             ("vector_topk(items, f, queries, g, 4097, l2)", "1 to 4096"),
-            ("vector_topk(items, f, queries, g, 'x', l2)", "not a whole number"),
-            ("vector_topk(items, f, queries, g, 3, hamming)", "unknown metric"),
+            (
+                "vector_topk(items, f, queries, g, 'x', l2)",
+                "not a whole number",
+            ),
+            (
+                "vector_topk(items, f, queries, g, 3, hamming)",
+                "unknown metric",
+            ),
         ] {
             let err = engine
                 .collect(&format!("SELECT * FROM {sql}"))

@@ -434,6 +434,17 @@ fn bench_vector_verifies_the_top_k_and_runs_its_peers() {
         &["--dtype", "f16"][..],
         &["--dtype", "bf16", "--metric", "ip"],
         &["--dtype", "f32", "--metric", "l2", "--filter", "0.2"],
+        // One vector_topk statement for all the queries.
+        &["--dtype", "f16", "--batched"],
+        &[
+            "--dtype",
+            "bf16",
+            "--metric",
+            "ip",
+            "--filter",
+            "0.2",
+            "--batched",
+        ],
     ] {
         let mut args = vec![
             "bench",
@@ -490,6 +501,7 @@ fn selftest_checks_every_kernel_on_the_emulator() {
         "scan exclusive u32",
         "radix sort u64 pairs",
         "gather strings",
+        "vector top-k f32 L2",
     ] {
         assert!(out.contains(check), "{check} missing from:\n{out}");
     }

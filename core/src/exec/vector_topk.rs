@@ -30,8 +30,8 @@ use spate_kernels::vector_topk::{NearestItems, Vectors};
 
 use super::batching::KeepsCounts;
 use super::{
-    DeviceBatchStream, GpuExec, TransferMetrics, batch_target, check_input_types,
-    per_batch_input, to_df,
+    DeviceBatchStream, GpuExec, TransferMetrics, batch_target, check_input_types, per_batch_input,
+    to_df,
 };
 use crate::column::{
     DeviceBatch, DeviceBytes, DeviceColumn, DeviceCount, DeviceValues, RowCount,
@@ -131,14 +131,7 @@ fn in_partition_order(
     Box::pin(
         futures::stream::iter(0..partitions)
             .map(move |p| {
-                per_batch_input(
-                    &plan,
-                    p,
-                    &context,
-                    &stream,
-                    &transfer,
-                    KeepsCounts::never(),
-                )
+                per_batch_input(&plan, p, &context, &stream, &transfer, KeepsCounts::never())
             })
             .try_flatten(),
     )
@@ -229,8 +222,8 @@ impl GpuExec for GpuVectorTopKExec {
                 .and_then(|b| b.resolve(&stream))
                 .map_err(to_df)?;
             let query_rows = queries.bound();
-            let mut nearest = NearestItems::new(&stream, query_rows, k, metric)
-                .map_err(|e| to_df(e.into()))?;
+            let mut nearest =
+                NearestItems::new(&stream, query_rows, k, metric).map_err(|e| to_df(e.into()))?;
             while let Some(batch) = items.next().await {
                 let batch = batch?;
                 let _timer = baseline.elapsed_compute().timer();

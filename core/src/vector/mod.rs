@@ -24,6 +24,6 @@ pub mod table_function;
 pub use distance::{Metric, score};
 pub use elem::{BFLOAT16_KEY, Elem};
 pub use functions::functions;
+pub(crate) use functions::{is_spate_distance, register};
 pub use nearest::{NearestKey, VectorTopKExec};
 pub use table_function::VectorTopKFunction;
-pub(crate) use functions::{is_spate_distance, register};

@@ -26,8 +26,8 @@ use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning, PlanProperties,
-    ReplaceChildrenOptions,
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning,
+    PlanProperties, ReplaceChildrenOptions,
 };
 use futures::{StreamExt, TryStreamExt};
 
@@ -60,8 +60,16 @@ impl NearestKey {
             return None;
         }
         let bits = distance.to_bits();
-        let total = if bits >> 63 == 1 { !bits } else { bits | 1 << 63 };
-        let key = if metric == Metric::Inner { !total } else { total };
+        let total = if bits >> 63 == 1 {
+            !bits
+        } else {
+            bits | 1 << 63
+        };
+        let key = if metric == Metric::Inner {
+            !total
+        } else {
+            total
+        };
         Some(NearestKey { key, item })
     }
 }
@@ -279,9 +287,9 @@ impl ExecutionPlan for VectorTopKExec {
         children: Vec<Arc<dyn ExecutionPlan>>,
         _options: ReplaceChildrenOptions,
     ) -> DFResult<Arc<dyn ExecutionPlan>> {
-        let [items, queries]: [Arc<dyn ExecutionPlan>; 2] = children.try_into().map_err(|_| {
-            DataFusionError::Internal("VectorTopKExec takes two children".into())
-        })?;
+        let [items, queries]: [Arc<dyn ExecutionPlan>; 2] = children
+            .try_into()
+            .map_err(|_| DataFusionError::Internal("VectorTopKExec takes two children".into()))?;
         Ok(Arc::new(VectorTopKExec::try_new(
             items,
             queries,

@@ -71,11 +71,19 @@ pub fn metric_named(name: &str) -> Option<Metric> {
 fn k_arg(e: &Expr) -> DFResult<usize> {
     let value = match e {
         Expr::Literal(v, _) => v.clone(),
-        _ => return Err(plan_error(format!("vector_topk: k must be a number; {USAGE}"))),
+        _ => {
+            return Err(plan_error(format!(
+                "vector_topk: k must be a number; {USAGE}"
+            )));
+        }
     };
     let k = match value.cast_to(&arrow::datatypes::DataType::Int64) {
         Ok(ScalarValue::Int64(Some(k))) => k,
-        _ => return Err(plan_error(format!("vector_topk: k is {value}, not a whole number"))),
+        _ => {
+            return Err(plan_error(format!(
+                "vector_topk: k is {value}, not a whole number"
+            )));
+        }
     };
     usize::try_from(k)
         .ok()
@@ -96,10 +104,9 @@ impl Input {
         let schema = state.schema_for_ref(reference.clone())?;
         let provider = futures::executor::block_on(schema.table(reference.table()))?
             .ok_or_else(|| plan_error(format!("vector_topk: no table named '{table}' ({what})")))?;
-        let (column, _) = provider
-            .schema()
-            .column_with_name(column)
-            .ok_or_else(|| plan_error(format!("vector_topk: '{table}' has no column '{column}'")))?;
+        let (column, _) = provider.schema().column_with_name(column).ok_or_else(|| {
+            plan_error(format!("vector_topk: '{table}' has no column '{column}'"))
+        })?;
         Ok(Input { provider, column })
     }
 
@@ -121,7 +128,10 @@ impl TableFunctionImpl for VectorTopKFunction {
         }
         let names: Vec<String> = exprs[..4]
             .iter()
-            .map(|e| name_arg(e).ok_or_else(|| plan_error(format!("vector_topk: {e} is not a name; {USAGE}"))))
+            .map(|e| {
+                name_arg(e)
+                    .ok_or_else(|| plan_error(format!("vector_topk: {e} is not a name; {USAGE}")))
+            })
             .collect::<DFResult<_>>()?;
         let k = k_arg(&exprs[4])?;
         let metric = name_arg(&exprs[5])
