@@ -539,3 +539,68 @@ async fn vector_topk_joins_back_to_its_tables_and_rejects_bad_calls() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vector_topk_positions_follow_parquet_files_split_over_partitions() {
+    let (data, columns) = table(1200, 41);
+    let (queries, query_columns) = table(9, 42);
+    let dir = tempfile::tempdir().unwrap();
+    // Three files, ids in path order, small row groups: DataFusion splits them into byte
+    // ranges over three partitions, and the positions must still be the ids.
+    for (part, first) in [0, 400, 800].into_iter().enumerate() {
+        let path = dir.path().join(format!("part-{part}.parquet"));
+        let properties = parquet::file::properties::WriterProperties::builder()
+            .set_max_row_group_row_count(Some(50))
+            .build();
+        let mut writer = parquet::arrow::ArrowWriter::try_new(
+            std::fs::File::create(&path).unwrap(),
+            data.schema(),
+            Some(properties),
+        )
+        .unwrap();
+        writer.write(&data.slice(first, 400)).unwrap();
+        writer.close().unwrap();
+    }
+    let (items, asked) = (&columns[2], &query_columns[3]);
+    let mut want = Vec::new();
+    for (q, vector) in asked.rows.iter().enumerate() {
+        let Some(vector) = vector else { continue };
+        for (rank, (id, d)) in nearest(items, "array_distance", vector, 5, |_| true)
+            .into_iter()
+            .enumerate()
+        {
+            want.push(format!("{q}|{id}|{}|{:?}", rank + 1, d.unwrap()));
+        }
+    }
+    for backend in [Backend::Cpu, Backend::Emulated] {
+        let engine = Engine::builder()
+            .backend(backend)
+            .target_partitions(3)
+            .option("datafusion.optimizer.repartition_file_min_size", "1")
+            .option("spate.gpu.batch_bytes", "4096")
+            .build()
+            .unwrap();
+        engine.register("items", dir.path()).await.unwrap();
+        engine
+            .register_batches("queries", vec![queries.clone()])
+            .unwrap();
+        let plan = ordered(
+            &engine
+                .collect("EXPLAIN SELECT * FROM vector_topk(items, f, queries, g, 5, l2)")
+                .await
+                .unwrap(),
+        )
+        .join("\n");
+        assert!(
+            plan.contains("file_groups={3 groups"),
+            "{backend:?}: {plan}"
+        );
+        let got = topk_rows(
+            &engine
+                .collect("SELECT * FROM vector_topk(items, f, queries, g, 5, l2)")
+                .await
+                .unwrap(),
+        );
+        assert_eq!(got, want, "{backend:?}");
+    }
+}

@@ -29,6 +29,7 @@ use spate_kernels::Stream as DeviceStream;
 use spate_kernels::vector_topk::{NearestItems, Vectors};
 
 use super::batching::KeepsCounts;
+use super::device_counts::Settlement;
 use super::{
     DeviceBatchStream, GpuExec, TransferMetrics, batch_target, check_input_types, per_batch_input,
     to_df,
@@ -216,6 +217,7 @@ impl GpuExec for GpuVectorTopKExec {
         let schema = self.schema();
         let budget = batch_target(&context)?;
         let baseline = BaselineMetrics::new(&self.metrics, partition);
+        let settlement = Settlement::of(&self.metrics, partition);
         let out = futures::stream::once(async move {
             let queries: Vec<DeviceBatch> = queries.try_collect().await?;
             let queries = concat_device_batches(&stream, &query_schema, queries)
@@ -248,13 +250,14 @@ impl GpuExec for GpuVectorTopKExec {
                 .map(|(bytes, field)| output_column(field.data_type().clone(), bound, bytes))
                 .collect();
             let count = DeviceCount::new(out.count).map_err(to_df)?;
+            // Whoever reads the count back adds it to this operator's `output_rows`.
+            settlement.count_rows(&count, baseline.output_rows(), &stream);
             let batch = DeviceBatch::try_new_counted(
                 Arc::clone(&schema),
                 columns,
                 RowCount::Device { bound, word: count },
             )
             .map_err(to_df)?;
-            baseline.record_output(bound);
             Ok::<_, DataFusionError>(batch)
         });
         Ok(Box::pin(out))
