@@ -125,3 +125,23 @@ def test_bad_arguments_are_clear() -> None:
         df.nearest("missing", [0.0] * DIM)
     with pytest.raises(spate.errors.Error, match="same length"):
         df.nearest("emb", [0.0, 1.0]).to_pandas()
+
+
+@pytest.mark.parametrize("metric", ["cosine", "ip", "l2"])
+def test_vector_topk_in_sql_matches_numpy(backend: spate.Session, metric: str) -> None:
+    """``vector_topk`` answers many queries in one statement: fp16 items, fp32 queries."""
+    table, matrix = items("float16")
+    queries = np.random.default_rng(13).uniform(-1, 1, (7, DIM)).astype(np.float32)
+    backend.register("vt_items", table)
+    backend.register("vt_queries", pa.table({"emb": embeddings(queries, "float32")}))
+    got = backend.sql(
+        f"SELECT * FROM vector_topk(vt_items, emb, vt_queries, emb, 12, {metric}) "
+        "ORDER BY query_row, rank"
+    ).to_pandas()
+    assert len(got) == 7 * 12
+    for q in range(7):
+        rows = got[got["query_row"] == q]
+        ids, distances = exact(matrix, queries[q], 12, metric)
+        assert rows["item_row"].tolist() == ids.tolist()
+        assert rows["rank"].tolist() == list(range(1, 13))
+        np.testing.assert_allclose(rows["distance"].to_numpy(), distances, rtol=1e-5, atol=1e-6)
