@@ -501,6 +501,24 @@ async fn vector_topk_joins_back_to_its_tables_and_rejects_bad_calls() {
             .unwrap();
         assert_eq!(ordered(&joined), ordered(&direct), "{backend:?}");
         assert!(!ordered(&direct).is_empty());
+        // A quoted name keeps its case; a string names a table as SQL would.
+        engine
+            .collect(r#"CREATE VIEW "MyItems" AS SELECT * FROM items"#)
+            .await
+            .unwrap();
+        for call in [
+            r#"vector_topk("MyItems", f, 'queries', 'g', 3, 'l2')"#,
+            "vector_topk(public.items, f, queries, g, 3, l2)",
+        ] {
+            let got = engine
+                .collect(&format!(
+                    "SELECT query_row, CAST(item_row AS BIGINT), rank FROM {call} \
+                     ORDER BY query_row, rank"
+                ))
+                .await
+                .unwrap();
+            assert_eq!(ordered(&got), ordered(&direct), "{backend:?}: {call}");
+        }
         for (sql, message) in [
             ("vector_topk(items, f, queries, g, 3)", "takes 6 arguments"),
             (
@@ -523,6 +541,10 @@ async fn vector_topk_joins_back_to_its_tables_and_rejects_bad_calls() {
             ("vector_topk(items, f, queries, g, 4097, l2)", "1 to 4096"),
             (
                 "vector_topk(items, f, queries, g, 'x', l2)",
+                "not a whole number",
+            ),
+            (
+                "vector_topk(items, f, queries, g, 3.5, l2)",
                 "not a whole number",
             ),
             (
@@ -602,5 +624,66 @@ async fn vector_topk_positions_follow_parquet_files_split_over_partitions() {
                 .unwrap(),
         );
         assert_eq!(got, want, "{backend:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vector_topk_over_a_filtered_view_numbers_the_views_rows_in_order() {
+    let (data, columns) = table(3000, 51);
+    let (queries, query_columns) = table(9, 52);
+    let kept: Vec<usize> = (0..3000).filter(|i| i % 3 != 0).collect();
+    let (items, asked) = (&columns[2], &query_columns[3]);
+    let mut want = Vec::new();
+    for (q, vector) in asked.rows.iter().enumerate() {
+        let Some(vector) = vector else { continue };
+        let near = nearest(items, "array_distance", vector, 6, |i| i % 3 != 0);
+        for (rank, (id, d)) in near.into_iter().enumerate() {
+            let position = kept.binary_search(&(id as usize)).unwrap();
+            want.push(format!("{q}|{position}|{}|{:?}", rank + 1, d.unwrap()));
+        }
+    }
+    // One partition of many batches (DataFusion spreads it round-robin under the filter),
+    // and two partitions of many batches each.
+    let batches: Vec<RecordBatch> = (0..10).map(|b| data.slice(b * 300, 300)).collect();
+    for partitions in [
+        vec![batches.clone()],
+        vec![batches[..5].to_vec(), batches[5..].to_vec()],
+    ] {
+        for backend in [Backend::Cpu, Backend::Emulated] {
+            let engine = Engine::builder()
+                .backend(backend)
+                .batch_size(128)
+                .target_partitions(4)
+                .option("spate.gpu.batch_bytes", "4096")
+                .build()
+                .unwrap();
+            engine
+                .register_partitions("items", data.schema(), partitions.clone())
+                .unwrap();
+            engine
+                .register_batches("queries", vec![queries.clone()])
+                .unwrap();
+            engine
+                .collect("CREATE VIEW kept AS SELECT id, f FROM items WHERE id % 3 <> 0")
+                .await
+                .unwrap();
+            let sql = "SELECT * FROM vector_topk(kept, f, queries, g, 6, l2)";
+            // Nothing merges or spreads the view's partitions: it would reorder its rows.
+            let plan = ordered(&engine.collect(&format!("EXPLAIN {sql}")).await.unwrap());
+            let plan = plan.join("\n");
+            assert!(
+                !plan.contains("Coalesce") && !plan.contains("RepartitionExec"),
+                "{backend:?}: {plan}"
+            );
+            for run in 0..3 {
+                let got = topk_rows(&engine.collect(sql).await.unwrap());
+                assert_eq!(
+                    got,
+                    want,
+                    "{backend:?}, {} partitions, run {run}",
+                    partitions.len()
+                );
+            }
+        }
     }
 }

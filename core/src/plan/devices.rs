@@ -125,6 +125,12 @@ impl Placer {
         if gpu_consumer && is_cpu_exchange(node.as_ref()) {
             return self.place(Arc::clone(node.children()[0]), true);
         }
+        // Its rows' positions are its inputs' partitions read in order, on one device.
+        if as_gpu_exec(node.as_ref()).is_some_and(|g| g.reads_partitions_in_order()) {
+            return Err(cannot(
+                "an operator that reads its inputs' partitions in order stays on one device",
+            ));
+        }
         // A sorted merge of GPU partitions: on the device, also at the top of the plan (the
         // result then crosses the bus once, from one device).
         if let Some(merge) = node.downcast_ref::<SortPreservingMergeExec>()

@@ -8,6 +8,7 @@
 //! scheduling and requirement checks see the GPU nodes). See `docs/ARCHITECTURE.md`.
 
 pub mod devices;
+pub mod in_order;
 pub mod offload;
 pub mod regions;
 pub mod unique;
@@ -25,22 +26,22 @@ pub type PhysicalRule = Arc<dyn PhysicalOptimizerRule + Send + Sync>;
 /// The offload rule is inserted immediately before the rule of this name.
 pub const OFFLOAD_ANCHOR_RULE: &str = "EnsureCooperative";
 
-/// DataFusion's default physical optimizer rules, with `offload` (when given) in its slot just
-/// before [`OFFLOAD_ANCHOR_RULE`].
+/// DataFusion's default physical optimizer rules, then [`in_order::InOrderInputs`] and
+/// `offload` (when given), in that order, just before [`OFFLOAD_ANCHOR_RULE`].
 ///
-/// If a future DataFusion drops the anchor rule, the offload rule goes before the final
-/// `SanityCheckPlan` instead, and failing that at the end, so that a GPU backend is never
-/// silently left out of planning.
+/// If a future DataFusion drops the anchor rule, they go before the final `SanityCheckPlan`
+/// instead, and failing that at the end, so that a GPU backend is never silently left out of
+/// planning.
 pub fn physical_optimizer_rules(offload: Option<PhysicalRule>) -> Vec<PhysicalRule> {
     let mut rules = PhysicalOptimizer::new().rules;
-    if let Some(offload) = offload {
-        let position = rules
-            .iter()
-            .position(|r| r.name() == OFFLOAD_ANCHOR_RULE)
-            .or_else(|| rules.iter().position(|r| r.name() == "SanityCheckPlan"))
-            .unwrap_or(rules.len());
-        rules.insert(position, offload);
-    }
+    let position = rules
+        .iter()
+        .position(|r| r.name() == OFFLOAD_ANCHOR_RULE)
+        .or_else(|| rules.iter().position(|r| r.name() == "SanityCheckPlan"))
+        .unwrap_or(rules.len());
+    let mut ours: Vec<PhysicalRule> = vec![Arc::new(in_order::InOrderInputs)];
+    ours.extend(offload);
+    rules.splice(position..position, ours);
     rules
 }
 
@@ -77,10 +78,11 @@ mod tests {
     }
 
     #[test]
-    fn without_offload_the_defaults_are_unchanged() {
+    fn without_offload_the_defaults_gain_only_the_in_order_rule() {
         let names: Vec<String> = physical_optimizer_rules(None)
             .iter()
             .map(|r| r.name().to_string())
+            .filter(|n| n != "InOrderInputs")
             .collect();
         let defaults: Vec<String> = PhysicalOptimizer::new()
             .rules
@@ -88,6 +90,9 @@ mod tests {
             .map(|r| r.name().to_string())
             .collect();
         assert_eq!(names, defaults);
+        let rules = physical_optimizer_rules(None);
+        let at = rules.iter().position(|r| r.name() == "InOrderInputs");
+        assert_eq!(rules[at.unwrap() + 1].name(), OFFLOAD_ANCHOR_RULE);
     }
 
     #[test]
@@ -99,7 +104,12 @@ mod tests {
             .unwrap();
         assert_eq!(rules[at + 1].name(), OFFLOAD_ANCHOR_RULE);
         // Everything that places exchanges, sorts and limits runs before it.
-        for earlier in ["EnsureRequirements", "LimitPushdown", "ProjectionPushdown"] {
+        for earlier in [
+            "EnsureRequirements",
+            "LimitPushdown",
+            "ProjectionPushdown",
+            "InOrderInputs",
+        ] {
             let p = rules.iter().position(|r| r.name() == earlier).unwrap();
             assert!(p < at, "{earlier} must run before the offload rule");
         }

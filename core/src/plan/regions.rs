@@ -52,8 +52,8 @@ use datafusion::physical_plan::{
 
 use super::offload::PLUMBING;
 use crate::exec::{
-    GpuAggregateExec, GpuCoalescePartitionsExec, GpuLimitExec, GpuProjectionExec, GpuUnionExec,
-    as_gpu_exec,
+    GpuAggregateExec, GpuCoalescePartitionsExec, GpuFilterExec, GpuLimitExec, GpuProjectionExec,
+    GpuUnionExec, as_gpu_exec,
 };
 
 /// `plan` with every GPU region in one partition (see the module docs), or `plan` as it is
@@ -249,7 +249,14 @@ fn rewrite(node: Arc<dyn ExecutionPlan>, gpu_consumer: bool) -> DFResult<Arc<dyn
     let on_gpu = as_gpu_exec(node.as_ref()).is_some();
     // An operator that reads its inputs' partitions in order keeps them (see
     // `GpuExec::reads_partitions_in_order`).
-    let in_order = as_gpu_exec(node.as_ref()).is_some_and(|g| g.reads_partitions_in_order());
+    if as_gpu_exec(node.as_ref()).is_some_and(|g| g.reads_partitions_in_order()) {
+        let children = node
+            .children()
+            .into_iter()
+            .map(|c| rewrite_in_order(Arc::clone(c)))
+            .collect::<DFResult<Vec<_>>>()?;
+        return replace_children_if_necessary(node, children);
+    }
     let below = on_gpu || (gpu_consumer && PLUMBING.contains(&node.name()));
     let before: Vec<Arc<dyn ExecutionPlan>> = node.children().into_iter().cloned().collect();
     // A CPU consumer that pairs the partitions of its inputs (a partitioned join) gets them as
@@ -258,7 +265,7 @@ fn rewrite(node: Arc<dyn ExecutionPlan>, gpu_consumer: bool) -> DFResult<Arc<dyn
     let mut children = Vec::with_capacity(before.len());
     for child in &before {
         let rewritten = rewrite(Arc::clone(child), below)?;
-        children.push(if on_gpu && !in_order {
+        children.push(if on_gpu {
             merged(rewritten)?
         } else if co_partitioned {
             as_planned(rewritten, child.output_partitioning())?
@@ -266,6 +273,28 @@ fn rewrite(node: Arc<dyn ExecutionPlan>, gpu_consumer: bool) -> DFResult<Arc<dyn
             rewritten
         });
     }
+    replace_children_if_necessary(node, children)
+}
+
+/// A subtree whose partitions the GPU operator above reads one after the other, in order
+/// (`GpuExec::reads_partitions_in_order`): GPU filters and projections, which compute each
+/// partition from the same partition of their input, keep their partitions, and the CPU
+/// exchanges below them are dropped (a round-robin spread would reorder the rows); below
+/// anything else the rewrite goes on as under any GPU consumer.
+fn rewrite_in_order(node: Arc<dyn ExecutionPlan>) -> DFResult<Arc<dyn ExecutionPlan>> {
+    if is_cpu_exchange(node.as_ref()) {
+        return rewrite_in_order(Arc::clone(node.children()[0]));
+    }
+    let per_partition = node.downcast_ref::<GpuFilterExec>().is_some()
+        || node.downcast_ref::<GpuProjectionExec>().is_some();
+    if !per_partition {
+        return rewrite(node, true);
+    }
+    let children = node
+        .children()
+        .into_iter()
+        .map(|c| rewrite_in_order(Arc::clone(c)))
+        .collect::<DFResult<Vec<_>>>()?;
     replace_children_if_necessary(node, children)
 }
 

@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use arrow::datatypes::SchemaRef;
+use arrow::datatypes::{DataType, SchemaRef};
 use async_trait::async_trait;
 use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl};
 use datafusion::common::{DataFusionError, ScalarValue, TableReference};
@@ -46,10 +46,39 @@ fn plan_error(message: impl Into<String>) -> DataFusionError {
 #[derive(Debug, Default)]
 pub struct VectorTopKFunction;
 
-/// A name argument: an identifier or a string.
+/// A table argument: an identifier as written (`"MyTable"` keeps its case), or a string
+/// parsed as SQL would (`'sales.items'`).
+fn table_arg(e: &Expr) -> Option<TableReference> {
+    match e {
+        Expr::Column(c) => Some(match &c.relation {
+            Some(relation) => {
+                let mut parts: Vec<String> = relation
+                    .to_vec()
+                    .into_iter()
+                    .map(|p| p.to_string())
+                    .collect();
+                parts.push(c.name.clone());
+                match parts.as_slice() {
+                    [schema, table] => TableReference::partial(schema.as_str(), table.as_str()),
+                    [catalog, schema, table] => {
+                        TableReference::full(catalog.as_str(), schema.as_str(), table.as_str())
+                    }
+                    _ => return None,
+                }
+            }
+            None => TableReference::bare(c.name.as_str()),
+        }),
+        Expr::Literal(ScalarValue::Utf8(Some(s)) | ScalarValue::LargeUtf8(Some(s)), _) => {
+            Some(TableReference::from(s.as_str()))
+        }
+        _ => None,
+    }
+}
+
+/// A column or metric argument: an identifier as written, or a string.
 fn name_arg(e: &Expr) -> Option<String> {
     match e {
-        Expr::Column(c) => Some(c.flat_name()),
+        Expr::Column(c) if c.relation.is_none() => Some(c.name.clone()),
         Expr::Literal(ScalarValue::Utf8(Some(s)) | ScalarValue::LargeUtf8(Some(s)), _) => {
             Some(s.clone())
         }
@@ -77,8 +106,11 @@ fn k_arg(e: &Expr) -> DFResult<usize> {
             )));
         }
     };
-    let k = match value.cast_to(&arrow::datatypes::DataType::Int64) {
-        Ok(ScalarValue::Int64(Some(k))) => k,
+    let k = match (
+        value.data_type().is_integer(),
+        value.cast_to(&DataType::Int64),
+    ) {
+        (true, Ok(ScalarValue::Int64(Some(k)))) => k,
         _ => {
             return Err(plan_error(format!(
                 "vector_topk: k is {value}, not a whole number"
@@ -99,10 +131,16 @@ struct Input {
 }
 
 impl Input {
-    fn resolve(state: &SessionState, table: &str, column: &str, what: &str) -> DFResult<Self> {
-        let reference = TableReference::from(table);
-        let schema = state.schema_for_ref(reference.clone())?;
-        let provider = futures::executor::block_on(schema.table(reference.table()))?
+    fn resolve(
+        state: &SessionState,
+        table: &TableReference,
+        column: &str,
+        what: &str,
+    ) -> DFResult<Self> {
+        let schema = state.schema_for_ref(table.clone())?;
+        // DataFusion calls table functions synchronously (`TableFunctionImpl`); an in-memory
+        // or listing catalog answers at once.
+        let provider = futures::executor::block_on(schema.table(table.table()))?
             .ok_or_else(|| plan_error(format!("vector_topk: no table named '{table}' ({what})")))?;
         let (column, _) = provider.schema().column_with_name(column).ok_or_else(|| {
             plan_error(format!("vector_topk: '{table}' has no column '{column}'"))
@@ -126,13 +164,11 @@ impl TableFunctionImpl for VectorTopKFunction {
                 exprs.len()
             )));
         }
-        let names: Vec<String> = exprs[..4]
-            .iter()
-            .map(|e| {
-                name_arg(e)
-                    .ok_or_else(|| plan_error(format!("vector_topk: {e} is not a name; {USAGE}")))
-            })
-            .collect::<DFResult<_>>()?;
+        let not_a_name = |e: &Expr| plan_error(format!("vector_topk: {e} is not a name; {USAGE}"));
+        let [items_table, queries_table] =
+            [&exprs[0], &exprs[2]].map(|e| table_arg(e).ok_or_else(|| not_a_name(e)));
+        let [items_column, queries_column] =
+            [&exprs[1], &exprs[3]].map(|e| name_arg(e).ok_or_else(|| not_a_name(e)));
         let k = k_arg(&exprs[4])?;
         let metric = name_arg(&exprs[5])
             .and_then(|m| metric_named(&m))
@@ -147,8 +183,8 @@ impl TableFunctionImpl for VectorTopKFunction {
             .as_any()
             .downcast_ref::<SessionState>()
             .ok_or_else(|| plan_error("vector_topk needs a SessionState"))?;
-        let items = Input::resolve(state, &names[0], &names[1], "the items")?;
-        let queries = Input::resolve(state, &names[2], &names[3], "the queries")?;
+        let items = Input::resolve(state, &items_table?, &items_column?, "the items")?;
+        let queries = Input::resolve(state, &queries_table?, &queries_column?, "the queries")?;
         // The column types are checked now, so that a bad call fails when it is planned.
         let field = |input: &Input| input.provider.schema().field(input.column).clone();
         let probe = |input: &Input| -> Arc<dyn ExecutionPlan> {
