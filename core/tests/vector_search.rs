@@ -649,9 +649,15 @@ async fn vector_topk_over_a_filtered_view_numbers_the_views_rows_in_order() {
         vec![batches.clone()],
         vec![batches[..5].to_vec(), batches[5..].to_vec()],
     ] {
-        for backend in [Backend::Cpu, Backend::Emulated] {
+        // The emulator on two devices too: vector_topk stays on one.
+        for (backend, devices) in [
+            (Backend::Cpu, 1),
+            (Backend::Emulated, 1),
+            (Backend::Emulated, 2),
+        ] {
             let engine = Engine::builder()
                 .backend(backend)
+                .devices(spate::Devices::Count(devices))
                 .batch_size(128)
                 .target_partitions(4)
                 .option("spate.gpu.batch_bytes", "4096")
@@ -673,14 +679,14 @@ async fn vector_topk_over_a_filtered_view_numbers_the_views_rows_in_order() {
             let plan = plan.join("\n");
             assert!(
                 !plan.contains("Coalesce") && !plan.contains("RepartitionExec"),
-                "{backend:?}: {plan}"
+                "{backend:?} on {devices} devices: {plan}"
             );
             for run in 0..3 {
                 let got = topk_rows(&engine.collect(sql).await.unwrap());
                 assert_eq!(
                     got,
                     want,
-                    "{backend:?}, {} partitions, run {run}",
+                    "{backend:?} on {devices} devices, {} partitions, run {run}",
                     partitions.len()
                 );
             }

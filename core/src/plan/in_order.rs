@@ -22,7 +22,9 @@ use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{ExecutionPlan, Partitioning, replace_children_if_necessary};
 
-use crate::exec::{GpuCoalescePartitionsExec, GpuFilterExec, GpuProjectionExec, as_gpu_exec};
+use crate::exec::{
+    GpuCoalescePartitionsExec, GpuExchangeExec, GpuFilterExec, GpuProjectionExec, as_gpu_exec,
+};
 use crate::vector::VectorTopKExec;
 
 /// Removes the merges and spreads below operators that read their inputs in order.
@@ -36,7 +38,8 @@ pub(crate) fn reads_in_order(node: &dyn ExecutionPlan) -> bool {
 }
 
 /// A node that moves rows between partitions without computing anything: a round-robin
-/// spread, or a merge without a row limit.
+/// spread, a merge without a row limit, or an exchange between devices (a view planned on
+/// its own may have spread its rows over the devices).
 fn reorders(node: &dyn ExecutionPlan) -> bool {
     if let Some(r) = node.downcast_ref::<RepartitionExec>() {
         return matches!(r.partitioning(), Partitioning::RoundRobinBatch(_));
@@ -45,6 +48,7 @@ fn reorders(node: &dyn ExecutionPlan) -> bool {
         return c.fetch().is_none();
     }
     node.downcast_ref::<GpuCoalescePartitionsExec>().is_some()
+        || node.downcast_ref::<GpuExchangeExec>().is_some()
 }
 
 /// A node whose partition `p` is computed from partition `p` of its one input, in order.
