@@ -276,8 +276,13 @@ pub struct NearestRow {
 
 /// The distance `metric` (`0` cosine distance, `1` inner product, `2` Euclidean) between two
 /// f32 vectors, as `vector.cuh` computes it: accumulated in f32 in element order, finished in
-/// f64; `None` for a cosine against a zero vector. A NaN element makes the distance NaN.
+/// f64; `None` for a cosine against a zero vector. A NaN result is the positive quiet NaN
+/// (`f64::NAN`), as on the device.
 pub fn vector_distance(metric: u32, a: &[f32], b: &[f32]) -> Option<f64> {
+    raw_vector_distance(metric, a, b).map(|d| if d.is_nan() { f64::NAN } else { d })
+}
+
+fn raw_vector_distance(metric: u32, a: &[f32], b: &[f32]) -> Option<f64> {
     let (mut dot, mut sa, mut sb, mut sum) = (0f32, 0f32, 0f32, 0f32);
     for (&x, &y) in a.iter().zip(b) {
         dot += x * y;

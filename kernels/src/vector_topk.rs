@@ -28,6 +28,31 @@ const MAX_GRID_Y: usize = 65_535;
 /// Bytes of one candidate entry: its key and its item.
 const ENTRY_BYTES: usize = 16;
 
+/// Which items count as nearest, and whether those without a distance count at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    /// The nearest (the largest inner product); an item whose distance is NULL or NaN is never
+    /// an entry (`vector_topk`).
+    Nearest,
+    /// The first rows of an SQL sort of the distance, in total order (NaN above every number),
+    /// the rows without a distance NULL at their end: a pre-selection for `ORDER BY distance
+    /// LIMIT k`.
+    Sql { descending: bool, nulls_first: bool },
+}
+
+impl Order {
+    /// The number `topk.cu`'s `order_key` knows this order by.
+    fn code(self) -> u32 {
+        match self {
+            Order::Nearest => 0,
+            Order::Sql {
+                descending,
+                nulls_first,
+            } => 1 + u32::from(nulls_first) + 2 * u32::from(descending),
+        }
+    }
+}
+
 /// Embeddings in device memory: `rows` vectors of `dim` elements, row `i` at byte
 /// `i * dim * width` of `bytes`.
 #[derive(Debug, Clone, Copy)]
@@ -122,6 +147,7 @@ pub struct NearestItems {
     /// Slots per query in the running bests: `k` rounded up to a power of two.
     stride: usize,
     metric: u32,
+    order: Order,
     /// The running best, and the other half the next merge writes.
     best: [Best; 2],
     current: usize,
@@ -133,6 +159,17 @@ impl NearestItems {
     /// Running bests for `queries` queries, each keeping `k` items (1 to [`MAX_K`]) nearest
     /// by `metric` (`0` cosine distance, `1` inner product, `2` Euclidean).
     pub fn new(stream: &Stream, queries: usize, k: usize, metric: u32) -> Result<Self> {
+        Self::ordered(stream, queries, k, metric, Order::Nearest)
+    }
+
+    /// [`NearestItems::new`], keeping the first `k` items of `order`.
+    pub fn ordered(
+        stream: &Stream,
+        queries: usize,
+        k: usize,
+        metric: u32,
+        order: Order,
+    ) -> Result<Self> {
         ensure_arg!(
             (1..=MAX_K).contains(&k),
             "a vector top-k of {k} items; k must be 1 to {MAX_K}"
@@ -154,6 +191,7 @@ impl NearestItems {
             k,
             stride,
             metric,
+            order,
             best: [
                 Best::new(stream, queries, stride)?,
                 Best::new(stream, queries, stride)?,
@@ -233,6 +271,7 @@ impl NearestItems {
                 KernelArg::U64(first as u64),
                 KernelArg::U64(items.dim as u64),
                 KernelArg::U32(self.k as u32),
+                KernelArg::U32(self.order.code()),
                 KernelArg::U32(slots as u32),
                 (&cand_keys).into(),
                 (&cand_items).into(),
@@ -311,6 +350,39 @@ impl NearestItems {
         // queries × k, the outputs' length.
         unsafe { stream.launch(&kernel, LaunchConfig::blocks(self.queries as u32), &args)? };
         Ok(out)
+    }
+}
+
+impl NearestItems {
+    /// The one query's entries as row indices, ascending, with their count on the device
+    /// (one u32): the rows of the items added, when they were one batch, that a
+    /// pre-selection keeps. One launch; nothing waits.
+    pub fn rows(self, stream: &Stream) -> Result<(DeviceBuffer<u32>, DeviceBuffer<u32>)> {
+        ensure_arg!(
+            self.queries == 1,
+            "the rows of {} queries' entries",
+            self.queries
+        );
+        ensure_arg!(
+            self.items <= u64::from(u32::MAX),
+            "{} items pass a batch's u32 rows",
+            self.items
+        );
+        let rows = stream.alloc::<u32>(self.k)?;
+        let [first, second] = self.best;
+        let best = if self.current == 0 { first } else { second };
+        let kernel = stream.device().kernel("vector_topk_rows")?;
+        let args = [
+            (&best.items).into(),
+            (&best.counts).into(),
+            KernelArg::U32(self.stride as u32),
+            (&rows).into(),
+        ];
+        // SAFETY: the running best holds `stride` slots and a count of at most k; `rows`
+        // holds k indices.
+        unsafe { stream.launch(&kernel, LaunchConfig::blocks(1), &args)? };
+        // The other buffers are freed in the stream's order, after the launch.
+        Ok((rows, best.counts))
     }
 }
 

@@ -34,6 +34,19 @@ __device__ __forceinline__ u64 topk_key(f64 d) {
     return M == 1u ? ~t : t;
 }
 
+// The select key of a row under `order` (null: the row has no distance):
+// 0: nearest first (topk_key); a NULL or NaN distance has no entry;
+// 1-4: an SQL sort of the distance, ASC NULLS LAST, ASC NULLS FIRST, DESC NULLS LAST,
+//      DESC NULLS FIRST, in total order (NaN above every number), NULLs at their end.
+template <u32 M>
+__device__ __forceinline__ u64 order_key(f64 d, bool null, u32 order) {
+    if (order == 0u) return (null || d != d) ? SPATE_TOPK_NONE : topk_key<M>(d);
+    const bool nulls_first = order == 2u || order == 4u;
+    if (null) return nulls_first ? 0ull : SPATE_TOPK_NONE - 1ull;
+    const u64 t = total_order(d);
+    return order >= 3u ? ~t : t;
+}
+
 // The distance whose select key under metric `metric` is `key` (the inverse of topk_key).
 __device__ __forceinline__ f64 topk_distance(u64 key, u32 metric) {
     const u64 t = metric == 1u ? ~key : key;
@@ -131,7 +144,8 @@ __device__ void topk_bound(u64 n, u32 k, At at, u64* bound_hi, u64* bound_lo) {
 template <u32 M, u32 EA, u32 EB>
 __device__ void vector_topk_tiles(const u8* items, const u8* item_validity, u64 item_offset, u64 n,
                                   u64 item_base, const u8* queries, const u8* query_validity,
-                                  u64 query_offset, u64 query_first, u64 d, u32 k, u32 slots, u64* cand_hi,
+                                  u64 query_offset, u64 query_first, u64 d, u32 k, u32 order, u32 slots,
+                                  u64* cand_hi,
                                   u64* cand_lo, u32* cand_count) {
     __shared__ u64 keys[SPATE_TILE];
     __shared__ u32 s_out;
@@ -148,10 +162,11 @@ __device__ void vector_topk_tiles(const u8* items, const u8* item_validity, u64 
         const u64 local = (u64)j * SPATE_BLOCK_THREADS + threadIdx.x;
         const u64 row = first + local;
         u64 key = SPATE_TOPK_NONE;
-        if (query_valid && row < n && row_is_valid(item_validity, item_offset, row)) {
-            bool null = false;
-            const f64 distance = vec_distance<M, EA, EB>(items + row * d * wa, query, d, &null);
-            if (!null && distance == distance) key = topk_key<M>(distance);
+        if (row < n) {
+            bool null = !query_valid || !row_is_valid(item_validity, item_offset, row);
+            f64 distance = 0.0;
+            if (!null) distance = vec_distance<M, EA, EB>(items + row * d * wa, query, d, &null);
+            key = order_key<M>(distance, null, order);
         }
         keys[local] = key;
     }
@@ -195,6 +210,7 @@ __device__ void vector_topk_tiles(const u8* items, const u8* item_validity, u64 
  * @param query_first     the query of grid row 0
  * @param d               elements per vector (items and queries alike)
  * @param k               entries kept per query
+ * @param order           the order kept (order_key): 0 nearest first, 1-4 an SQL sort
  * @param slots           candidate slots per (query, tile): min(k, SPATE_TILE)
  * @param cand_hi         keys, `gridDim.y * gridDim.x * slots`, list (qi, tile) at
  *                        `(qi * gridDim.x + tile) * slots`
@@ -204,18 +220,19 @@ __device__ void vector_topk_tiles(const u8* items, const u8* item_validity, u64 
  * Launch: grid (ceil(rows / SPATE_TILE), queries in this launch), SPATE_BLOCK_THREADS threads;
  *         16 KiB of static shared memory for the tile's keys.
  * Memory: caller allocates the candidate lists and counts (every count is written).
- * Nulls:  a NULL item or query, a vector with a NULL element, a cosine against a zero vector
- *         and a NaN distance have no entry.
+ * Nulls:  a NULL item or query, a vector with a NULL element and a cosine against a zero
+ *         vector have no distance: no entry for order 0 (nor has a NaN distance), a NULL
+ *         at its end of an SQL sort for the others.
  * Stream: asynchronous on the launch stream.
  */
 #define SPATE_VECTOR_TOPK_TILES(M, EA, EB)                                                                        \
     extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) vector_topk_tiles_##M##_##EA##_##EB(      \
         const u8* items, const u8* item_validity, u64 item_offset, u64 n, u64 item_base,                       \
         const u8* queries, const u8* query_validity, u64 query_offset, u64 query_first, u64 d, u32 k,          \
-        u32 slots, u64* cand_hi, u64* cand_lo, u32* cand_count) {                                              \
+        u32 order, u32 slots, u64* cand_hi, u64* cand_lo, u32* cand_count) {                                   \
         spate::vector_topk_tiles<M, EA, EB>(items, item_validity, item_offset, n, item_base, queries,           \
-                                            query_validity, query_offset, query_first, d, k, slots, cand_hi,   \
-                                            cand_lo, cand_count);                                              \
+                                            query_validity, query_offset, query_first, d, k, order, slots,     \
+                                            cand_hi, cand_lo, cand_count);                                     \
     }                                                                                                          \
     SPATE_EXPORT(vector_topk_tiles_##M##_##EA##_##EB)
 
@@ -347,3 +364,42 @@ extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS)
     }
 }
 SPATE_EXPORT(vector_topk_finish)
+
+/**
+ * @brief One query's running best as row indices, in row order: the rows a pre-selection
+ *        keeps.
+ *
+ * @param lo      the running best's items (query 0's, `stride` slots; sorted in place, the
+ *                slots past the count overwritten)
+ * @param count   entries (one u32)
+ * @param stride  slots (a power of two)
+ * @param rows    `count` u32 row indices, ascending
+ *
+ * Launch: one block of SPATE_BLOCK_THREADS.
+ * Memory: caller allocates `rows`, at least `count`.
+ * Nulls:  none.
+ * Stream: asynchronous on the launch stream.
+ */
+extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS)
+    vector_topk_rows(u64* lo, const u32* count, u32 stride, u32* rows) {
+    const u32 c = count[0];
+    for (u32 i = c + threadIdx.x; i < stride; i += blockDim.x) lo[i] = SPATE_TOPK_NONE;
+    __syncthreads();
+    for (u32 size = 2; size <= stride; size <<= 1) {
+        for (u32 step = size >> 1; step > 0; step >>= 1) {
+            for (u32 i = threadIdx.x; i < stride / 2; i += blockDim.x) {
+                const u32 a = 2u * i - (i & (step - 1u));
+                const u32 b = a + step;
+                const bool ascending = (a & size) == 0u;
+                if ((lo[a] > lo[b]) == ascending) {
+                    const u64 t = lo[a];
+                    lo[a] = lo[b];
+                    lo[b] = t;
+                }
+            }
+            __syncthreads();
+        }
+    }
+    for (u32 r = threadIdx.x; r < c; r += blockDim.x) rows[r] = (u32)lo[r];
+}
+SPATE_EXPORT(vector_topk_rows)

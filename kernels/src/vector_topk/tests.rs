@@ -232,3 +232,80 @@ fn bad_arguments_are_errors() {
         .unwrap_err();
     assert!(err.to_string().contains("query vectors"), "{err}");
 }
+
+#[test]
+fn sql_orders_keep_the_first_rows_of_the_sort_nulls_and_nan_included() {
+    let device = test_device();
+    let stream = device.new_stream().unwrap();
+    let mut items = Table::random(3000, 4, 0, 61);
+    // NaN distances: an infinite element against itself.
+    for i in (5..3000).step_by(211) {
+        items.rows[i][0] = f32::INFINITY.to_bits();
+        items.rows[i][1] = f32::INFINITY.to_bits();
+    }
+    let mut query = Table::random(1, 4, 0, 62);
+    query.rows[0] = [1.0f32, -0.5, 0.25, 2.0].map(f32::to_bits).to_vec();
+    query.valid[0] = true;
+    let q = query.reference()[0].clone().unwrap();
+    let reference = items.reference();
+    let bytes = stream.from_host(&items.bytes(0..3000)).unwrap();
+    let valid = stream.from_host(&items.validity(0..3000)).unwrap();
+    let q_bytes = stream.from_host(&query.bytes(0..1)).unwrap();
+    for metric in 0..3 {
+        for descending in [false, true] {
+            for nulls_first in [false, true] {
+                for k in [1, 9, 400, 3000] {
+                    // The SQL order: numbers in total order (NaN above them), reversed when
+                    // descending, NULLs first or last; the first k, then by row.
+                    let mut keyed: Vec<(u64, usize)> = reference
+                        .iter()
+                        .enumerate()
+                        .map(|(i, row)| {
+                            let d = row
+                                .as_ref()
+                                .and_then(|r| reference::vector_distance(metric, r, &q));
+                            let key = match d {
+                                None if nulls_first => 0,
+                                None => u64::MAX - 1,
+                                Some(d) if descending => !reference::order_key_f64(d),
+                                Some(d) => reference::order_key_f64(d),
+                            };
+                            (key, i)
+                        })
+                        .collect();
+                    keyed.sort();
+                    let mut want: Vec<u32> = keyed.iter().take(k).map(|&(_, i)| i as u32).collect();
+                    want.sort();
+                    let order = Order::Sql {
+                        descending,
+                        nulls_first,
+                    };
+                    let mut top = NearestItems::ordered(&stream, 1, k, metric, order).unwrap();
+                    let vectors = Vectors {
+                        bytes: bytes.as_slice(),
+                        validity: Some(DeviceBitmap::new(&valid)),
+                        rows: 3000,
+                        dim: 4,
+                        elem: 0,
+                    };
+                    let query_vectors = Vectors {
+                        bytes: q_bytes.as_slice(),
+                        validity: None,
+                        rows: 1,
+                        dim: 4,
+                        elem: 0,
+                    };
+                    top.add_items(&stream, vectors, query_vectors, 1 << 24)
+                        .unwrap();
+                    let (rows, count) = top.rows(&stream).unwrap();
+                    let count = stream.to_vec(&count).unwrap()[0] as usize;
+                    let got = stream.to_vec(&rows).unwrap()[..count].to_vec();
+                    assert_eq!(
+                        got, want,
+                        "metric {metric}, descending {descending}, nulls first {nulls_first}, k {k}"
+                    );
+                }
+            }
+        }
+    }
+}
