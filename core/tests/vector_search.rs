@@ -693,3 +693,69 @@ async fn vector_topk_over_a_filtered_view_numbers_the_views_rows_in_order() {
         }
     }
 }
+
+/// Distance bits of a row by the reference (`None`: no distance).
+fn reference_bits(column: &Column, metric: &str, q: &[f32], id: i64) -> Option<u64> {
+    let row = column.rows[id as usize].as_ref()?;
+    reference(metric, row, q).map(f64::to_bits)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_key_distance_top_k_preselects_rows_without_the_distance_column() {
+    let (data, columns) = table(3000, 61);
+    let cpu = engine(Backend::Cpu, "134217728", &data);
+    for bytes in ["16384", "134217728"] {
+        let gpu = engine(Backend::Emulated, bytes, &data);
+        for column in &columns[..3] {
+            let (q, literal) = query(column.dim, 200 + column.dim as u64);
+            for metric in ["cosine_distance", "inner_product", "array_distance"] {
+                let distance = format!("{metric}({}, {literal})", column.name);
+                for (order, k, filter) in [
+                    ("ASC NULLS LAST", 1, ""),
+                    ("ASC NULLS LAST", 25, "WHERE id % 4 <> 1"),
+                    ("ASC NULLS FIRST", 12, ""),
+                    ("DESC NULLS LAST", 300, ""),
+                    ("DESC NULLS FIRST", 40, "WHERE id % 4 <> 1"),
+                    ("DESC", 7, ""),
+                ] {
+                    // The distance as a projected column, then as the key itself.
+                    for sql in [
+                        format!(
+                            "SELECT id, {distance} AS d FROM items {filter} ORDER BY d {order} \
+                             LIMIT {k}"
+                        ),
+                        format!(
+                            "SELECT id FROM items {filter} ORDER BY {distance} {order} LIMIT {k}"
+                        ),
+                    ] {
+                        let ids = |batches: &[RecordBatch]| -> Vec<i64> {
+                            batches
+                                .iter()
+                                .flat_map(|b| {
+                                    b.column(0).as_primitive::<Int64Type>().values().to_vec()
+                                })
+                                .collect()
+                        };
+                        let want = ids(&cpu.collect(&sql).await.unwrap());
+                        let got = ids(&gpu.collect(&sql).await.unwrap());
+                        // The same distances in the same order; rows tied on the distance may
+                        // differ, as one sort key leaves them open.
+                        let bits = |ids: &[i64]| -> Vec<Option<u64>> {
+                            ids.iter()
+                                .map(|&id| reference_bits(column, metric, &q, id))
+                                .collect()
+                        };
+                        assert_eq!(bits(&got), bits(&want), "{sql}");
+                        if !filter.is_empty() {
+                            assert!(got.iter().all(|id| id % 4 != 1), "{sql}: {got:?}");
+                        }
+                        let plan = ordered(&gpu.collect(&format!("EXPLAIN {sql}")).await.unwrap())
+                            .join("\n");
+                        assert!(plan.contains("GpuNearestExec"), "{sql}: {plan}");
+                        assert_gpu_top_k(&plan, &sql);
+                    }
+                }
+            }
+        }
+    }
+}

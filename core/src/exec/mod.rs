@@ -90,6 +90,7 @@ mod held;
 pub mod join;
 pub mod limit;
 pub(crate) mod memory;
+pub mod nearest;
 pub mod projection;
 mod retry;
 pub mod sort;
@@ -226,6 +227,9 @@ pub fn as_gpu_exec(plan: &dyn ExecutionPlan) -> Option<&dyn GpuExec> {
     }
     if let Some(v) = plan.downcast_ref::<GpuVectorTopKExec>() {
         return Some(v);
+    }
+    if let Some(n) = plan.downcast_ref::<nearest::GpuNearestExec>() {
+        return Some(n);
     }
     None
 }

@@ -71,6 +71,7 @@ pub(crate) use abi::{column_args, column_params};
 pub use builder::{PredicateKernel, ValueKernel, predicate_kernel, value_kernel};
 pub(crate) use launch::evaluate_values_at;
 pub use launch::{evaluate_predicate, evaluate_values};
+pub(crate) use lower::constant_vector;
 pub(crate) use types::DevType;
 
 /// Why an expression cannot run on the GPU.

@@ -9,6 +9,7 @@
 
 pub mod devices;
 pub mod in_order;
+pub mod nearest;
 pub mod offload;
 pub mod regions;
 pub mod unique;

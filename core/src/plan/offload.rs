@@ -476,6 +476,7 @@ impl PhysicalOptimizerRule for GpuOffloadRule {
             Ok(Transformed::no(node))
         })
         .and_then(|t| self.place_projections(t.data, false, policy))
+        .and_then(super::nearest::preselect)
         .and_then(|plan| {
             let devices = self.gpu.devices().len();
             if one_partition && devices > 1 {

@@ -10,6 +10,8 @@ mod arith;
 mod cast;
 mod vector;
 
+pub(crate) use vector::constant_vector;
+
 use std::sync::Arc;
 
 use arrow::datatypes::{DataType, Schema, TimeUnit};

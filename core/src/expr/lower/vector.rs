@@ -98,7 +98,7 @@ impl Lowerer<'_> {
 /// A constant list of numbers as f32s (each rounded to nearest, as the CPU functions do; an
 /// embedding's elements as their element type reads), or `None` when it is NULL, holds a
 /// NULL, is empty or is not a list of numbers.
-fn constant_vector(value: &ScalarValue) -> Option<Vec<f32>> {
+pub(crate) fn constant_vector(value: &ScalarValue) -> Option<Vec<f32>> {
     if value.is_null() {
         return None;
     }
