@@ -18,6 +18,7 @@
 pub(crate) mod distance;
 pub(crate) mod elem;
 pub(crate) mod functions;
+mod lanes;
 pub mod nearest;
 pub mod table_function;
 

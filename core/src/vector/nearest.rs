@@ -31,8 +31,9 @@ use datafusion::physical_plan::{
 };
 use futures::{StreamExt, TryStreamExt};
 
-use super::distance::{Metric, score};
+use super::distance::Metric;
 use super::elem::Elem;
+use super::lanes::{LANES, QueryLanes};
 
 /// The output columns: the query's position, the item's position, the rank from 1, and the
 /// distance (the inner product for that metric).
@@ -191,30 +192,51 @@ fn vectors(column: &ArrayRef) -> Vec<Option<Vec<f32>>> {
 struct Running {
     metric: Metric,
     k: usize,
-    queries: Vec<Option<Vec<f32>>>,
+    /// The queries with a vector, [`LANES`] at a time.
+    lanes: Vec<QueryLanes>,
     heaps: Vec<BinaryHeap<(NearestKey, u64)>>,
     items: u64,
 }
 
 impl Running {
+    fn new(metric: Metric, k: usize, queries: &[Option<Vec<f32>>]) -> Running {
+        let with_vectors: Vec<(usize, &[f32])> = queries
+            .iter()
+            .enumerate()
+            .filter_map(|(q, v)| Some((q, v.as_deref()?)))
+            .collect();
+        Running {
+            metric,
+            k,
+            lanes: with_vectors
+                .chunks(LANES)
+                .map(|block| QueryLanes::new(metric, block))
+                .collect(),
+            heaps: queries.iter().map(|_| BinaryHeap::new()).collect(),
+            items: 0,
+        }
+    }
+
     fn add(&mut self, batch: &RecordBatch) {
+        let mut distances = [None; LANES];
         for item in vectors(batch.column(0)) {
             let position = self.items;
             self.items += 1;
             let Some(item) = item else { continue };
-            for (query, heap) in self.queries.iter().zip(&mut self.heaps) {
-                let Some(query) = query else { continue };
-                let Some(distance) = score(self.metric, &item, query) else {
-                    continue;
-                };
-                let Some(key) = NearestKey::new(self.metric, distance, position) else {
-                    continue;
-                };
-                if heap.len() < self.k {
-                    heap.push((key, distance.to_bits()));
-                } else if heap.peek().is_some_and(|(top, _)| key < *top) {
-                    heap.pop();
-                    heap.push((key, distance.to_bits()));
+            for lanes in &self.lanes {
+                lanes.score(&item, &mut distances);
+                for (&q, distance) in lanes.queries().iter().zip(distances) {
+                    let Some(distance) = distance else { continue };
+                    let Some(key) = NearestKey::new(self.metric, distance, position) else {
+                        continue;
+                    };
+                    let heap = &mut self.heaps[q];
+                    if heap.len() < self.k {
+                        heap.push((key, distance.to_bits()));
+                    } else if heap.peek().is_some_and(|(top, _)| key < *top) {
+                        heap.pop();
+                        heap.push((key, distance.to_bits()));
+                    }
                 }
             }
         }
@@ -331,13 +353,7 @@ impl ExecutionPlan for VectorTopKExec {
             let queries: Vec<RecordBatch> = queries.try_collect().await?;
             let queries: Vec<Option<Vec<f32>>> =
                 queries.iter().flat_map(|b| vectors(b.column(0))).collect();
-            let mut running = Running {
-                metric,
-                k,
-                heaps: queries.iter().map(|_| BinaryHeap::new()).collect(),
-                queries,
-                items: 0,
-            };
+            let mut running = Running::new(metric, k, &queries);
             let mut items = items;
             while let Some(batch) = items.next().await {
                 let batch = batch?;
