@@ -673,22 +673,33 @@ async fn vector_topk_over_a_filtered_view_numbers_the_views_rows_in_order() {
                 .collect("CREATE VIEW kept AS SELECT id, f FROM items WHERE id % 3 <> 0")
                 .await
                 .unwrap();
-            let sql = "SELECT * FROM vector_topk(kept, f, queries, g, 6, l2)";
-            // Nothing merges or spreads the view's partitions: it would reorder its rows.
-            let plan = ordered(&engine.collect(&format!("EXPLAIN {sql}")).await.unwrap());
-            let plan = plan.join("\n");
-            assert!(
-                !plan.contains("Coalesce") && !plan.contains("RepartitionExec"),
-                "{backend:?} on {devices} devices: {plan}"
-            );
-            for run in 0..3 {
-                let got = topk_rows(&engine.collect(sql).await.unwrap());
-                assert_eq!(
-                    got,
-                    want,
-                    "{backend:?} on {devices} devices, {} partitions, run {run}",
-                    partitions.len()
+            // The same rows as a union of two filtered halves.
+            engine
+                .collect(
+                    "CREATE VIEW halves AS \
+                     SELECT id, f FROM items WHERE id < 1500 AND id % 3 <> 0 UNION ALL \
+                     SELECT id, f FROM items WHERE id >= 1500 AND id % 3 <> 0",
+                )
+                .await
+                .unwrap();
+            for view in ["kept", "halves"] {
+                let sql = format!("SELECT * FROM vector_topk({view}, f, queries, g, 6, l2)");
+                // Nothing merges or spreads the view's partitions: it would reorder its rows.
+                let plan = ordered(&engine.collect(&format!("EXPLAIN {sql}")).await.unwrap());
+                let plan = plan.join("\n");
+                assert!(
+                    !plan.contains("Coalesce") && !plan.contains("RepartitionExec"),
+                    "{backend:?} on {devices} devices: {plan}"
                 );
+                for run in 0..3 {
+                    let got = topk_rows(&engine.collect(&sql).await.unwrap());
+                    assert_eq!(
+                        got,
+                        want,
+                        "{view}: {backend:?} on {devices} devices, {} partitions, run {run}",
+                        partitions.len()
+                    );
+                }
             }
         }
     }

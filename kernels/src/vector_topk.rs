@@ -313,6 +313,10 @@ impl NearestItems {
     /// Sorts each query's entries, nearest first, into the output columns. `query_base` is
     /// added to every query's position. One scan and one launch; nothing waits.
     pub fn finish(self, stream: &Stream, query_base: u64) -> Result<Nearest> {
+        ensure_arg!(
+            self.order == Order::Nearest,
+            "the distances of a top-k kept in an SQL order (its keys hold NULLs)"
+        );
         let bound = self.queries * self.k;
         let out = Nearest {
             query: stream.alloc(bound)?,

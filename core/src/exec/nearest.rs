@@ -30,7 +30,7 @@ use spate_kernels::vector_topk::{NearestItems, Order, Vectors};
 
 use super::batching::KeepsCounts;
 use super::{DeviceBatchStream, GpuExec, TransferMetrics, batch_target, per_batch_input, to_df};
-use crate::column::{DeviceBatch, DeviceValues, Gather, RowCount, gather_batch};
+use crate::column::{DeviceBatch, DeviceCount, DeviceValues, Gather, RowCount, gather_batch};
 use crate::error::{Result, SpateError};
 use crate::vector::{Elem, Metric};
 
@@ -121,8 +121,8 @@ fn preselect(
     };
     let mut top = NearestItems::ordered(stream, 1, select.k, select.metric.code(), order)?;
     top.add_items(stream, items, query, budget)?;
-    // In an SQL order every row has a key, so exactly k are kept.
-    let (indices, _count) = top.rows(stream)?;
+    // In an SQL order every row has a key, so k are kept; the count stays on the device.
+    let (indices, count) = top.rows(stream)?;
     let gathers: Vec<Gather<'_>> = batch
         .columns()
         .iter()
@@ -132,7 +132,10 @@ fn preselect(
         stream,
         Arc::clone(batch.schema()),
         &gathers,
-        &RowCount::Host(select.k),
+        &RowCount::Device {
+            bound: select.k,
+            word: DeviceCount::new(count)?,
+        },
     )
 }
 

@@ -126,7 +126,7 @@ impl Placer {
             return self.place(Arc::clone(node.children()[0]), true);
         }
         // Its rows' positions are its inputs' partitions read in order, on one device.
-        if as_gpu_exec(node.as_ref()).is_some_and(|g| g.reads_partitions_in_order()) {
+        if super::in_order::reads_in_order(node.as_ref()) {
             return Err(cannot(
                 "an operator that reads its inputs' partitions in order stays on one device",
             ));

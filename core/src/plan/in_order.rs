@@ -7,8 +7,9 @@
 //! the GPU rules that planned it), and either would reorder the rows, or make their order
 //! depend on timing. [`InOrderInputs`] removes such merges and spreads below the operator,
 //! through the operators that compute each partition from the same partition of their input
-//! (filters, projections, batch coalescing); the region pass keeps them out
-//! (`regions::rewrite_in_order`).
+//! (filters, projections, batch coalescing) and through unions ([`keeps_order`]); the region
+//! pass keeps them out (`regions::rewrite_in_order`), and the multi-device pass leaves such an
+//! operator on one device.
 
 use std::sync::Arc;
 
@@ -20,10 +21,12 @@ use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::union::UnionExec;
 use datafusion::physical_plan::{ExecutionPlan, Partitioning, replace_children_if_necessary};
 
 use crate::exec::{
-    GpuCoalescePartitionsExec, GpuExchangeExec, GpuFilterExec, GpuProjectionExec, as_gpu_exec,
+    GpuCoalescePartitionsExec, GpuExchangeExec, GpuFilterExec, GpuProjectionExec, GpuUnionExec,
+    as_gpu_exec,
 };
 use crate::vector::VectorTopKExec;
 
@@ -40,7 +43,7 @@ pub(crate) fn reads_in_order(node: &dyn ExecutionPlan) -> bool {
 /// A node that moves rows between partitions without computing anything: a round-robin
 /// spread, a merge without a row limit, or an exchange between devices (a view planned on
 /// its own may have spread its rows over the devices).
-fn reorders(node: &dyn ExecutionPlan) -> bool {
+pub(crate) fn reorders(node: &dyn ExecutionPlan) -> bool {
     if let Some(r) = node.downcast_ref::<RepartitionExec>() {
         return matches!(r.partitioning(), Partitioning::RoundRobinBatch(_));
     }
@@ -51,13 +54,19 @@ fn reorders(node: &dyn ExecutionPlan) -> bool {
         || node.downcast_ref::<GpuExchangeExec>().is_some()
 }
 
-/// A node whose partition `p` is computed from partition `p` of its one input, in order.
-fn per_partition(node: &dyn ExecutionPlan) -> bool {
-    node.downcast_ref::<FilterExec>().is_some()
+/// A node whose partitions, read in order, hold its inputs' rows in their order: one that
+/// computes partition `p` from partition `p` of its one input, without a row limit (a
+/// limit of the whole output would become one per partition), or a union, whose partitions
+/// are its inputs' one after the other.
+pub(crate) fn keeps_order(node: &dyn ExecutionPlan) -> bool {
+    let per_partition = node.downcast_ref::<FilterExec>().is_some()
         || node.downcast_ref::<ProjectionExec>().is_some()
         || node.downcast_ref::<GpuFilterExec>().is_some()
         || node.downcast_ref::<GpuProjectionExec>().is_some()
-        || matches!(node.name(), "CoalesceBatchesExec" | "CooperativeExec")
+        || matches!(node.name(), "CoalesceBatchesExec" | "CooperativeExec");
+    let union =
+        node.downcast_ref::<UnionExec>().is_some() || node.downcast_ref::<GpuUnionExec>().is_some();
+    (per_partition && node.fetch().is_none()) || union
 }
 
 /// `input` of an in-order reader without the nodes that would reorder its rows.
@@ -65,7 +74,7 @@ pub(crate) fn unmerged(input: Arc<dyn ExecutionPlan>) -> DFResult<Arc<dyn Execut
     if reorders(input.as_ref()) {
         return unmerged(Arc::clone(input.children()[0]));
     }
-    if !per_partition(input.as_ref()) {
+    if !keeps_order(input.as_ref()) {
         return Ok(input);
     }
     let children = input

@@ -50,10 +50,11 @@ use datafusion::physical_plan::{
     replace_children_if_necessary,
 };
 
+use super::in_order;
 use super::offload::PLUMBING;
 use crate::exec::{
-    GpuAggregateExec, GpuCoalescePartitionsExec, GpuFilterExec, GpuLimitExec, GpuProjectionExec,
-    GpuUnionExec, as_gpu_exec,
+    GpuAggregateExec, GpuCoalescePartitionsExec, GpuLimitExec, GpuProjectionExec, GpuUnionExec,
+    as_gpu_exec,
 };
 
 /// `plan` with every GPU region in one partition (see the module docs), or `plan` as it is
@@ -249,11 +250,12 @@ fn rewrite(node: Arc<dyn ExecutionPlan>, gpu_consumer: bool) -> DFResult<Arc<dyn
     let on_gpu = as_gpu_exec(node.as_ref()).is_some();
     // An operator that reads its inputs' partitions in order keeps them (see
     // `GpuExec::reads_partitions_in_order`).
-    if as_gpu_exec(node.as_ref()).is_some_and(|g| g.reads_partitions_in_order()) {
+    if in_order::reads_in_order(node.as_ref()) {
+        let below = as_gpu_exec(node.as_ref()).is_some();
         let children = node
             .children()
             .into_iter()
-            .map(|c| rewrite_in_order(Arc::clone(c)))
+            .map(|c| rewrite_in_order(Arc::clone(c), below))
             .collect::<DFResult<Vec<_>>>()?;
         return replace_children_if_necessary(node, children);
     }
@@ -276,25 +278,32 @@ fn rewrite(node: Arc<dyn ExecutionPlan>, gpu_consumer: bool) -> DFResult<Arc<dyn
     replace_children_if_necessary(node, children)
 }
 
-/// A subtree whose partitions the GPU operator above reads one after the other, in order
-/// (`GpuExec::reads_partitions_in_order`): GPU filters and projections, which compute each
-/// partition from the same partition of their input, keep their partitions, and the CPU
-/// exchanges below them are dropped (a round-robin spread would reorder the rows); below
-/// anything else the rewrite goes on as under any GPU consumer.
-fn rewrite_in_order(node: Arc<dyn ExecutionPlan>) -> DFResult<Arc<dyn ExecutionPlan>> {
-    if is_cpu_exchange(node.as_ref()) {
-        return rewrite_in_order(Arc::clone(node.children()[0]));
+/// A subtree whose partitions the operator above reads one after the other, in order
+/// (`in_order::reads_in_order`); `gpu_consumer`: the nearest computing node above is a GPU
+/// operator. Filters, projections and unions, whose partitions hold their inputs' rows in
+/// order (`in_order::keeps_order`), keep their partitions (a union under a GPU consumer
+/// becomes a GPU union of its inputs), and the exchanges and merges below them are dropped:
+/// they would reorder the rows. Below anything else the rewrite goes on as usual.
+fn rewrite_in_order(
+    node: Arc<dyn ExecutionPlan>,
+    gpu_consumer: bool,
+) -> DFResult<Arc<dyn ExecutionPlan>> {
+    if is_cpu_exchange(node.as_ref()) || in_order::reorders(node.as_ref()) {
+        return rewrite_in_order(Arc::clone(node.children()[0]), gpu_consumer);
     }
-    let per_partition = node.downcast_ref::<GpuFilterExec>().is_some()
-        || node.downcast_ref::<GpuProjectionExec>().is_some();
-    if !per_partition {
-        return rewrite(node, true);
+    if !in_order::keeps_order(node.as_ref()) {
+        return rewrite(node, gpu_consumer);
     }
+    let on_gpu = as_gpu_exec(node.as_ref()).is_some();
+    let below = on_gpu || (gpu_consumer && PLUMBING.contains(&node.name()));
     let children = node
         .children()
         .into_iter()
-        .map(|c| rewrite_in_order(Arc::clone(c)))
+        .map(|c| rewrite_in_order(Arc::clone(c), below))
         .collect::<DFResult<Vec<_>>>()?;
+    if gpu_consumer && node.name() == "UnionExec" {
+        return union_of(children);
+    }
     replace_children_if_necessary(node, children)
 }
 
