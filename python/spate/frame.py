@@ -550,9 +550,11 @@ class DataFrame:
             literal = _spate.Expr.lit(pa.array([vector], type=pa.list_(pa.float64())))
             distance = _spate.Expr.function(function, [_spate.Expr.col(column), literal])
             frame = self._frame.with_column("distance", distance)
-            frame = frame.filter(_spate.Expr.col("distance").is_not_null())
+            # NULL distances sort last, so dropping them after the limit leaves the same rows;
+            # the sort then keeps the distance as its one key, which the GPU pre-selects by.
             frame = frame.sort([_spate.Expr.col("distance")], [not larger_is_nearer], [False])
             frame = frame.limit(k, 0)
+            frame = frame.filter(_spate.Expr.col("distance").is_not_null())
             if not single:
                 frame = frame.with_column("query", _lit(position))
             frames.append(frame)

@@ -109,6 +109,20 @@ def test_nearest_on_the_gpu_is_a_top_k(backend: spate.Session) -> None:
     plan = backend.from_arrow(table).nearest("emb", [0.5] * DIM, k=3).explain()
     if backend.backend != "cpu":
         assert "GpuSortExec: TopK" in plan, plan
+        # Each batch's nearest rows are picked before the distance column is computed.
+        assert "GpuNearestExec" in plan, plan
+
+
+def test_nearest_leaves_out_rows_without_a_distance(backend: spate.Session) -> None:
+    """Fewer rows with a distance than k: those rows only, nearest first."""
+    vectors = np.zeros((5, DIM), dtype=np.float32)
+    vectors[1] = 1.0
+    vectors[3] = 2.0
+    table = pa.table({"id": pa.array(np.arange(5)), "emb": embeddings(vectors, "float32")})
+    got = backend.from_arrow(table).nearest("emb", [1.0] * DIM, k=4, metric="cosine").to_pandas()
+    # Zero vectors have no cosine distance; rows 1 and 3 point the query's way.
+    assert sorted(got["id"].tolist()) == [1, 3]
+    np.testing.assert_allclose(got["distance"].to_numpy(), [0.0, 0.0], atol=1e-6)
 
 
 def test_bad_arguments_are_clear() -> None:
