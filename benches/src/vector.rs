@@ -325,26 +325,38 @@ pub struct EngineRun {
     pub gpu_top_k: bool,
 }
 
-/// Runs every query of `data` on `backend`; a GPU backend first caches the table on the
-/// device, so the items cross the bus once.
-pub async fn run_engine(backend: Backend, data: &Data) -> Result<EngineRun, String> {
+/// An engine on `backend` with the table `items`, cached on the device on a GPU backend (so
+/// the items cross the bus once), and its selection line.
+async fn items_engine(backend: Backend, data: &Data) -> Result<(Engine, String), String> {
     let err = |e: spate::SpateError| e.to_string();
     let engine = Engine::builder().backend(backend).build().map_err(err)?;
     let selection = engine.backend().to_string();
-    let resolved = engine.backend().resolved;
     engine
         .register_batches("items", vec![data.batch()?])
         .map_err(err)?;
-    if resolved != Backend::Cpu {
+    if engine.backend().resolved != Backend::Cpu {
         engine.cache_table("items").await.map_err(err)?;
     }
+    Ok((engine, selection))
+}
+
+/// The text of `EXPLAIN sql`.
+async fn explain(engine: &Engine, sql: &str) -> Result<String, String> {
     let plan = engine
-        .collect(&format!("EXPLAIN {}", data.sql(0)))
+        .collect(&format!("EXPLAIN {sql}"))
         .await
-        .map_err(err)?;
-    let plan = arrow::util::pretty::pretty_format_batches(&plan)
+        .map_err(|e| e.to_string())?;
+    Ok(arrow::util::pretty::pretty_format_batches(&plan)
         .map_err(|e| e.to_string())?
-        .to_string();
+        .to_string())
+}
+
+/// Runs every query of `data` on `backend`, one statement each.
+pub async fn run_engine(backend: Backend, data: &Data) -> Result<EngineRun, String> {
+    let err = |e: spate::SpateError| e.to_string();
+    let (engine, selection) = items_engine(backend, data).await?;
+    let resolved = engine.backend().resolved;
+    let plan = explain(&engine, &data.sql(0)).await?;
     engine.collect(&data.sql(0)).await.map_err(err)?;
     let mut times = Vec::with_capacity(data.spec.queries);
     let mut results = Vec::with_capacity(data.spec.queries);
@@ -368,18 +380,11 @@ pub async fn run_engine(backend: Backend, data: &Data) -> Result<EngineRun, Stri
 /// (kernel compiles), then three timed ones; `times` holds the median's time per query.
 pub async fn run_engine_batched(backend: Backend, data: &Data) -> Result<EngineRun, String> {
     let err = |e: spate::SpateError| e.to_string();
-    let engine = Engine::builder().backend(backend).build().map_err(err)?;
-    let selection = engine.backend().to_string();
+    let (engine, selection) = items_engine(backend, data).await?;
     let resolved = engine.backend().resolved;
-    engine
-        .register_batches("items", vec![data.batch()?])
-        .map_err(err)?;
     engine
         .register_batches("queries", vec![data.queries_batch()?])
         .map_err(err)?;
-    if resolved != Backend::Cpu {
-        engine.cache_table("items").await.map_err(err)?;
-    }
     if let Some(f) = data.spec.filter {
         engine
             .collect(&format!(
@@ -389,13 +394,7 @@ pub async fn run_engine_batched(backend: Backend, data: &Data) -> Result<EngineR
             .map_err(err)?;
     }
     let sql = data.batched_sql();
-    let plan = engine
-        .collect(&format!("EXPLAIN {sql}"))
-        .await
-        .map_err(err)?;
-    let plan = arrow::util::pretty::pretty_format_batches(&plan)
-        .map_err(|e| e.to_string())?
-        .to_string();
+    let plan = explain(&engine, &sql).await?;
     engine.collect(&sql).await.map_err(err)?;
     let mut runs = Vec::new();
     let mut last = Vec::new();
