@@ -28,8 +28,9 @@ use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 use super::distance::Metric;
 use super::nearest::{VectorTopKExec, nearest_schema};
 
-/// The most rows `vector_topk` keeps per query.
-pub const MAX_K: usize = 4096;
+/// The most rows `vector_topk` keeps per query: the GPU kernels' largest `k`, on every
+/// backend alike.
+pub const MAX_K: usize = spate_kernels::vector_topk::MAX_K;
 
 /// The SQL name.
 pub const NAME: &str = "vector_topk";

@@ -11,10 +11,15 @@
 // 3. vector_topk_finish: one block per query. It sorts the running best (a bitonic sort in
 //    place) and writes the output rows: query, item, rank (from 1), distance.
 //
+// The same steps pre-select rows for `ORDER BY <distance> LIMIT k` (core/src/exec/nearest.rs):
+// one query, the keys in the sort's own order (order_key's orders 1-4), and, instead of step
+// 3, vector_topk_rows, which writes the kept rows' indices in row order.
+//
 // Order. An entry is the pair (key, item): `key` is the distance in IEEE total order
 // (reversed for the inner product, where larger is nearer), `item` the item's position. The
 // pairs are unique, so "the k smallest pairs" is exact and ties in distance keep the earlier
-// item. An item whose distance is NULL or NaN has no entry. The select walks the 128-bit pair
+// item. Nearest first (order 0), an item whose distance is NULL or NaN has no entry; in an
+// SQL order every row has one (NULLs at their end). The select walks the 128-bit pair
 // one byte at a time from the top, and stops at the first byte where the bin that holds the
 // k-th entry is wanted whole (usually within the distance's bytes).
 #include "common/prelude.cuh"
