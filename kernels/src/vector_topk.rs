@@ -151,8 +151,11 @@ pub struct NearestItems {
     /// The running best, and the other half the next merge writes.
     best: [Best; 2],
     current: usize,
-    /// Items added so far: the position of the next batch's row 0.
+    /// Items added so far: the position of the next batch's row 0 (at most, after a batch
+    /// counted on the device).
     items: u64,
+    /// False after a batch counted on the device: no more items.
+    open: bool,
 }
 
 impl NearestItems {
@@ -198,6 +201,7 @@ impl NearestItems {
             ],
             current: 0,
             items: 0,
+            open: true,
         })
     }
 
@@ -223,6 +227,32 @@ impl NearestItems {
         queries: Vectors<'_>,
         budget: usize,
     ) -> Result<()> {
+        self.add_counted(stream, items, None, queries, budget)
+    }
+
+    /// [`NearestItems::add_items`] for items whose row count is on the device (`live`, one
+    /// u32 at most `items.rows`), so that nothing waits for it. Their rows place no later
+    /// batch, so they must be the only items.
+    pub fn add_counted(
+        &mut self,
+        stream: &Stream,
+        items: Vectors<'_>,
+        live: Option<DeviceSlice<'_, u32>>,
+        queries: Vectors<'_>,
+        budget: usize,
+    ) -> Result<()> {
+        ensure_arg!(
+            self.open,
+            "items added after a batch whose row count is on the device"
+        );
+        if let Some(live) = &live {
+            ensure_arg!(live.len() == 1, "a row count of {} words", live.len());
+            ensure_arg!(
+                self.items == 0,
+                "a batch whose row count is on the device after other items"
+            );
+            self.open = false;
+        }
         items.check("vector top-k items")?;
         queries.check("vector top-k queries")?;
         ensure_arg!(
@@ -265,7 +295,11 @@ impl NearestItems {
         while first < self.queries {
             let in_group = group.min(self.queries - first);
             let mut args = items.args().to_vec();
-            args.extend([KernelArg::U64(items.rows as u64), KernelArg::U64(base)]);
+            args.extend([
+                live.map_or_else(KernelArg::null, Into::into),
+                KernelArg::U64(items.rows as u64),
+                KernelArg::U64(base),
+            ]);
             args.extend(queries.args());
             args.extend([
                 KernelArg::U64(first as u64),
@@ -282,7 +316,8 @@ impl NearestItems {
                 ..LaunchConfig::blocks(1)
             };
             // SAFETY: the items and queries hold their rows (checked), with validity covering
-            // them; the candidates hold `in_group * tiles` lists of `slots` entries and counts.
+            // them (a live count is at most the items' rows, the kernel reads no further); the
+            // candidates hold `in_group * tiles` lists of `slots` entries and counts.
             unsafe { stream.launch(&tile_kernel, grid, &args)? };
             let (before, after) = (&self.best[now], &self.best[next]);
             let args = [

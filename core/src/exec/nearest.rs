@@ -9,7 +9,9 @@
 //! tile in shared memory, then a merge), keeps the first `k` rows of the sort's own order
 //! (its direction, its NULLs first or last, NaN above every number), ties by row, and gathers
 //! them, in row order. The sort above then sorts at most `k` rows per batch, and the distance
-//! is computed for those rows only. The rows the sort keeps are the rows it would keep
+//! is computed for those rows only. A batch whose row count is on the device (a GPU filter's)
+//! keeps it there: the kernels stop at it, and the output's count is on the device too, so
+//! the operator never waits. The rows the sort keeps are the rows it would keep
 //! without this operator, up to the choice among rows tied on the distance, which one sort
 //! key leaves open.
 
@@ -88,8 +90,7 @@ fn preselect(
     query: &spate_kernels::DeviceBuffer<u8>,
     budget: usize,
 ) -> Result<DeviceBatch> {
-    // The rows place the tiles: a count still on the device is read (one wait).
-    let batch = batch.resolve(stream)?;
+    // A row count still on the device stays there: the kernels stop at it.
     let rows = batch.bound();
     if rows <= select.k {
         return Ok(batch);
@@ -120,8 +121,9 @@ fn preselect(
         elem: Elem::F32.code(),
     };
     let mut top = NearestItems::ordered(stream, 1, select.k, select.metric.code(), order)?;
-    top.add_items(stream, items, query, budget)?;
-    // In an SQL order every row has a key, so k are kept; the count stays on the device.
+    top.add_counted(stream, items, batch.row_count().live(), query, budget)?;
+    // In an SQL order every row has a key: k rows are kept, or all of a device count below
+    // k. The count stays on the device.
     let (indices, count) = top.rows(stream)?;
     let gathers: Vec<Gather<'_>> = batch
         .columns()
@@ -213,7 +215,8 @@ impl GpuExec for GpuNearestExec {
             &context,
             &stream,
             &transfer,
-            KeepsCounts::never(),
+            // The kernels stop at a row count on the device: nothing reads it here.
+            KeepsCounts::always(),
         )?;
         let budget = batch_target(&context)?;
         let baseline = BaselineMetrics::new(&self.metrics, partition);

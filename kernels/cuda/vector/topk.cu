@@ -147,13 +147,13 @@ __device__ void topk_bound(u64 n, u32 k, At at, u64* bound_hi, u64* bound_lo) {
 }
 
 template <u32 M, u32 EA, u32 EB>
-__device__ void vector_topk_tiles(const u8* items, const u8* item_validity, u64 item_offset, u64 n,
-                                  u64 item_base, const u8* queries, const u8* query_validity,
+__device__ void vector_topk_tiles(const u8* items, const u8* item_validity, u64 item_offset, const u32* live,
+                                  u64 bound, u64 item_base, const u8* queries, const u8* query_validity,
                                   u64 query_offset, u64 query_first, u64 d, u32 k, u32 order, u32 slots,
-                                  u64* cand_hi,
-                                  u64* cand_lo, u32* cand_count) {
+                                  u64* cand_hi, u64* cand_lo, u32* cand_count) {
     __shared__ u64 keys[SPATE_TILE];
     __shared__ u32 s_out;
+    const u64 n = live_rows(live, bound);
     const u64 tiles = gridDim.x;
     const u64 tile = blockIdx.x;
     const u64 qi = blockIdx.y;
@@ -207,7 +207,8 @@ __device__ void vector_topk_tiles(const u8* items, const u8* item_validity, u64 
  * @param items           the item embeddings: row i's `d` elements at `items + i * d * width`
  * @param item_validity   the items' row validity, or null when no row is NULL
  * @param item_offset     bit offset of row 0 in `item_validity`
- * @param n               items in this launch
+ * @param live            the items' row count on the device, or null: `bound` items
+ * @param bound           rows the items are allocated for (the grid covers them)
  * @param item_base       the position of row 0 among all items (the item of an entry)
  * @param queries         the query embeddings, laid out as the items
  * @param query_validity  the queries' row validity, or null
@@ -232,10 +233,10 @@ __device__ void vector_topk_tiles(const u8* items, const u8* item_validity, u64 
  */
 #define SPATE_VECTOR_TOPK_TILES(M, EA, EB)                                                                        \
     extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) vector_topk_tiles_##M##_##EA##_##EB(      \
-        const u8* items, const u8* item_validity, u64 item_offset, u64 n, u64 item_base,                       \
+        const u8* items, const u8* item_validity, u64 item_offset, const u32* live, u64 bound, u64 item_base,  \
         const u8* queries, const u8* query_validity, u64 query_offset, u64 query_first, u64 d, u32 k,          \
         u32 order, u32 slots, u64* cand_hi, u64* cand_lo, u32* cand_count) {                                   \
-        spate::vector_topk_tiles<M, EA, EB>(items, item_validity, item_offset, n, item_base, queries,           \
+        spate::vector_topk_tiles<M, EA, EB>(items, item_validity, item_offset, live, bound, item_base, queries, \
                                             query_validity, query_offset, query_first, d, k, order, slots,     \
                                             cand_hi, cand_lo, cand_count);                                     \
     }                                                                                                          \

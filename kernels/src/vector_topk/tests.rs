@@ -309,3 +309,72 @@ fn sql_orders_keep_the_first_rows_of_the_sort_nulls_and_nan_included() {
         }
     }
 }
+
+#[test]
+fn a_row_count_on_the_device_bounds_the_items() {
+    let device = test_device();
+    let stream = device.new_stream().unwrap();
+    let items = Table::random(3000, 4, 0, 71);
+    let mut query = Table::random(1, 4, 0, 72);
+    query.rows[0] = [0.5f32, 1.0, -2.0, 0.125].map(f32::to_bits).to_vec();
+    query.valid[0] = true;
+    let q = query.reference()[0].clone().unwrap();
+    let bytes = stream.from_host(&items.bytes(0..3000)).unwrap();
+    let valid = stream.from_host(&items.validity(0..3000)).unwrap();
+    let q_bytes = stream.from_host(&query.bytes(0..1)).unwrap();
+    let live = stream.from_host(&[1700u32]).unwrap();
+    let vectors = Vectors {
+        bytes: bytes.as_slice(),
+        validity: Some(DeviceBitmap::new(&valid)),
+        rows: 3000,
+        dim: 4,
+        elem: 0,
+    };
+    let query_vectors = Vectors {
+        bytes: q_bytes.as_slice(),
+        validity: None,
+        rows: 1,
+        dim: 4,
+        elem: 0,
+    };
+    let order = Order::Sql {
+        descending: false,
+        nulls_first: false,
+    };
+    for k in [20, 2500] {
+        let mut keyed: Vec<(u64, usize)> = items.reference()[..1700]
+            .iter()
+            .enumerate()
+            .map(|(i, row)| {
+                let d = row
+                    .as_ref()
+                    .and_then(|r| reference::vector_distance(2, r, &q));
+                (d.map_or(u64::MAX - 1, reference::order_key_f64), i)
+            })
+            .collect();
+        keyed.sort();
+        let mut want: Vec<u32> = keyed.iter().take(k).map(|&(_, i)| i as u32).collect();
+        want.sort();
+        let mut top = NearestItems::ordered(&stream, 1, k, 2, order).unwrap();
+        top.add_counted(
+            &stream,
+            vectors,
+            Some(live.as_slice()),
+            query_vectors,
+            1 << 24,
+        )
+        .unwrap();
+        // Its rows place no later batch.
+        let err = top
+            .add_items(&stream, vectors, query_vectors, 1 << 24)
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("row count is on the device"),
+            "{err}"
+        );
+        let (rows, count) = top.rows(&stream).unwrap();
+        let count = stream.to_vec(&count).unwrap()[0] as usize;
+        assert_eq!(count, want.len(), "k {k}");
+        assert_eq!(stream.to_vec(&rows).unwrap()[..count], want[..], "k {k}");
+    }
+}
