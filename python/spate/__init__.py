@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from spate import _spate
 from spate.errors import (
@@ -30,9 +30,14 @@ from spate.errors import (
     SqlError,
     UnsupportedError,
 )
-from spate.frame import Column, DataFrame, GroupBy, StringMethods
+from spate.column import Column
+from spate.datetimes import DatetimeMethods
+from spate.frame import DataFrame
+from spate.groupby import GroupBy
+from spate.reshape import concat, merge_asof
 from spate.session import Session, default_session, set_default_session
 from spate.streaming import Listener, Stream, Subscription
+from spate.strings import StringMethods
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas
@@ -47,6 +52,9 @@ __all__ = [
     "Column",
     "GroupBy",
     "StringMethods",
+    "DatetimeMethods",
+    "concat",
+    "merge_asof",
     "Stream",
     "Subscription",
     "Listener",
@@ -137,22 +145,30 @@ def table(name: str) -> DataFrame:
     return default_session().table(name)
 
 
-def read_parquet(path: str | os.PathLike[str], name: str | None = None) -> DataFrame:
+def read_parquet(
+    path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], name: str | None = None
+) -> DataFrame:
     """:meth:`Session.read_parquet` on the default session."""
     return default_session().read_parquet(path, name)
 
 
-def read_csv(path: str | os.PathLike[str], name: str | None = None) -> DataFrame:
+def read_csv(
+    path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], name: str | None = None
+) -> DataFrame:
     """:meth:`Session.read_csv` on the default session."""
     return default_session().read_csv(path, name)
 
 
-def read_json(path: str | os.PathLike[str], name: str | None = None) -> DataFrame:
+def read_json(
+    path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], name: str | None = None
+) -> DataFrame:
     """:meth:`Session.read_json` on the default session."""
     return default_session().read_json(path, name)
 
 
-def read_ipc(path: str | os.PathLike[str], name: str | None = None) -> DataFrame:
+def read_ipc(
+    path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], name: str | None = None
+) -> DataFrame:
     """:meth:`Session.read_ipc` on the default session."""
     return default_session().read_ipc(path, name)
 

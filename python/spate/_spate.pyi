@@ -139,6 +139,12 @@ class Frame:
         nulls_equal: bool = True,
     ) -> Frame:
         """A pandas-style merge (see ``spate.DataFrame.merge``)."""
+    def explode(self, column: str) -> Frame:
+        """One row per element of the list column ``column`` (a null or empty list gives one
+        row with a null)."""
+    def write(self, path: str, format: str) -> int:
+        """Runs the plan and writes one ``parquet``, ``csv`` or ``json`` file; the rows
+        written."""
     def parse_expr(self, sql: str) -> Expr:
         """A SQL expression over this frame's columns."""
     def count(self) -> int:
@@ -172,6 +178,25 @@ class Expr:
     def case(branches: Sequence[tuple[Expr, Expr]], otherwise: Expr | None = None) -> Expr:
         """``CASE WHEN c1 THEN v1 ... ELSE otherwise END``: the value of the first ``(when,
         then)`` pair whose condition is true, else ``otherwise`` (null when None)."""
+    @staticmethod
+    def window(
+        name: str,
+        args: Sequence[Expr],
+        partition_by: Sequence[Expr],
+        order_by: Sequence[tuple[Expr, bool, bool]],
+        frame: tuple[str, tuple[str, Any], tuple[str, Any]] | None = None,
+        ignore_nulls: bool = False,
+    ) -> Expr:
+        """``name(args) OVER (PARTITION BY .. ORDER BY (expr, ascending, nulls_first) ..
+        frame)``; ``frame`` is ``(units, start, end)``, each end ``("preceding" |
+        "following", one-element pyarrow array or None for UNBOUNDED)`` or ``("current",
+        None)``."""
+    @staticmethod
+    def python_function(
+        name: str, callable: Any, args: Sequence[Expr], return_type: pa.DataType
+    ) -> Expr:
+        """A call of ``callable(list of pyarrow arrays) -> pyarrow array`` per batch, on the
+        CPU."""
     def binary(self, op: str, other: Expr) -> Expr:
         """``self <op> other`` for + - * / % == != < <= > >= & | and ``||`` (string
         concatenation)."""

@@ -49,23 +49,21 @@ Where Spate deliberately differs from pandas:
 
 from __future__ import annotations
 
-import itertools
-from typing import (
-    TYPE_CHECKING,
-    Any,
-    Callable,
-    Iterable,
-    Iterator,
-    Mapping,
-    NamedTuple,
-    Sequence,
-    Union,
-)
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 
 from spate import _spate
+from spate._frame_windows import WindowMixin
+from spate._host import HostMixin
+from spate._inspect import InspectMixin
+from spate._missing import MissingMixin
+from spate._select import SelectMixin
+from spate._util import Operand, Order, lit, names, order_exprs, pandas_dtype_mapper
+from spate.column import Column
 from spate.errors import ConfigError, PlanError, UnsupportedError
+from spate.groupby import GroupBy
+from spate.reshape import ReshapeMixin
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas
@@ -73,37 +71,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from spate.session import Session
 
-__all__ = ["DataFrame", "Column", "GroupBy", "StringMethods"]
-
-#: A value a Column can be combined with: another Column or a Python/pyarrow scalar.
-Operand = Union["Column", Any]
+__all__ = ["DataFrame"]
 
 #: Rows ``repr(df)`` shows.
 REPR_ROWS = 10
-
-
-def _lit(value: Operand) -> _spate.Expr:
-    """The expression for ``value``: a Column's own, or a literal of pyarrow's inferred type."""
-    if isinstance(value, Column):
-        return value._expr
-    if isinstance(value, pa.Scalar):
-        array = pa.array([value.as_py()], type=value.type)
-    else:
-        if isinstance(value, (list, tuple, set, frozenset, dict)) or (
-            hasattr(value, "__len__") and not isinstance(value, (str, bytes))
-        ):
-            # pandas would take a sequence as one value per row, aligned by position or
-            # index; a Spate frame has neither, and a list literal would be a silent mistake.
-            raise TypeError(
-                f"expected a Column or a scalar, got {type(value).__name__}: Spate cannot "
-                "align a sequence with a frame's rows; register it as a table and merge it, "
-                "or wrap a list value in pyarrow.scalar"
-            )
-        try:
-            array = pa.array([value])
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-            raise TypeError(f"cannot use {value!r} as a value in an expression: {e}") from None
-    return _spate.Expr.lit(array)
 
 
 #: ``DataFrame.nearest``'s metrics, by the SQL function each calls.
@@ -140,80 +111,28 @@ def _query_vectors(queries: Any) -> tuple[list[list[float]], bool]:
     return out, single
 
 
-def _is_missing(value: Any) -> bool:
-    """Whether ``value`` is a null marker: None, NaN, or pandas' NA/NaT."""
-    if value is None:
-        return True
-    if isinstance(value, float):
-        return value != value
-    try:
-        import pandas as pd
-
-        return value is pd.NA or value is pd.NaT
-    except ImportError:  # pragma: no cover - pandas is optional
-        return False
-
-
-def _python_mod(left: _spate.Expr, right: _spate.Expr) -> _spate.Expr:
-    """``left % right`` as Python and pandas compute it: the remainder has the sign of the
-    divisor (SQL's ``%`` gives it the dividend's: ``-7 % 3`` is 2, not -1), and a zero divisor
-    gives null where pandas gives NaN (SQL fails the query on integers)."""
-    zero = _lit(0)
-    divisor = _spate.Expr.function("nullif", [right, zero])
-    remainder = left.binary("%", divisor)
-    signs_differ = remainder.binary("<", zero).binary("!=", divisor.binary("<", zero))
-    needs_fix = remainder.binary("!=", zero).binary("&", signs_differ)
-    return _spate.Expr.case([(needs_fix, remainder.binary("+", divisor))], remainder)
-
-
-def _names(value: str | Sequence[str] | None) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [value]
-    return list(value)
-
-
-def _pandas_dtype_mapper(backend: str | None) -> Callable[[pa.DataType], Any] | None:
-    """A pyarrow ``types_mapper`` for pandas' ``dtype_backend`` argument."""
-    if backend is None:
-        return None
-    import pandas as pd
-
-    if backend == "pyarrow":
-        return pd.ArrowDtype
-    if backend != "numpy_nullable":
-        raise ConfigError(
-            f"dtype_backend must be None, 'numpy_nullable' or 'pyarrow', got {backend!r}"
-        )
-    mapping = {
-        pa.int8(): pd.Int8Dtype(),
-        pa.int16(): pd.Int16Dtype(),
-        pa.int32(): pd.Int32Dtype(),
-        pa.int64(): pd.Int64Dtype(),
-        pa.uint8(): pd.UInt8Dtype(),
-        pa.uint16(): pd.UInt16Dtype(),
-        pa.uint32(): pd.UInt32Dtype(),
-        pa.uint64(): pd.UInt64Dtype(),
-        pa.bool_(): pd.BooleanDtype(),
-        pa.float32(): pd.Float32Dtype(),
-        pa.float64(): pd.Float64Dtype(),
-        pa.string(): pd.StringDtype(),
-        pa.large_string(): pd.StringDtype(),
-        pa.string_view(): pd.StringDtype(),
-    }
-    return mapping.get
-
-
-class DataFrame:
+class DataFrame(
+    MissingMixin, InspectMixin, SelectMixin, WindowMixin, ReshapeMixin, HostMixin
+):
     """A lazy, pandas-like table: a query plan in a :class:`spate.Session`.
 
     Build one with :meth:`Session.sql`, the readers (:func:`spate.read_parquet`,
     :func:`spate.from_pandas`, ...) or from another DataFrame's methods. Nothing runs until a
-    result is asked for.
+    result is asked for. The methods are grouped by concern: missing data (``_missing.py``),
+    inspection (``_inspect.py``), selection (``_select.py``), order-dependent windows
+    (``_frame_windows.py``), reshaping (``reshape.py``) and crossing to the host
+    (``_host.py``).
     """
 
-    __slots__ = ("_frame", "_session", "_index", "_table_name", "_levels", "__weakref__")
+    __slots__ = (
+        "_frame",
+        "_session",
+        "_index",
+        "_table_name",
+        "_levels",
+        "_order",
+        "__weakref__",
+    )
 
     def __init__(
         self,
@@ -222,6 +141,7 @@ class DataFrame:
         index: Sequence[str] = (),
         table_name: str | None = None,
         levels: Mapping[str, tuple[str, str]] | None = None,
+        order: Order = (),
     ) -> None:
         self._frame = frame
         self._session = session
@@ -230,13 +150,63 @@ class DataFrame:
         # pandas' two-level header, (column, function), of the columns `agg` made from a list:
         # Arrow has one level, so they are named `column_function`, and to_pandas restores it.
         self._levels: dict[str, tuple[str, str]] = dict(levels or {})
+        # The row order sort_values gave the plan, kept through filters, projections and
+        # limits while its keys are columns; the order-dependent methods read it.
+        self._order: Order = tuple(order)
 
-    def _derive(self, frame: _spate.Frame, index: Sequence[str] | None = None) -> DataFrame:
-        names = set(frame.columns())
+    def _derive(
+        self,
+        frame: _spate.Frame,
+        index: Sequence[str] | None = None,
+        order: Order | None = None,
+    ) -> DataFrame:
+        """A frame for ``frame``, derived from this one: the index, two-level headers and
+        row order carry over while their columns remain (``order=()`` when the operation
+        does not keep the order)."""
+        have = set(frame.columns())
         if index is None:
-            index = tuple(i for i in self._index if i in names)
-        levels = {c: level for c, level in self._levels.items() if c in names}
-        return DataFrame(frame, self._session, index, levels=levels)
+            index = tuple(i for i in self._index if i in have)
+        levels = {c: level for c, level in self._levels.items() if c in have}
+        if order is None:
+            order = self._order if all(k in have for k, _, _ in self._order) else ()
+        return DataFrame(frame, self._session, index, levels=levels, order=order)
+
+    def _require_order(self, what: str) -> None:
+        """Raises the error for an order-dependent method on a frame without row order."""
+        if not self._order:
+            raise UnsupportedError(
+                f"{what} depends on row order, which a Spate frame only has after sort_values "
+                "(with its sort keys kept among the columns): sort the frame first"
+            )
+
+    def _with_columns(self, columns: Mapping[str, _spate.Expr], windowed: bool) -> DataFrame:
+        """All columns, with ``columns`` added or replaced in place. Window expressions are
+        computed under temporary names, the rows re-sorted by the frame's order, and then
+        renamed, so the result keeps the order even where a window replaces a sort key."""
+        if not windowed or not self._order:
+            frame = self._frame
+            for name, expr in columns.items():
+                frame = frame.with_column(name, expr)
+            return self._derive(frame)
+        frame = self._frame
+        temporary = {}
+        for i, (name, expr) in enumerate(columns.items()):
+            temporary[name] = f"__spate_window_{i}"
+            frame = frame.with_column(temporary[name], expr)
+        keys = [_spate.Expr.col(k) for k, _, _ in self._order]
+        frame = frame.sort(keys, [a for _, a, _ in self._order], [n for _, _, n in self._order])
+        output = []
+        for name in self._frame.columns():
+            if name in temporary:
+                output.append(_spate.Expr.col(temporary[name]).alias(name))
+            else:
+                output.append(_spate.Expr.col(name))
+        output += [
+            _spate.Expr.col(t).alias(n) for n, t in temporary.items() if n not in self._frame.columns()
+        ]
+        replaced = set(columns)
+        order = () if any(k in replaced for k, _, _ in self._order) else self._order
+        return self._derive(frame.select(output), order=order)
 
     # ----- shape and schema ------------------------------------------------------------
 
@@ -311,14 +281,14 @@ class DataFrame:
             start = key.start or 0
             count = None if key.stop is None else max(key.stop - start, 0)
             return self._derive(self._frame.limit(count, start))
-        names = _names(key)
-        missing = [n for n in names if n not in self._frame.columns()]
+        selected = names(key)
+        missing = [n for n in selected if n not in self._frame.columns()]
         if missing:
             raise PlanError(
                 f"no column {', '.join(repr(m) for m in missing)}; the columns are: "
                 f"{', '.join(self._frame.columns())}"
             )
-        keep = list(dict.fromkeys([*self._index, *names]))
+        keep = list(dict.fromkeys([*self._index, *selected]))
         return self._derive(self._frame.select([_spate.Expr.col(n) for n in keep]))
 
     def __getattr__(self, name: str) -> Column:
@@ -332,7 +302,7 @@ class DataFrame:
         """The expression for ``value`` in this frame. A Column may come from another frame
         (``df[df2.a > 0]``), but it can only read columns this frame has: Spate frames have
         no index to align rows of different frames on, as pandas does."""
-        expr = _lit(value)
+        expr = lit(value)
         if isinstance(value, Column):
             have = set(self._frame.columns())
             missing = [c for c in expr.column_names() if c not in have]
@@ -348,7 +318,9 @@ class DataFrame:
 
     def __setitem__(self, name: str, value: Operand) -> None:
         """``df["c"] = df.a * 2`` adds or replaces column ``c`` (this frame's plan changes)."""
-        self._frame = self._frame.with_column(name, self._operand(value))
+        windowed = isinstance(value, Column) and value._windowed
+        result = self._with_columns({name: self._operand(value)}, windowed)
+        self._frame, self._order = result._frame, result._order
 
     def filter(self, predicate: Column | str) -> DataFrame:
         """The rows where ``predicate`` is true: a boolean Column (``df.a > 2``) or a SQL
@@ -364,10 +336,6 @@ class DataFrame:
             )
         return self._derive(self._frame.filter(expr))
 
-    def query(self, expr: str) -> DataFrame:
-        """The rows where the SQL expression ``expr`` is true (like :meth:`filter`)."""
-        return self.filter(expr)
-
     def assign(self, **columns: Operand | Callable[[DataFrame], Operand]) -> DataFrame:
         """A frame with the given columns added or replaced. Values are Columns, scalars, or
         callables taking the frame (evaluated in order, so later ones see earlier ones)."""
@@ -375,12 +343,13 @@ class DataFrame:
         for name, value in columns.items():
             if callable(value) and not isinstance(value, Column):
                 value = value(frame)
-            frame = frame._derive(frame._frame.with_column(name, frame._operand(value)))
+            windowed = isinstance(value, Column) and value._windowed
+            frame = frame._with_columns({name: frame._operand(value)}, windowed)
         return frame
 
     def drop(self, columns: str | Sequence[str]) -> DataFrame:
         """A frame without ``columns``."""
-        drop = set(_names(columns))
+        drop = set(names(columns))
         missing = drop - set(self._frame.columns())
         if missing:
             raise PlanError(f"cannot drop missing column(s): {', '.join(sorted(missing))}")
@@ -395,26 +364,25 @@ class DataFrame:
         else:
             mapping = dict(columns)
         index = [mapping.get(i, i) for i in self._index]
-        return self._derive(self._frame.rename(mapping), index=index)
+        order = tuple((mapping.get(k, k), a, n) for k, a, n in self._order)
+        return self._derive(self._frame.rename(mapping), index=index, order=order)
 
     def set_index(self, keys: str | Sequence[str]) -> DataFrame:
         """Marks ``keys`` as the index :meth:`to_pandas` builds (the columns stay in the
         plan)."""
-        names = _names(keys)
-        missing = [n for n in names if n not in self._frame.columns()]
+        keys = names(keys)
+        missing = [n for n in keys if n not in self._frame.columns()]
         if missing:
             raise PlanError(f"no column(s) {', '.join(missing)} to use as the index")
-        return DataFrame(self._frame, self._session, names)
+        return DataFrame(self._frame, self._session, keys, order=self._order)
 
     def reset_index(self, drop: bool = False) -> DataFrame:
         """Turns the index columns back into ordinary columns, or removes them with
         ``drop=True``."""
         if drop and self._index:
             keep = [c for c in self._frame.columns() if c not in self._index]
-            return DataFrame(
-                self._frame.select([_spate.Expr.col(c) for c in keep]), self._session
-            )
-        return DataFrame(self._frame, self._session)
+            return self._derive(self._frame.select([_spate.Expr.col(c) for c in keep]), index=())
+        return DataFrame(self._frame, self._session, order=self._order)
 
     # ----- relational operations ---------------------------------------------------------
 
@@ -427,13 +395,17 @@ class DataFrame:
     ) -> GroupBy:
         """Groups rows by the columns ``by``; aggregate with :meth:`GroupBy.agg` or
         ``.sum()``, ``.mean()``, ``.count()``, ``.min()``, ``.max()``."""
-        keys = _names(by)
+        keys = names(by)
         missing = [k for k in keys if k not in self._frame.columns()]
         if missing:
             raise PlanError(f"cannot group by missing column(s): {', '.join(missing)}")
         if not keys:
             raise PlanError("groupby needs at least one key column")
         return GroupBy(self, keys, sort=sort, dropna=dropna, as_index=as_index)
+
+    def pipe(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``func(self, *args, **kwargs)``, for chaining."""
+        return func(self, *args, **kwargs)
 
     def merge(
         self,
@@ -463,9 +435,9 @@ class DataFrame:
         if on is not None:
             if left_on is not None or right_on is not None:
                 raise PlanError("merge takes either on= or left_on=/right_on=, not both")
-            lkeys = rkeys = _names(on)
+            lkeys = rkeys = names(on)
         elif left_on is not None or right_on is not None:
-            lkeys, rkeys = _names(left_on), _names(right_on)
+            lkeys, rkeys = names(left_on), names(right_on)
             if len(lkeys) != len(rkeys):
                 raise PlanError(
                     f"merge: {len(lkeys)} left_on keys but {len(rkeys)} right_on keys"
@@ -488,7 +460,7 @@ class DataFrame:
     ) -> DataFrame:
         """Sorts by the columns ``by``; ``ascending`` is one bool or one per key, and nulls go
         ``last`` (default) or ``first``."""
-        keys = _names(by)
+        keys = names(by)
         if isinstance(ascending, bool):
             directions = [ascending] * len(keys)
         else:
@@ -500,8 +472,13 @@ class DataFrame:
         if na_position not in ("last", "first"):
             raise ConfigError(f"na_position must be 'last' or 'first', got {na_position!r}")
         first = na_position == "first"
+        missing = [k for k in keys if k not in self._frame.columns()]
+        if missing:
+            raise PlanError(f"sort_values: no column(s) {', '.join(map(repr, missing))}")
         exprs = [_spate.Expr.col(k) for k in keys]
-        return self._derive(self._frame.sort(exprs, directions, [first] * len(keys)))
+        frame = self._frame.sort(exprs, directions, [first] * len(keys))
+        order = tuple((k, a, first) for k, a in zip(keys, directions))
+        return self._derive(frame, order=order)
 
     def head(self, n: int = 5) -> DataFrame:
         """The first ``n`` rows (in the frame's order, which only ``sort_values`` fixes)."""
@@ -556,20 +533,20 @@ class DataFrame:
             frame = frame.limit(k, 0)
             frame = frame.filter(_spate.Expr.col("distance").is_not_null())
             if not single:
-                frame = frame.with_column("query", _lit(position))
+                frame = frame.with_column("query", lit(position))
             frames.append(frame)
         result = frames[0]
         for frame in frames[1:]:
             result = result.union(frame)
         if not single:
-            names = ["query"] + [c for c in result.columns() if c != "query"]
-            result = result.select([_spate.Expr.col(n) for n in names])
+            ordered = ["query"] + [c for c in result.columns() if c != "query"]
+            result = result.select([_spate.Expr.col(n) for n in ordered])
             result = result.sort(
                 [_spate.Expr.col("query"), _spate.Expr.col("distance")],
                 [True, not larger_is_nearer],
                 [False, False],
             )
-        return self._derive(result)
+        return self._derive(result, order=())
 
     def drop_duplicates(
         self, subset: str | Sequence[str] | None = None, keep: str = "first"
@@ -580,10 +557,10 @@ class DataFrame:
         if keep not in ("first", "last"):
             raise UnsupportedError("drop_duplicates supports keep='first' or 'last' only")
         if subset is None:
-            return self._derive(self._frame.distinct())
-        names = _names(subset)
+            return self._derive(self._frame.distinct(), order=())
+        keys = names(subset)
         return self._derive(
-            self._frame.distinct_on([_spate.Expr.col(n) for n in names], [], [])
+            self._frame.distinct_on([_spate.Expr.col(n) for n in keys], [], []), order=()
         )
 
     # ----- running the plan -------------------------------------------------------------
@@ -602,7 +579,7 @@ class DataFrame:
         index. ``dtype_backend`` is as in ``pandas.read_parquet``: None (NumPy types, nulls
         as NaN/None), ``"numpy_nullable"`` or ``"pyarrow"``."""
         table = self.to_arrow()
-        mapper = _pandas_dtype_mapper(dtype_backend)
+        mapper = pandas_dtype_mapper(dtype_backend)
         frame = table.to_pandas(types_mapper=mapper) if mapper else table.to_pandas()
         if self._index:
             frame = frame.set_index(list(self._index))
@@ -629,7 +606,7 @@ class DataFrame:
         """Registers this frame's plan as the view ``name`` in its session, for SQL, replacing
         any table of that name."""
         self._session._inner.register_frame(name, self._frame)
-        return DataFrame(self._frame, self._session, self._index, name.lower())
+        return DataFrame(self._frame, self._session, self._index, name.lower(), order=self._order)
 
     def __repr__(self) -> str:
         head = self._frame.limit(REPR_ROWS + 1, 0)
@@ -653,607 +630,3 @@ class DataFrame:
             return head.to_pandas().to_html()
         except ImportError:
             return "<pre>" + repr(self) + "</pre>"
-
-
-# ----- columns ---------------------------------------------------------------------------
-
-
-class Column:
-    """A column expression of a :class:`DataFrame`: ``df.a``, ``df["a"]``, or computed from
-    them (``df.a * 2 > df.b``). Use it to filter (``df[mask]``), in ``assign``, or run it on
-    its own (:meth:`to_pandas`, :meth:`sum`, ...)."""
-
-    __slots__ = ("_expr", "_frame", "_name")
-    __hash__ = None  # type: ignore[assignment]  # == builds an expression
-
-    def __init__(self, expr: _spate.Expr, frame: DataFrame | None, name: str | None = None):
-        self._expr = expr
-        self._frame = frame
-        self._name = name
-
-    @property
-    def name(self) -> str:
-        """The output column name."""
-        return self._name if self._name is not None else self._expr.output_name()
-
-    def _new(self, expr: _spate.Expr, other: Operand = None) -> Column:
-        frame = self._frame
-        if frame is None and isinstance(other, Column):
-            frame = other._frame
-        return Column(expr, frame)
-
-    def _binary(self, op: str, other: Operand) -> Column:
-        return self._new(self._expr.binary(op, _lit(other)), other)
-
-    def _rbinary(self, op: str, other: Operand) -> Column:
-        return self._new(_lit(other).binary(op, self._expr), other)
-
-    def _is_string(self) -> bool:
-        kind = self._type()
-        return kind is not None and (
-            pa.types.is_string(kind)
-            or pa.types.is_large_string(kind)
-            or pa.types.is_string_view(kind)
-        )
-
-    def _concatenates(self, other: Operand) -> bool:
-        """Whether ``+`` with ``other`` joins strings (pandas' ``"a" + "b"``)."""
-        if isinstance(other, str):
-            return True
-        return self._is_string() or (isinstance(other, Column) and other._is_string())
-
-    def __add__(self, other: Operand) -> Column:
-        # On strings, + concatenates; a null on either side gives null, as in pandas.
-        return self._binary("||" if self._concatenates(other) else "+", other)
-
-    def __radd__(self, other: Operand) -> Column:
-        return self._rbinary("||" if self._concatenates(other) else "+", other)
-
-    def __sub__(self, other: Operand) -> Column:
-        return self._binary("-", other)
-
-    def __rsub__(self, other: Operand) -> Column:
-        return self._rbinary("-", other)
-
-    def __mul__(self, other: Operand) -> Column:
-        return self._binary("*", other)
-
-    def __rmul__(self, other: Operand) -> Column:
-        return self._rbinary("*", other)
-
-    def __truediv__(self, other: Operand) -> Column:
-        # pandas' true division: float64 even for integers.
-        left = self._expr.cast(pa.float64())
-        return self._new(left.binary("/", _lit(other)), other)
-
-    def __rtruediv__(self, other: Operand) -> Column:
-        left = _lit(other).cast(pa.float64())
-        return self._new(left.binary("/", self._expr), other)
-
-    def __mod__(self, other: Operand) -> Column:
-        # pandas' (Python's) modulo: the result takes the divisor's sign.
-        return self._new(_python_mod(self._expr, _lit(other)), other)
-
-    def __rmod__(self, other: Operand) -> Column:
-        return self._new(_python_mod(_lit(other), self._expr), other)
-
-    def __pow__(self, other: Operand) -> Column:
-        left = self._expr.cast(pa.float64())
-        return self._new(_spate.Expr.function("power", [left, _lit(other)]), other)
-
-    def __eq__(self, other: Operand) -> Column:  # type: ignore[override]
-        return self._binary("==", other)
-
-    def __ne__(self, other: Operand) -> Column:  # type: ignore[override]
-        return self._binary("!=", other)
-
-    def __lt__(self, other: Operand) -> Column:
-        return self._binary("<", other)
-
-    def __le__(self, other: Operand) -> Column:
-        return self._binary("<=", other)
-
-    def __gt__(self, other: Operand) -> Column:
-        return self._binary(">", other)
-
-    def __ge__(self, other: Operand) -> Column:
-        return self._binary(">=", other)
-
-    def __and__(self, other: Operand) -> Column:
-        return self._binary("&", other)
-
-    def __rand__(self, other: Operand) -> Column:
-        return self._rbinary("&", other)
-
-    def __or__(self, other: Operand) -> Column:
-        return self._binary("|", other)
-
-    def __ror__(self, other: Operand) -> Column:
-        return self._rbinary("|", other)
-
-    def __invert__(self) -> Column:
-        return self._new(self._expr.invert())
-
-    def __neg__(self) -> Column:
-        return self._new(self._expr.negate())
-
-    def __abs__(self) -> Column:
-        return self.abs()
-
-    def __bool__(self) -> bool:
-        raise TypeError(
-            "the truth value of a Column is ambiguous: combine masks with & | ~, not "
-            "and/or/not"
-        )
-
-    def abs(self) -> Column:
-        """The absolute value."""
-        return self._new(_spate.Expr.function("abs", [self._expr]))
-
-    def _type(self) -> pa.DataType | None:
-        """The Arrow type of this expression in its frame (planning only, nothing runs), or
-        None for a column not attached to a frame."""
-        if self._frame is None:
-            return None
-        return self._frame._frame.select([self._expr]).schema().field(0).type
-
-    def round(self, decimals: int = 0) -> Column:
-        """Rounded to ``decimals`` places. Floats round half to even, as in pandas and NumPy
-        (``2.5`` becomes 2, SQL's ``round`` gives 3); integers are unchanged for
-        ``decimals >= 0``."""
-        kind = self._type()
-        if kind is not None and pa.types.is_integer(kind) and decimals >= 0:
-            return self
-        if kind is None or not pa.types.is_floating(kind):
-            return self._new(_spate.Expr.function("round", [self._expr, _lit(decimals)]))
-        # As NumPy does: multiply by 10**decimals, or divide by 10**-decimals when negative.
-        scale = _lit(10.0 ** abs(decimals))
-        scale_up, scale_down = ("*", "/") if decimals >= 0 else ("/", "*")
-        scaled = self._expr.binary(scale_up, scale)
-        fraction = _spate.Expr.function(
-            "abs", [scaled.binary("-", _spate.Expr.function("trunc", [scaled]))]
-        )
-        # A tie (exactly .5 after scaling) goes to the even neighbour: 2 * round(y / 2).
-        even = _lit(2.0).binary(
-            "*", _spate.Expr.function("round", [scaled.binary("/", _lit(2.0))])
-        )
-        nearest = _spate.Expr.function("round", [scaled])
-        rounded = _spate.Expr.case([(fraction.binary("==", _lit(0.5)), even)], nearest)
-        return self._new(rounded.binary(scale_down, scale))
-
-    def isin(self, values: Iterable[Any]) -> Column:
-        """True where the value is one of ``values``, else False, never null: as in pandas, a
-        null is not in ``values`` unless a null marker (None, NaN, ``pd.NA``) is among them.
-        (pandas' rule depends on the dtype, e.g. an ``Int64`` NA only matches ``pd.NA`` and a
-        float NaN only ``NaN``; Spate has one null, which any of them matches.)"""
-        values = list(values)
-        present = [v for v in values if not _is_missing(v)]
-        if not present:
-            return self._new(self._expr.is_null() if values else _lit(False))
-        matches = self._expr.isin([_lit(v) for v in present])
-        if len(present) < len(values):
-            return self._new(matches.binary("|", self._expr.is_null()))
-        return self._new(_spate.Expr.function("coalesce", [matches, _lit(False)]))
-
-    def between(self, left: Operand, right: Operand, inclusive: str = "both") -> Column:
-        """True where ``left <= value <= right`` (``inclusive``: both, neither, left,
-        right)."""
-        lower = self >= left if inclusive in ("both", "left") else self > left
-        upper = self <= right if inclusive in ("both", "right") else self < right
-        return lower & upper
-
-    def isnull(self) -> Column:
-        """True where the value is null (NaN in pandas input becomes null)."""
-        return self._new(self._expr.is_null())
-
-    isna = isnull
-
-    def notnull(self) -> Column:
-        """True where the value is not null."""
-        return self._new(self._expr.is_not_null())
-
-    notna = notnull
-
-    def fillna(self, value: Operand) -> Column:
-        """Nulls replaced by ``value``."""
-        return self._new(_spate.Expr.function("coalesce", [self._expr, _lit(value)]), value)
-
-    def astype(self, dtype: Any) -> Column:
-        """Cast to ``dtype``: a pyarrow type, a NumPy dtype or its name (``"int32"``,
-        ``"float64"``), or ``"str"``. Booleans become ``"True"`` / ``"False"`` as in pandas;
-        other values are formatted as Arrow formats them (floats with exponents differ from
-        Python's: ``1e20`` rather than ``1e+20``)."""
-        target = _arrow_type(dtype)
-        if pa.types.is_string(target) and pa.types.is_boolean(self._type()):
-            text = _spate.Expr.case(
-                [(self._expr, _lit("True")), (self._expr.invert(), _lit("False"))]
-            )
-            return self._new(text)
-        return self._new(self._expr.cast(target))
-
-    def alias(self, name: str) -> Column:
-        """The same values under the column name ``name``."""
-        return Column(self._expr.alias(name), self._frame, name)
-
-    rename = alias
-
-    # ----- running a column on its own -----------------------------------------------------
-
-    def _owner(self) -> DataFrame:
-        if self._frame is None:
-            raise PlanError("this column is not attached to a DataFrame")
-        return self._frame
-
-    def _aggregate(self, name: str, distinct: bool = False) -> Any:
-        owner = self._owner()
-        value = self._expr
-        if name in ("sum", "avg") and pa.types.is_boolean(self._type()):
-            # pandas counts True as 1: the sum of a mask is its number of True values.
-            value = value.cast(pa.int64() if name == "sum" else pa.float64())
-        agg = _spate.Expr.aggregate(name, [value], distinct).alias("value")
-        frame = owner._frame.aggregate([], [agg])
-        return pa.table(frame).column(0)[0].as_py()
-
-    def sum(self) -> Any:
-        """The sum of the non-null values (0 when there are none, as in pandas)."""
-        result = self._aggregate("sum")
-        return 0 if result is None else result
-
-    def mean(self) -> Any:
-        """The mean of the non-null values (None when there are none)."""
-        return self._aggregate("avg")
-
-    def min(self) -> Any:
-        """The smallest non-null value."""
-        return self._aggregate("min")
-
-    def max(self) -> Any:
-        """The largest non-null value."""
-        return self._aggregate("max")
-
-    def count(self) -> int:
-        """The number of non-null values."""
-        return int(self._aggregate("count"))
-
-    def nunique(self) -> int:
-        """The number of distinct non-null values."""
-        return int(self._aggregate("count", distinct=True))
-
-    def to_arrow(self) -> pa.ChunkedArray:
-        """Runs the column's plan and returns its values."""
-        frame = self._owner()._frame.select([self._expr.alias(self.name)])
-        return pa.table(frame).column(0)
-
-    def to_pandas(self) -> pandas.Series:
-        """Runs the column's plan and returns a ``pandas.Series``."""
-        return self.to_arrow().to_pandas().rename(self.name)
-
-    def to_polars(self) -> polars.Series:
-        """Runs the column's plan and returns a ``polars.Series``."""
-        import polars as pl
-
-        return pl.Series(self.name, self.to_arrow())
-
-    def __len__(self) -> int:
-        return len(self._owner())
-
-    def __repr__(self) -> str:
-        return f"Column({self.name}: {self._expr!r})"
-
-    # Last in the class: from here on, `str` in annotations would mean this property.
-    @property
-    def str(self) -> StringMethods:
-        """String methods: ``contains``, ``startswith``, ``endswith``, ``lower``, ...."""
-        return StringMethods(self)
-
-
-def _arrow_type(dtype: Any) -> pa.DataType:
-    if isinstance(dtype, pa.DataType):
-        return dtype
-    if dtype in (str, "str", "string", "object"):
-        return pa.string()
-    if dtype in (bool, "bool", "boolean"):
-        return pa.bool_()
-    if dtype is int:
-        return pa.int64()
-    if dtype is float:
-        return pa.float64()
-    try:
-        import numpy as np
-
-        return pa.from_numpy_dtype(np.dtype(dtype))
-    except Exception as e:
-        raise ConfigError(f"cannot cast to {dtype!r}: not a type Spate knows ({e})") from None
-
-
-class StringMethods:
-    """String functions of a Column (``df.name.str.contains("x")``), as in pandas."""
-
-    __slots__ = ("_column",)
-
-    def __init__(self, column: Column) -> None:
-        self._column = column
-
-    def _call(self, function: str, *args: Operand) -> Column:
-        exprs = [self._column._expr, *(_lit(a) for a in args)]
-        return self._column._new(_spate.Expr.function(function, exprs))
-
-    def contains(
-        self, pat: str, case: bool = True, regex: bool = True, na: bool | None = None
-    ) -> Column:
-        """True where the value contains ``pat``: a regular expression unless
-        ``regex=False``; ``case=False`` ignores case; ``na`` replaces the result for nulls."""
-        if regex:
-            args: list[Operand] = [pat] if case else [pat, "i"]
-            result = self._call("regexp_like", *args)
-        elif case:
-            result = self._call("contains", pat)
-        else:
-            lowered = self.lower()
-            result = lowered._new(
-                _spate.Expr.function("contains", [lowered._expr, _lit(pat.lower())])
-            )
-        return result if na is None else result.fillna(na)
-
-    def startswith(self, prefix: str) -> Column:
-        """True where the value starts with ``prefix``."""
-        return self._call("starts_with", prefix)
-
-    def endswith(self, suffix: str) -> Column:
-        """True where the value ends with ``suffix``."""
-        return self._call("ends_with", suffix)
-
-    def lower(self) -> Column:
-        """Lower-cased."""
-        return self._call("lower")
-
-    def upper(self) -> Column:
-        """Upper-cased."""
-        return self._call("upper")
-
-    def len(self) -> Column:
-        """The length in characters."""
-        return self._call("character_length")
-
-    def strip(self) -> Column:
-        """Without leading and trailing whitespace."""
-        return self._call("btrim")
-
-    def replace(self, pat: str, repl: str, regex: bool = False) -> Column:
-        """Every occurrence of ``pat`` replaced by ``repl`` (a regular expression with
-        ``regex=True``)."""
-        if regex:
-            return self._call("regexp_replace", pat, repl, "g")
-        return self._call("replace", pat, repl)
-
-
-# ----- groupby ---------------------------------------------------------------------------
-
-#: pandas aggregation names and the DataFusion functions that compute them.
-_AGGREGATES = {
-    "sum": "sum",
-    "mean": "avg",
-    "count": "count",
-    "min": "min",
-    "max": "max",
-    "median": "median",
-    "std": "stddev",
-    "var": "var_samp",
-    "nunique": "count",
-    "size": "count",
-}
-
-
-class _Aggregate(NamedTuple):
-    """One output column of a grouped aggregation."""
-
-    #: The aggregate expression, aliased to ``name``.
-    expr: _spate.Expr
-    #: The output column name.
-    name: str
-    #: Whether a null result becomes 0 (``sum``).
-    zero_fill: bool
-
-
-class GroupBy:
-    """Rows grouped by key columns; aggregate them with :meth:`agg` or a shortcut such as
-    :meth:`sum`. Follows pandas: null keys are dropped (``dropna``), the result is sorted by
-    the keys (``sort``) and the keys become the index (``as_index``)."""
-
-    __slots__ = ("_df", "_keys", "_sort", "_dropna", "_as_index", "_selection")
-
-    def __init__(
-        self,
-        df: DataFrame,
-        keys: list[str],
-        sort: bool,
-        dropna: bool,
-        as_index: bool,
-        selection: list[str] | None = None,
-    ) -> None:
-        self._df = df
-        self._keys = keys
-        self._sort = sort
-        self._dropna = dropna
-        self._as_index = as_index
-        self._selection = selection
-
-    def __getitem__(self, columns: str | Sequence[str]) -> GroupBy:
-        """The same grouping, aggregating only ``columns``."""
-        names = _names(columns)
-        missing = [n for n in names if n not in self._df._frame.columns()]
-        if missing:
-            raise PlanError(f"no column(s) {', '.join(missing)} to aggregate")
-        return GroupBy(self._df, self._keys, self._sort, self._dropna, self._as_index, names)
-
-    def _values(self) -> list[str]:
-        if self._selection is not None:
-            return self._selection
-        return [c for c in self._df._frame.columns() if c not in self._keys]
-
-    def _aggregate_expr(self, column: str, how: str, output: str) -> _Aggregate:
-        """The aggregate ``how`` of ``column`` named ``output``, and whether a null result
-        (a group with no values) becomes 0, as pandas' ``sum`` does."""
-        if how not in _AGGREGATES:
-            raise UnsupportedError(
-                f"unknown aggregation '{how}': expected one of {', '.join(_AGGREGATES)}"
-            )
-        schema = self._df.schema
-        if column not in schema.names:
-            raise PlanError(
-                f"cannot aggregate missing column '{column}'; the columns are: "
-                f"{', '.join(schema.names)}"
-            )
-        value = _spate.Expr.col(column)
-        field_type = schema.field(column).type
-        if pa.types.is_boolean(field_type) and how in ("sum", "mean", "std", "var", "median"):
-            value = value.cast(pa.int64() if how == "sum" else pa.float64())
-        if how == "size":
-            expr = _spate.Expr.aggregate("count", [_lit(1)])
-        else:
-            expr = _spate.Expr.aggregate(_AGGREGATES[how], [value], how == "nunique")
-        # pandas: the sum of no values is 0 (min_count=0), not null.
-        return _Aggregate(expr.alias(output), output, how == "sum")
-
-    def agg(
-        self,
-        spec: str | Sequence[str] | Mapping[str, str | Sequence[str]] | None = None,
-        **named: tuple[str, str],
-    ) -> DataFrame:
-        """Aggregates each group.
-
-        - ``agg("sum")`` applies one function to every value column;
-        - ``agg(["sum", "max"])`` applies several: the columns are named ``v_sum``, ``v_max``
-          (Arrow has no two-level header), and :meth:`DataFrame.to_pandas` shows them under
-          pandas' ``(v, sum)`` header;
-        - ``agg({"v": "sum", "w": ["min", "max"]})`` picks functions per column (with a list
-          among them, every column gets the two-level header, as in pandas);
-        - ``agg(total=("v", "sum"))`` names the outputs (pandas' named aggregation).
-
-        Functions: sum, mean, count, min, max, median, std, var, nunique, size.
-        """
-        outputs: list[_Aggregate] = []
-        levels: dict[str, tuple[str, str]] = {}
-        if spec is not None and named:
-            raise PlanError("agg takes either a spec or named aggregations, not both")
-        if named:
-            for output, pair in named.items():
-                if not (isinstance(pair, tuple) and len(pair) == 2):
-                    raise PlanError(
-                        f"named aggregation {output}= must be a (column, function) pair"
-                    )
-                column, how = pair
-                outputs.append(self._aggregate_expr(column, how, output))
-        elif isinstance(spec, str):
-            outputs = [self._aggregate_expr(c, spec, c) for c in self._values()]
-        elif isinstance(spec, Mapping):
-            two_levels = any(not isinstance(hows, str) for hows in spec.values())
-            for column, hows in spec.items():
-                if isinstance(hows, str):
-                    outputs.append(self._aggregate_expr(column, hows, column))
-                    if two_levels:
-                        levels[column] = (column, hows)
-                else:
-                    for h in hows:
-                        outputs.append(self._aggregate_expr(column, h, f"{column}_{h}"))
-                        levels[f"{column}_{h}"] = (column, h)
-        elif spec is not None:
-            for c, h in itertools.product(self._values(), list(spec)):
-                outputs.append(self._aggregate_expr(c, h, f"{c}_{h}"))
-                levels[f"{c}_{h}"] = (c, h)
-        else:
-            raise PlanError("agg needs a function, a list, a dict or named aggregations")
-        if not outputs:
-            raise PlanError("nothing to aggregate: the frame has no columns besides the keys")
-        return self._run(outputs, levels)
-
-    def _run(
-        self, outputs: list[_Aggregate], levels: Mapping[str, tuple[str, str]] | None = None
-    ) -> DataFrame:
-        clash = [o.name for o in outputs if o.name in self._keys]
-        if clash:
-            raise PlanError(
-                f"the aggregate column(s) {', '.join(repr(c) for c in clash)} would have the "
-                "name of a group key (a Spate frame holds its index as columns, so names must "
-                f"differ); name them with a named aggregation, e.g. "
-                f"agg({clash[0]}_count=({clash[0]!r}, 'count'))"
-            )
-        frame = self._df.reset_index()._frame
-        keys = [_spate.Expr.col(k) for k in self._keys]
-        if self._dropna:
-            mask = keys[0].is_not_null()
-            for key in keys[1:]:
-                mask = mask.binary("&", key.is_not_null())
-            frame = frame.filter(mask)
-        frame = frame.aggregate(keys, [o.expr for o in outputs])
-        zero_fill = [o.name for o in outputs if o.zero_fill]
-        if zero_fill:
-            # 0 of the aggregate's own type (SUM of decimal(10, 2) is decimal(20, 2)): an int
-            # literal would widen it.
-            schema = frame.schema()
-            for name in zero_fill:
-                zero = _lit(0).cast(schema.field(name).type)
-                frame = frame.with_column(
-                    name, _spate.Expr.function("coalesce", [_spate.Expr.col(name), zero])
-                )
-        if self._sort:
-            n = len(keys)
-            frame = frame.sort([_spate.Expr.col(k) for k in self._keys], [True] * n, [False] * n)
-        index = self._keys if self._as_index else ()
-        return DataFrame(frame, self._df._session, index, levels=levels)
-
-    def _numeric(self) -> list[str]:
-        schema = self._df.schema
-        return [
-            c
-            for c in self._values()
-            if pa.types.is_integer(schema.field(c).type)
-            or pa.types.is_floating(schema.field(c).type)
-            or pa.types.is_decimal(schema.field(c).type)
-            or pa.types.is_boolean(schema.field(c).type)
-        ]
-
-    def _each(self, how: str, columns: list[str]) -> DataFrame:
-        if not columns:
-            raise PlanError(f"no columns to {how}")
-        return self._run([self._aggregate_expr(c, how, c) for c in columns])
-
-    def sum(self) -> DataFrame:
-        """The sum of each numeric column per group (0 for a group with no values)."""
-        return self._each("sum", self._numeric())
-
-    def mean(self) -> DataFrame:
-        """The mean of each numeric column per group."""
-        return self._each("mean", self._numeric())
-
-    def median(self) -> DataFrame:
-        """The median of each numeric column per group."""
-        return self._each("median", self._numeric())
-
-    def std(self) -> DataFrame:
-        """The sample standard deviation of each numeric column per group."""
-        return self._each("std", self._numeric())
-
-    def var(self) -> DataFrame:
-        """The sample variance of each numeric column per group."""
-        return self._each("var", self._numeric())
-
-    def count(self) -> DataFrame:
-        """The number of non-null values of each column per group."""
-        return self._each("count", self._values())
-
-    def nunique(self) -> DataFrame:
-        """The number of distinct non-null values of each column per group."""
-        return self._each("nunique", self._values())
-
-    def min(self) -> DataFrame:
-        """The smallest value of each column per group."""
-        return self._each("min", self._values())
-
-    def max(self) -> DataFrame:
-        """The largest value of each column per group."""
-        return self._each("max", self._values())
-
-    def size(self) -> DataFrame:
-        """The number of rows per group, as column ``size``."""
-        return self._run([self._aggregate_expr(self._keys[0], "size", "size")])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import itertools
 import os
 import re
@@ -9,12 +10,12 @@ import threading
 import weakref
 from pathlib import Path
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
 
 import pyarrow as pa
 
 from spate import _spate
-from spate.errors import PlanError
+from spate.errors import ConfigError, PlanError
 from spate.frame import DataFrame
 from spate.streaming import Listener, Stream, Subscription
 
@@ -23,6 +24,9 @@ if TYPE_CHECKING:  # pragma: no cover
     import polars
 
 __all__ = ["Session", "default_session", "set_default_session"]
+
+#: What the readers take: one path (a file, a folder, or a glob), or a list of them.
+PathOrPaths = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
 
 
 def _table_name_for(path: str | os.PathLike[str]) -> str:
@@ -162,26 +166,42 @@ class Session:
 
     # ----- readers -----------------------------------------------------------------------
 
-    def _read(self, path: str | os.PathLike[str], name: str | None, fmt: str) -> DataFrame:
+    def _read(self, path: PathOrPaths, name: str | None, fmt: str) -> DataFrame:
+        """Registers ``path`` (a file, a folder or a glob such as ``data/*.parquet``), or
+        each of a list of paths, whose tables are stacked by column name."""
+        if isinstance(path, (str, os.PathLike)) and not os.path.exists(path) and glob.has_magic(os.fspath(path)):
+            matches = sorted(glob.glob(os.fspath(path)))
+            if not matches:
+                raise ConfigError(f"no file matches {os.fspath(path)!r}")
+            path = matches
+        if isinstance(path, (list, tuple)):
+            if not path:
+                raise ConfigError("the list of paths is empty")
+            from spate.reshape import concat
+
+            frames = [self._read(p, None, fmt) for p in path]
+            combined = concat(frames) if len(frames) > 1 else frames[0]
+            return combined.register(name) if name else combined
+        assert isinstance(path, (str, os.PathLike))
         name = name or self._unique(_table_name_for(path))
         self._inner.register_file(name, os.fspath(path), fmt)
         return self.table(name)
 
-    def read_parquet(self, path: str | os.PathLike[str], name: str | None = None) -> DataFrame:
+    def read_parquet(self, path: PathOrPaths, name: str | None = None) -> DataFrame:
         """Registers a Parquet file or folder as table ``name`` (default: from the file name)
         and returns it."""
         return self._read(path, name, "parquet")
 
-    def read_csv(self, path: str | os.PathLike[str], name: str | None = None) -> DataFrame:
+    def read_csv(self, path: PathOrPaths, name: str | None = None) -> DataFrame:
         """Registers a CSV file (with a header row) or folder as table ``name`` (default: from
         the file name) and returns it."""
         return self._read(path, name, "csv")
 
-    def read_json(self, path: str | os.PathLike[str], name: str | None = None) -> DataFrame:
+    def read_json(self, path: PathOrPaths, name: str | None = None) -> DataFrame:
         """Registers a newline-delimited JSON file or folder and returns it."""
         return self._read(path, name, "ndjson")
 
-    def read_ipc(self, path: str | os.PathLike[str], name: str | None = None) -> DataFrame:
+    def read_ipc(self, path: PathOrPaths, name: str | None = None) -> DataFrame:
         """Registers an Arrow IPC (Feather v2) file or folder and returns it."""
         return self._read(path, name, "arrow")
 

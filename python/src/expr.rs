@@ -9,6 +9,7 @@ use std::sync::{Arc, OnceLock};
 
 use arrow_pyarrow::PyArrowType;
 use pyo3::prelude::*;
+use pyo3::types::PyAny;
 use spate::arrow::array::{ArrayData, make_array};
 use spate::arrow::datatypes::DataType;
 use spate::datafusion::common::{Column, ScalarValue};
@@ -19,6 +20,7 @@ use spate::datafusion::logical_expr::{
 
 use spate::datafusion::functions::all_default_functions;
 use spate::datafusion::functions_aggregate::all_default_aggregate_functions;
+use spate::datafusion::functions_nested::all_default_nested_functions;
 
 use crate::errors::{self, IntoPyResult, Origin};
 
@@ -41,13 +43,19 @@ fn scalar_functions() -> &'static [Arc<ScalarUDF>] {
     FUNCTIONS.get_or_init(|| {
         let mut functions = spate::vector::functions();
         functions.extend(all_default_functions());
+        functions.extend(all_default_nested_functions());
         functions
     })
 }
 
-fn aggregate_functions() -> &'static [Arc<AggregateUDF>] {
+/// DataFusion's aggregates, and `product` (for `prod` and `cumprod`).
+pub(crate) fn aggregate_functions() -> &'static [Arc<AggregateUDF>] {
     static FUNCTIONS: OnceLock<Vec<Arc<AggregateUDF>>> = OnceLock::new();
-    FUNCTIONS.get_or_init(all_default_aggregate_functions)
+    FUNCTIONS.get_or_init(|| {
+        let mut functions = all_default_aggregate_functions();
+        functions.push(crate::window::product());
+        functions
+    })
 }
 
 fn exprs(args: Vec<PyExpr>) -> Vec<Expr> {
@@ -202,6 +210,51 @@ impl PyExpr {
             return call.distinct().build().py(Origin::Frame).map(Into::into);
         }
         Ok(call.into())
+    }
+
+    /// `name(args) OVER (PARTITION BY partition_by ORDER BY order_by frame)`: a window
+    /// function (`row_number`, `rank`, `lag`, `last_value`, ...), an aggregate, or `product`.
+    /// `order_by` holds `(expr, ascending, nulls_first)`; `frame` is `(units, start, end)` with
+    /// units `rows`, `range` or `groups` and each end `("preceding" | "following", value or
+    /// None for UNBOUNDED)` or `("current", None)`; None gives SQL's default frame.
+    #[staticmethod]
+    #[pyo3(signature = (name, args, partition_by, order_by, frame = None, ignore_nulls = false))]
+    fn window(
+        name: &str,
+        args: Vec<PyExpr>,
+        partition_by: Vec<PyExpr>,
+        order_by: Vec<(PyExpr, bool, bool)>,
+        frame: Option<(String, crate::window::PyBound, crate::window::PyBound)>,
+        ignore_nulls: bool,
+    ) -> PyResult<Self> {
+        crate::window::window(
+            name,
+            exprs(args),
+            exprs(partition_by),
+            order_by,
+            frame,
+            ignore_nulls,
+        )
+        .map(Into::into)
+    }
+
+    /// A call of the Python `callable` on each batch: it gets the arguments as a list of
+    /// pyarrow arrays and returns one pyarrow array of `return_type` (see `udf.rs`).
+    #[staticmethod]
+    fn python_function(
+        name: &str,
+        callable: Bound<'_, PyAny>,
+        args: Vec<PyExpr>,
+        return_type: PyArrowType<DataType>,
+    ) -> PyResult<Self> {
+        if !callable.is_callable() {
+            return Err(errors::invalid(format!(
+                "{name}: the function is not callable"
+            )));
+        }
+        let function =
+            crate::udf::PythonFunction::new(name.to_string(), callable.unbind(), return_type.0);
+        Ok(ScalarUDF::from(function).call(exprs(args)).into())
     }
 
     /// The names of the columns this expression reads, sorted, without duplicates.

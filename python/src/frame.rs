@@ -11,11 +11,12 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 use spate::Engine;
-use spate::arrow::array::{Array, StringArray};
+use spate::arrow::array::{Array, StringArray, UInt64Array};
 use spate::arrow::datatypes::{FieldRef, SchemaRef};
 use spate::arrow::record_batch::RecordBatch;
-use spate::datafusion::common::{Column, JoinType, TableReference};
+use spate::datafusion::common::{Column, JoinType, NullHandling, TableReference, UnnestOptions};
 use spate::datafusion::dataframe::DataFrame;
+use spate::datafusion::dataframe::DataFrameWriteOptions;
 use spate::datafusion::error::DataFusionError;
 use spate::datafusion::logical_expr::{BinaryExpr, Expr, Operator};
 use spate::datafusion::prelude::coalesce;
@@ -345,6 +346,44 @@ impl PyFrame {
             }
         }
         Ok(self.with(joined.select(output).py(Origin::Frame)?))
+    }
+
+    /// One row per element of the list column `column`, the other columns repeated
+    /// (pandas' `explode`): a null or empty list gives one row with a null element.
+    fn explode(&self, column: &str) -> PyResult<Self> {
+        let options = UnnestOptions::new().with_null_handling(NullHandling::PreserveAndExpandEmpty);
+        Ok(self.with(
+            self.df
+                .clone()
+                .unnest_columns_with_options(&[column], options)
+                .py(Origin::Frame)?,
+        ))
+    }
+
+    /// Runs the plan and writes its result to `path` as one `parquet`, `csv` (with a header)
+    /// or `json` (newline-delimited) file, by the engine; returns the rows written.
+    fn write(&self, py: Python<'_>, path: String, format: &str) -> PyResult<u64> {
+        let df = self.df.clone();
+        let options = DataFrameWriteOptions::new().with_single_file_output(true);
+        let format = format.to_string();
+        let written = wait(py, async move {
+            match format.as_str() {
+                "parquet" => df.write_parquet(&path, options, None).await,
+                "csv" => df.write_csv(&path, options, None).await,
+                "json" => df.write_json(&path, options, None).await,
+                other => Err(DataFusionError::Configuration(format!(
+                    "unknown output format '{other}': expected parquet, csv or json"
+                ))),
+            }
+        })?
+        .py(Origin::Frame)?;
+        let mut rows = 0u64;
+        for batch in &written {
+            if let Some(counts) = batch.column(0).as_any().downcast_ref::<UInt64Array>() {
+                rows += counts.iter().flatten().sum::<u64>();
+            }
+        }
+        Ok(rows)
     }
 
     /// A SQL expression (e.g. `"a > 2 AND b IS NOT NULL"`) over this frame's columns.

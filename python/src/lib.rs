@@ -18,6 +18,8 @@ mod interchange;
 mod runtime;
 mod session;
 mod stream;
+mod udf;
+mod window;
 
 use pyo3::prelude::*;
 

@@ -65,6 +65,28 @@ def random_frame(seed: int, rows: int = ROWS) -> pd.DataFrame:
     )
 
 
+def timed_frame(seed: int, rows: int = 400) -> pd.DataFrame:
+    """A frame for order-dependent methods: ``id`` (unique, the sort key), ``ts`` (unique
+    timestamps, minutes apart with gaps), ``tz`` (the same, UTC), ``k`` (a string key with
+    nulls), ``i`` (int64), ``f`` (float64 with NaN), ``n`` (Int64 with NA), ``s`` (strings
+    with None), ``b`` (bool)."""
+    rng = np.random.default_rng(seed)
+    base = random_frame(seed, rows)
+    steps = rng.integers(1, 90, rows).cumsum()
+    ts = pd.Timestamp("2026-03-28 22:00") + pd.to_timedelta(steps, unit="min")
+    base = base.sort_values("id").reset_index(drop=True)
+    base["ts"] = ts
+    base["tz"] = ts.tz_localize("UTC")
+    return base[["id", "ts", "tz", "k", "i", "f", "n", "s", "b"]]
+
+
+@pytest.fixture(scope="module", params=["cpu", "emulated"])
+def backend(request: pytest.FixtureRequest) -> spate.Session:
+    """A session on each backend the tests run everywhere: ``cpu`` and ``emulated`` (the
+    GPU operators on the host emulator)."""
+    return spate.Session(backend=request.param)
+
+
 @pytest.fixture(scope="session")
 def cpu() -> spate.Session:
     """One CPU session shared by the tests that only read from it."""

@@ -83,3 +83,41 @@ def test_expression_pipeline(session, seed):
     )
     expected = expected[(expected.a > 2) | expected.e][["id", "a", "c", "d", "e"]]
     assert_same(got, expected)
+
+
+#: Steps of the random pipeline of the pandas surface: each takes (spate frame, pandas frame)
+#: sorted by id, and returns both after one method.
+SURFACE_STEPS = {
+    "dropna": lambda s, p: (s.dropna(subset=["f"]), p.dropna(subset=["f"])),
+    "fillna": lambda s, p: (s.fillna({"f": 0.5, "s": "?"}), p.fillna({"f": 0.5, "s": "?"})),
+    "cumsum": lambda s, p: (s.assign(c=s.i.cumsum()), p.assign(c=p.i.cumsum())),
+    "shift": lambda s, p: (s.assign(c=s.f.shift(2)), p.assign(c=p.f.shift(2))),
+    "rank": lambda s, p: (s.assign(c=s.i.rank(method="min")), p.assign(c=p.i.rank(method="min"))),
+    "rolling": lambda s, p: (
+        s.assign(c=s.f.rolling(4, min_periods=1).mean()),
+        p.assign(c=p.f.rolling(4, min_periods=1).mean()),
+    ),
+    "clip": lambda s, p: (s.assign(i=s.i.clip(-10, 10)), p.assign(i=p.i.clip(-10, 10))),
+    "query": lambda s, p: (s.query("i > -20"), p.query("i > -20")),
+    "ffill": lambda s, p: (s.assign(f=s.f.ffill()), p.assign(f=p.f.ffill())),
+    "transform": lambda s, p: (
+        s.assign(c=s.groupby("k")["i"].transform("sum")),
+        p.assign(c=p.groupby("k")["i"].transform("sum")),
+    ),
+}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_surface_pipeline(session, seed):
+    """Three random steps of the pandas surface, each followed by a comparison in order
+    (every step keeps the sort by ``id``)."""
+    pdf = frame_for(seed).sort_values("id").reset_index(drop=True)
+    pdf = pdf.drop(columns=["g"])
+    df = session.from_pandas(pdf).sort_values("id")
+    rng = np.random.default_rng(seed)
+    names = sorted(SURFACE_STEPS)
+    for step in rng.choice(names, 3, replace=False):
+        df, pdf = SURFACE_STEPS[step](df, pdf)
+        pdf = pdf.reset_index(drop=True)
+        columns = [c for c in pdf.columns if c != "c"] + (["c"] if "c" in pdf.columns else [])
+        assert_same(df[columns], pdf[columns], sort=False, rtol=1e-9)
