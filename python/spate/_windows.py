@@ -146,11 +146,11 @@ def ranked(
             )
         rank = over("row_number", [], [*by, *order], partition)
     else:
-        low = over("rank", [], by, partition)
+        low = over("rank", [], by, partition).cast(pa.int64())
         if method == "min":
             rank = low
         else:
-            peers = over("count", [lit(1)], (), [*partition, value], WHOLE)
+            peers = over("count", [lit(1)], (), [*partition, value], WHOLE).cast(pa.int64())
             high = low.binary("+", peers).binary("-", lit(1))
             rank = high if method == "max" else low.binary("+", high).cast(pa.float64()).binary(
                 "/", lit(2.0)

@@ -183,16 +183,18 @@ class DataFrame(
         """All columns, with ``columns`` added or replaced in place. Window expressions are
         computed under temporary names, the rows re-sorted by the frame's order, and then
         renamed, so the result keeps the order even where a window replaces a sort key."""
+        existing = self._frame.columns()
         if not windowed or not self._order:
-            frame = self._frame
-            for name, expr in columns.items():
-                frame = frame.with_column(name, expr)
-            return self._derive(frame)
-        frame = self._frame
-        temporary = {}
-        for i, (name, expr) in enumerate(columns.items()):
-            temporary[name] = f"__spate_window_{i}"
-            frame = frame.with_column(temporary[name], expr)
+            exprs = [
+                columns[c].alias(c) if c in columns else _spate.Expr.col(c) for c in existing
+            ]
+            exprs += [e.alias(n) for n, e in columns.items() if n not in existing]
+            return self._derive(self._frame.select(exprs))
+        temporary = {name: f"__spate_window_{i}" for i, name in enumerate(columns)}
+        frame = self._frame.select(
+            [_spate.Expr.col(c) for c in existing]
+            + [expr.alias(temporary[name]) for name, expr in columns.items()]
+        )
         keys = [_spate.Expr.col(k) for k, _, _ in self._order]
         frame = frame.sort(keys, [a for _, a, _ in self._order], [n for _, _, n in self._order])
         output = []
@@ -204,8 +206,7 @@ class DataFrame(
         output += [
             _spate.Expr.col(t).alias(n) for n, t in temporary.items() if n not in self._frame.columns()
         ]
-        replaced = set(columns)
-        order = () if any(k in replaced for k, _, _ in self._order) else self._order
+        order = () if any(k in columns for k, _, _ in self._order) else self._order
         return self._derive(frame.select(output), order=order)
 
     # ----- shape and schema ------------------------------------------------------------
@@ -340,12 +341,19 @@ class DataFrame(
         """A frame with the given columns added or replaced. Values are Columns, scalars, or
         callables taking the frame (evaluated in order, so later ones see earlier ones)."""
         frame = self
+        pending: dict[str, _spate.Expr] = {}
+        windowed = False
         for name, value in columns.items():
             if callable(value) and not isinstance(value, Column):
+                # A callable sees the frame with every column assigned before it.
+                if pending:
+                    frame, pending, windowed = frame._with_columns(pending, windowed), {}, False
                 value = value(frame)
-            windowed = isinstance(value, Column) and value._windowed
-            frame = frame._with_columns({name: frame._operand(value)}, windowed)
-        return frame
+            # Values built before the call read the frame as it was, as pandas' do: they are
+            # computed together, in one projection (one sort for all window columns).
+            pending[name] = frame._operand(value)
+            windowed = windowed or (isinstance(value, Column) and value._windowed)
+        return frame._with_columns(pending, windowed) if pending else frame
 
     def drop(self, columns: str | Sequence[str]) -> DataFrame:
         """A frame without ``columns``."""

@@ -241,3 +241,10 @@ def test_map_apply_pipe(sdf, pdf):
     assert_same(got[["id", "m", "f2", "g", "r"]], expected[["id", "m", "f2", "g", "r"]])
     assert "python:<lambda>" in sdf.assign(x=sdf.i.map(lambda v: v)).explain()
     assert sdf.pipe(lambda d, n: d.head(n), 3).shape == (3, len(pdf.columns))
+
+
+def test_assign_reads_the_frame_as_it_was(sdf, pdf):
+    # pandas evaluates the values before assigning; a callable sees the earlier assignments.
+    got = sdf.assign(i=sdf.i + 1, j=sdf.i * 2, k2=lambda d: d.i * 10)[["id", "i", "j", "k2"]]
+    expected = pdf.assign(i=pdf.i + 1, j=pdf.i * 2, k2=lambda d: d.i * 10)[["id", "i", "j", "k2"]]
+    assert_same(got, expected)
