@@ -11,7 +11,7 @@ import pyarrow as pa
 from spate import _spate
 from spate import _windows as windows
 from spate._util import col, is_numeric, order_exprs, unsupported
-from spate.errors import ConfigError, PlanError
+from spate.errors import PlanError
 
 if TYPE_CHECKING:  # pragma: no cover
     from spate.frame import DataFrame
@@ -78,7 +78,9 @@ class WindowMixin:
         _check_axis_skipna("cummax", axis, skipna)
         return self._cumulative("cummax")
 
-    def shift(self: Any, periods: int = 1, freq: Any = None, axis: Any = None, fill_value: Any = None) -> DataFrame:
+    def shift(
+        self: Any, periods: int = 1, freq: Any = None, axis: Any = None, fill_value: Any = None
+    ) -> DataFrame:
         """Every column moved ``periods`` rows down (up when negative) in the frame's order;
         the sort keys move too, so the result has no order of its own."""
         if freq is not None:
@@ -102,7 +104,9 @@ class WindowMixin:
 
         return self._window_apply(build, numeric=True, what="diff")
 
-    def pct_change(self: Any, periods: int = 1, fill_method: Any = None, freq: Any = None) -> DataFrame:
+    def pct_change(
+        self: Any, periods: int = 1, fill_method: Any = None, freq: Any = None
+    ) -> DataFrame:
         """The relative change of each numeric value from ``periods`` rows earlier."""
         if fill_method is not None:
             unsupported("pct_change", "fill_method", fill_method, "None")
@@ -168,13 +172,23 @@ class WindowMixin:
         """The frame whose ``on`` column is kept as is (not aggregated) by a time window."""
         return _KeepColumn(self, on)  # type: ignore[return-value]
 
-    def expanding(self: Any, min_periods: int = 1, axis: Any = None, method: str = "single") -> windows.Expanding:
+    def expanding(
+        self: Any, min_periods: int = 1, axis: Any = None, method: str = "single"
+    ) -> windows.Expanding:
         """Windows of every row up to each row, in the frame's order."""
         if axis is not None:
             unsupported("expanding", "axis", axis)
         return windows.Expanding(self, windows.EXPANDING, min_periods, "expanding")
 
-    def sort_index(self: Any, ascending: bool = True, na_position: str = "last", axis: Any = 0, level: Any = None, inplace: bool = False, ignore_index: bool = False) -> DataFrame:
+    def sort_index(
+        self: Any,
+        ascending: bool = True,
+        na_position: str = "last",
+        axis: Any = 0,
+        level: Any = None,
+        inplace: bool = False,
+        ignore_index: bool = False,
+    ) -> DataFrame:
         """Sorted by the index columns (after ``set_index`` or ``groupby``)."""
         if axis not in (0, "index"):
             unsupported("sort_index", "axis", axis, "0")
@@ -195,7 +209,13 @@ class _KeepColumn:
         self._df = df
         self._on = on
 
-    def _window_apply(self, build: Callable[..., _spate.Expr], numeric: bool = True, what: str = "", order: Any = None) -> DataFrame:
+    def _window_apply(
+        self,
+        build: Callable[..., _spate.Expr],
+        numeric: bool = True,
+        what: str = "",
+        order: Any = None,
+    ) -> DataFrame:
         df = self._df
         schema = df.schema
         targets = [

@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from spate import _spate
 from spate._util import col, unsupported
-from spate.errors import ConfigError, PlanError, UnsupportedError
+from spate.errors import UnsupportedError
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy
@@ -36,7 +36,9 @@ def _infer_type(results: list[Any]) -> pa.DataType:
     return pa.float64() if pa.types.is_null(kind) else kind
 
 
-def python_column(column: Column, func: Callable[[Any], Any], elementwise: bool, skip_nulls: bool) -> Column:
+def python_column(
+    column: Column, func: Callable[[Any], Any], elementwise: bool, skip_nulls: bool
+) -> Column:
     """``func`` of each value of ``column``, on the CPU: its result type comes from running
     it on the first rows (one small query)."""
     import numpy as np
@@ -48,11 +50,17 @@ def python_column(column: Column, func: Callable[[Any], Any], elementwise: bool,
         items = values.to_pylist()
         return [None if skip_nulls and v is None else func(v) for v in items]
 
-    sample = pa.table(
-        owner._frame.select([column._expr.alias("v")]).limit(_SAMPLE_ROWS, 0)
-    ).column(0).combine_chunks()
+    sample = (
+        pa.table(owner._frame.select([column._expr.alias("v")]).limit(_SAMPLE_ROWS, 0))
+        .column(0)
+        .combine_chunks()
+    )
     if ufunc:
-        kind = pa.array(func(sample.to_numpy(zero_copy_only=False))).type if len(sample) else pa.float64()
+        kind = (
+            pa.array(func(sample.to_numpy(zero_copy_only=False))).type
+            if len(sample)
+            else pa.float64()
+        )
     else:
         kind = _infer_type(apply_values(sample))
 
@@ -72,7 +80,9 @@ def dlpack_array(column: Column) -> numpy.ndarray:
     without nulls (DLPack has no validity mask)."""
     values = column.to_arrow().combine_chunks()
     if not (pa.types.is_integer(values.type) or pa.types.is_floating(values.type)):
-        raise UnsupportedError(f"__dlpack__ needs a numeric column; {column.name!r} is {values.type}")
+        raise UnsupportedError(
+            f"__dlpack__ needs a numeric column; {column.name!r} is {values.type}"
+        )
     if values.null_count:
         raise UnsupportedError(
             f"__dlpack__: {column.name!r} has {values.null_count} nulls, which DLPack cannot "
@@ -95,7 +105,9 @@ class HostMixin:
 
     __slots__ = ()
 
-    def to_numpy(self: Any, dtype: Any = None, copy: bool = False, na_value: Any = None) -> numpy.ndarray:
+    def to_numpy(
+        self: Any, dtype: Any = None, copy: bool = False, na_value: Any = None
+    ) -> numpy.ndarray:
         """Runs the plan and returns the values as a 2-D NumPy array (index columns left
         out, as pandas keeps the index apart)."""
         frame = self.to_pandas()
@@ -119,7 +131,9 @@ class HostMixin:
 
     def _write(self: Any, path: Any, fmt: str, index: bool | None) -> None:
         if not isinstance(path, (str, os.PathLike)):
-            raise UnsupportedError(f"to_{fmt}: the engine writes to a path; got {type(path).__name__}")
+            raise UnsupportedError(
+                f"to_{fmt}: the engine writes to a path; got {type(path).__name__}"
+            )
         frame = self
         if index is False and self._index:
             frame = self.reset_index(drop=True)
@@ -175,7 +189,13 @@ class HostMixin:
         self._write(path_or_buf, "csv", index)
         return None
 
-    def to_json(self: Any, path_or_buf: Any = None, orient: str | None = "records", lines: bool = True, **kwargs: Any) -> str | None:
+    def to_json(
+        self: Any,
+        path_or_buf: Any = None,
+        orient: str | None = "records",
+        lines: bool = True,
+        **kwargs: Any,
+    ) -> str | None:
         """Runs the plan and writes newline-delimited JSON (``orient="records"``,
         ``lines=True``; pandas' defaults differ, and its other layouts are not supported):
         to a file by the engine, or, with no path, returns it as a string."""
@@ -190,7 +210,15 @@ class HostMixin:
         self._write(path_or_buf, "json", None)
         return None
 
-    def apply(self: Any, func: Callable[..., Any], axis: int | str = 0, raw: bool = False, result_type: Any = None, args: tuple[Any, ...] = (), **kwargs: Any) -> Column:
+    def apply(
+        self: Any,
+        func: Callable[..., Any],
+        axis: int | str = 0,
+        raw: bool = False,
+        result_type: Any = None,
+        args: tuple[Any, ...] = (),
+        **kwargs: Any,
+    ) -> Column:
         """``func`` of each row (``axis=1``): a column computed on the CPU, one pandas frame
         per Arrow batch (``batch.apply(func, axis=1)``, so the function sees a pandas
         Series per row). The result type comes from running it on the first rows."""

@@ -43,7 +43,9 @@ def value_counts(
     counted = frame.aggregate(exprs, [_spate.Expr.aggregate("count", [lit(1)]).alias(name)])
     if normalize:
         total = over("sum", [col(name)], (), (), WHOLE)
-        counted = counted.with_column(name, col(name).cast(pa.float64()).binary("/", total.cast(pa.float64())))
+        counted = counted.with_column(
+            name, col(name).cast(pa.float64()).binary("/", total.cast(pa.float64()))
+        )
     order: tuple[tuple[str, bool, bool], ...] = ()
     if sort:
         counted = counted.sort([col(name)], [ascending], [False])
@@ -111,10 +113,15 @@ class InspectMixin:
                 _spate.Expr.aggregate("avg", [value]),
                 _spate.Expr.aggregate("stddev_samp", [value]),
                 _spate.Expr.aggregate("min", [value]),
-                *(_spate.Expr.aggregate("percentile_cont", [value, lit(float(q))]) for q in quantiles),
+                *(
+                    _spate.Expr.aggregate("percentile_cont", [value, lit(float(q))])
+                    for q in quantiles
+                ),
                 _spate.Expr.aggregate("max", [value]),
             ]
-            aggregates += [call.cast(pa.float64()).alias(f"s{i}_{j}") for j, call in enumerate(calls)]
+            aggregates += [
+                call.cast(pa.float64()).alias(f"s{i}_{j}") for j, call in enumerate(calls)
+            ]
         row = pa.table(self._frame.aggregate([], aggregates))
         columns = {"statistic": pa.array(stats)}
         for i, c in enumerate(numeric):
@@ -124,7 +131,13 @@ class InspectMixin:
         result = self._session.from_arrow(pa.table(columns))
         return result.set_index("statistic")
 
-    def info(self: Any, verbose: bool | None = None, buf: Any = None, memory_usage: Any = None, show_counts: bool | None = None) -> None:
+    def info(
+        self: Any,
+        verbose: bool | None = None,
+        buf: Any = None,
+        memory_usage: Any = None,
+        show_counts: bool | None = None,
+    ) -> None:
         """Prints the class, the row count, each column's non-null count and Arrow type
         (one aggregate query), like pandas' ``info``."""
         counts = [
@@ -173,14 +186,18 @@ class InspectMixin:
             raise PlanError(f"value_counts: no column(s) {', '.join(map(repr, missing))}")
         return value_counts(self, self._frame, keys, normalize, sort, ascending, dropna)
 
-    def duplicated(self: Any, subset: str | Sequence[str] | None = None, keep: str | bool = "first") -> Column:
+    def duplicated(
+        self: Any, subset: str | Sequence[str] | None = None, keep: str | bool = "first"
+    ) -> Column:
         """True for each row whose values (of ``subset``) appeared before it in the frame's
         sort order (``keep="first"``), after it (``"last"``), or elsewhere (``False``, which
         needs no order)."""
         from spate.column import Column
 
         keys = names(subset) if subset is not None else self.columns
-        return Column(duplicated_expr(self, [col(k) for k in keys], keep), self, "duplicated", windowed=True)
+        return Column(
+            duplicated_expr(self, [col(k) for k in keys], keep), self, "duplicated", windowed=True
+        )
 
     def nlargest(self: Any, n: int, columns: str | Sequence[str], keep: str = "first") -> DataFrame:
         """The ``n`` rows with the largest ``columns``, largest first (rows tied on them come
@@ -189,7 +206,9 @@ class InspectMixin:
             unsupported("nlargest", "keep", keep, "'first'")
         return self.sort_values(columns, ascending=False).head(n)
 
-    def nsmallest(self: Any, n: int, columns: str | Sequence[str], keep: str = "first") -> DataFrame:
+    def nsmallest(
+        self: Any, n: int, columns: str | Sequence[str], keep: str = "first"
+    ) -> DataFrame:
         """The ``n`` rows with the smallest ``columns``, smallest first."""
         if keep != "first":
             unsupported("nsmallest", "keep", keep, "'first'")
@@ -204,7 +223,9 @@ class InspectMixin:
         reversed_plan = self._frame.sort(
             keys, [not a for _, a, _ in self._order], [not f for _, _, f in self._order]
         ).limit(n, 0)
-        plan = reversed_plan.sort(keys, [a for _, a, _ in self._order], [f for _, _, f in self._order])
+        plan = reversed_plan.sort(
+            keys, [a for _, a, _ in self._order], [f for _, _, f in self._order]
+        )
         return self._derive(plan)
 
     def sample(

@@ -27,7 +27,11 @@ def _fits(value: Any, kind: pa.DataType) -> bool:
     if is_numeric(value_type):
         return is_numeric(kind)
     if pa.types.is_string(value_type):
-        return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
+        return (
+            pa.types.is_string(kind)
+            or pa.types.is_large_string(kind)
+            or pa.types.is_string_view(kind)
+        )
     return value_type == kind or (pa.types.is_timestamp(value_type) and pa.types.is_timestamp(kind))
 
 
@@ -137,12 +141,12 @@ class MissingMixin:
         what = "ffill" if forward else "bfill"
         self._require_order(what)
         order = order_exprs(self._order)
-        exprs = {
-            c: windows.filled(col(c), forward, order, (), limit) for c in self.columns
-        }
+        exprs = {c: windows.filled(col(c), forward, order, (), limit) for c in self.columns}
         return self._with_columns(exprs, windowed=True)
 
-    def ffill(self: Any, *, axis: Any = None, inplace: bool = False, limit: int | None = None) -> DataFrame:
+    def ffill(
+        self: Any, *, axis: Any = None, inplace: bool = False, limit: int | None = None
+    ) -> DataFrame:
         """Nulls replaced by the last non-null value before them, in the frame's sort
         order (needs ``sort_values`` first)."""
         if axis not in (None, 0, "index"):
@@ -151,7 +155,9 @@ class MissingMixin:
             unsupported("ffill", "inplace", inplace, "False")
         return self._fill_by_order(True, limit)
 
-    def bfill(self: Any, *, axis: Any = None, inplace: bool = False, limit: int | None = None) -> DataFrame:
+    def bfill(
+        self: Any, *, axis: Any = None, inplace: bool = False, limit: int | None = None
+    ) -> DataFrame:
         """Nulls replaced by the next non-null value after them, in the frame's order."""
         if axis not in (None, 0, "index"):
             unsupported("bfill", "axis", axis, "None and 0")

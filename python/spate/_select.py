@@ -14,7 +14,18 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import pyarrow as pa
 
 from spate import _spate
-from spate._util import WHOLE, col, fn, is_numeric, is_missing, lit, order_exprs, over, typed_null, unsupported
+from spate._util import (
+    WHOLE,
+    col,
+    fn,
+    is_numeric,
+    is_missing,
+    lit,
+    order_exprs,
+    over,
+    typed_null,
+    unsupported,
+)
 from spate.errors import ConfigError, PlanError, SqlError, UnsupportedError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -76,7 +87,7 @@ class _Translator:
         if isinstance(node, ast.Name):
             name = node.id
             if name.startswith("__spate_at_"):
-                variable = name[len("__spate_at_"):]
+                variable = name[len("__spate_at_") :]
                 if variable not in self._variables:
                     raise PlanError(f"the expression names @{variable}, which is not defined")
                 return self._variables[variable]
@@ -236,8 +247,11 @@ class _ILoc:
 def _by_position(df: DataFrame, rows: Any) -> DataFrame:
     """The rows at positions ``rows`` (an int, a slice or a list of ints) in the frame's
     order. A slice with non-negative bounds and no step needs no order (like ``head``)."""
-    if isinstance(rows, slice) and rows.step in (None, 1) and (rows.start or 0) >= 0 and (
-        rows.stop is None or rows.stop >= 0
+    if (
+        isinstance(rows, slice)
+        and rows.step in (None, 1)
+        and (rows.start or 0) >= 0
+        and (rows.stop is None or rows.stop >= 0)
     ):
         return df[rows]
     df._require_order("iloc")
@@ -260,7 +274,9 @@ def _by_position(df: DataFrame, rows: Any) -> DataFrame:
         if rows.stop is not None:
             keep = keep.binary("&", pos.binary("<", at(rows.stop)))
         if rows.step not in (None, 1):
-            keep = keep.binary("&", pos.binary("-", start).binary("%", lit(rows.step)).binary("==", lit(0)))
+            keep = keep.binary(
+                "&", pos.binary("-", start).binary("%", lit(rows.step)).binary("==", lit(0))
+            )
     else:
         if not rows:
             return df._derive(df._frame.limit(0, 0))
@@ -342,16 +358,34 @@ class SelectMixin:
         exprs = [make(col(c)).alias(c) if c in targets else col(c) for c in self._frame.columns()]
         return self._derive(self._frame.select(exprs))
 
-    def where(self: Any, cond: Column, other: Any = None, *, inplace: bool = False, axis: Any = None, level: Any = None) -> DataFrame:
+    def where(
+        self: Any,
+        cond: Column,
+        other: Any = None,
+        *,
+        inplace: bool = False,
+        axis: Any = None,
+        level: Any = None,
+    ) -> DataFrame:
         """Each value where ``cond`` (a boolean Column) is true, else ``other`` (null by
         default); a null condition counts as false, as pandas' False for NaN comparisons."""
         return self._where(cond, other, inplace, axis, level, keep_when=True)
 
-    def mask(self: Any, cond: Column, other: Any = None, *, inplace: bool = False, axis: Any = None, level: Any = None) -> DataFrame:
+    def mask(
+        self: Any,
+        cond: Column,
+        other: Any = None,
+        *,
+        inplace: bool = False,
+        axis: Any = None,
+        level: Any = None,
+    ) -> DataFrame:
         """``other`` (null by default) where ``cond`` is true, else each value."""
         return self._where(cond, other, inplace, axis, level, keep_when=False)
 
-    def _where(self: Any, cond: Any, other: Any, inplace: bool, axis: Any, level: Any, keep_when: bool) -> DataFrame:
+    def _where(
+        self: Any, cond: Any, other: Any, inplace: bool, axis: Any, level: Any, keep_when: bool
+    ) -> DataFrame:
         from spate.column import Column
 
         if inplace:
@@ -372,7 +406,9 @@ class SelectMixin:
 
         return self._each_value(make)
 
-    def clip(self: Any, lower: Any = None, upper: Any = None, *, axis: Any = None, inplace: bool = False) -> DataFrame:
+    def clip(
+        self: Any, lower: Any = None, upper: Any = None, *, axis: Any = None, inplace: bool = False
+    ) -> DataFrame:
         """Numeric values limited to ``[lower, upper]``; other columns unchanged."""
         if axis is not None:
             unsupported("clip", "axis", axis)
@@ -390,7 +426,15 @@ class SelectMixin:
             value = _spate.Expr.case([(value.binary(">", lit(upper)), lit(upper))], value)
         return value
 
-    def query(self: Any, expr: str, *, local_dict: Mapping[str, Any] | None = None, global_dict: Mapping[str, Any] | None = None, inplace: bool = False, **kwargs: Any) -> DataFrame:
+    def query(
+        self: Any,
+        expr: str,
+        *,
+        local_dict: Mapping[str, Any] | None = None,
+        global_dict: Mapping[str, Any] | None = None,
+        inplace: bool = False,
+        **kwargs: Any,
+    ) -> DataFrame:
         """The rows where pandas' expression ``expr`` is true: ``"a > 2 and s == 'x'"``,
         ``"k in @keys"``, ``"`my col` < @limit"``. Rows where it is null are dropped. A
         string that does not parse as Python is taken as SQL, as :meth:`filter` takes it."""
@@ -414,7 +458,14 @@ class SelectMixin:
             raise PlanError(f"query: {expr!r} does not read any column")
         return self.filter(mask)
 
-    def eval(self: Any, expr: str, *, local_dict: Mapping[str, Any] | None = None, global_dict: Mapping[str, Any] | None = None, inplace: bool = False) -> Any:
+    def eval(
+        self: Any,
+        expr: str,
+        *,
+        local_dict: Mapping[str, Any] | None = None,
+        global_dict: Mapping[str, Any] | None = None,
+        inplace: bool = False,
+    ) -> Any:
         """pandas' ``eval``: ``"a + b * 2"`` is a Column; ``"c = a + b"`` (one line per
         assignment) a frame with ``c`` assigned."""
         if inplace:
@@ -433,7 +484,9 @@ class SelectMixin:
         return translator.value(translator.parse())
 
 
-def _variables(local_dict: Mapping[str, Any] | None, global_dict: Mapping[str, Any] | None) -> dict[str, Any]:
+def _variables(
+    local_dict: Mapping[str, Any] | None, global_dict: Mapping[str, Any] | None
+) -> dict[str, Any]:
     if local_dict is not None or global_dict is not None:
         return {**(global_dict or {}), **(local_dict or {})}
     # The caller of query/eval: _variables <- query/eval <- the user's frame.

@@ -58,9 +58,7 @@ def over(
     ignore_nulls: bool = False,
 ) -> _spate.Expr:
     """``name(args) OVER (PARTITION BY partition ORDER BY order frame)``."""
-    return _spate.Expr.window(
-        name, list(args), list(partition), list(order), frame, ignore_nulls
-    )
+    return _spate.Expr.window(name, list(args), list(partition), list(order), frame, ignore_nulls)
 
 
 def order_exprs(order: Order) -> list[tuple[_spate.Expr, bool, bool]]:

@@ -71,7 +71,9 @@ def cumulative(
     if pa.types.is_boolean(kind):
         arg = value.cast(pa.int64())
     if function == "product":
-        wide = pa.float64() if pa.types.is_floating(kind) or pa.types.is_decimal(kind) else pa.int64()
+        wide = (
+            pa.float64() if pa.types.is_floating(kind) or pa.types.is_decimal(kind) else pa.int64()
+        )
         arg = value.cast(wide)
     running = over(function, [arg], order, partition, RUNNING)
     return _null_where_null(value, running)
@@ -152,8 +154,10 @@ def ranked(
         else:
             peers = over("count", [lit(1)], (), [*partition, value], WHOLE).cast(pa.int64())
             high = low.binary("+", peers).binary("-", lit(1))
-            rank = high if method == "max" else low.binary("+", high).cast(pa.float64()).binary(
-                "/", lit(2.0)
+            rank = (
+                high
+                if method == "max"
+                else low.binary("+", high).cast(pa.float64()).binary("/", lit(2.0))
             )
     rank = rank.cast(pa.float64())
     if pct:

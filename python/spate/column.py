@@ -17,7 +17,6 @@ from spate import _windows as windows
 from spate._util import (
     Operand,
     arrow_type,
-    col,
     fn,
     is_missing,
     is_numeric,
@@ -27,7 +26,7 @@ from spate._util import (
     typed_null,
     unsupported,
 )
-from spate.errors import ConfigError, PlanError, UnsupportedError
+from spate.errors import ConfigError, PlanError
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy
@@ -175,8 +174,7 @@ class Column:
 
     def __bool__(self) -> bool:
         raise TypeError(
-            "the truth value of a Column is ambiguous: combine masks with & | ~, not "
-            "and/or/not"
+            "the truth value of a Column is ambiguous: combine masks with & | ~, not and/or/not"
         )
 
     def abs(self) -> Column:
@@ -207,9 +205,7 @@ class Column:
             "abs", [scaled.binary("-", _spate.Expr.function("trunc", [scaled]))]
         )
         # A tie (exactly .5 after scaling) goes to the even neighbour: 2 * round(y / 2).
-        even = lit(2.0).binary(
-            "*", _spate.Expr.function("round", [scaled.binary("/", lit(2.0))])
-        )
+        even = lit(2.0).binary("*", _spate.Expr.function("round", [scaled.binary("/", lit(2.0))]))
         nearest = _spate.Expr.function("round", [scaled])
         rounded = _spate.Expr.case([(fraction.binary("==", lit(0.5)), even)], nearest)
         return self._new(rounded.binary(scale_down, scale))
@@ -338,9 +334,11 @@ class Column:
     def prod(self) -> Any:
         """The product of the non-null values (1 when there are none, as in pandas)."""
         kind = self._type()
-        wide = pa.float64() if kind is not None and (
-            pa.types.is_floating(kind) or pa.types.is_decimal(kind)
-        ) else pa.int64()
+        wide = (
+            pa.float64()
+            if kind is not None and (pa.types.is_floating(kind) or pa.types.is_decimal(kind))
+            else pa.int64()
+        )
         owner = self._owner()
         agg = _spate.Expr.aggregate("product", [self._expr.cast(wide)]).alias("value")
         return pa.table(owner._frame.aggregate([], [agg])).column(0)[0].as_py()
@@ -398,7 +396,9 @@ class Column:
         value = typed_null(pa.null()) if other is None else lit(other)
         return self._new(_spate.Expr.case([(replace, value)], self._expr), cond)
 
-    def map(self, arg: Mapping[Any, Any] | Callable[[Any], Any], na_action: str | None = None) -> Column:
+    def map(
+        self, arg: Mapping[Any, Any] | Callable[[Any], Any], na_action: str | None = None
+    ) -> Column:
         """Each value mapped: by a dict (values it does not name become null, as in pandas;
         a plan expression, so it runs on the GPU), or by a Python function of one value (run
         on the CPU over Arrow batches; nulls are passed to it unless
@@ -420,11 +420,18 @@ class Column:
 
         return python_column(self, arg, elementwise=True, skip_nulls=na_action == "ignore")
 
-    def apply(self, func: Callable[[Any], Any], convert_dtype: Any = None, args: tuple[Any, ...] = (), **kwargs: Any) -> Column:
+    def apply(
+        self,
+        func: Callable[[Any], Any],
+        convert_dtype: Any = None,
+        args: tuple[Any, ...] = (),
+        **kwargs: Any,
+    ) -> Column:
         """``func`` applied to each value, on the CPU (see :meth:`map`). A NumPy ufunc is
         called once per batch on the whole array."""
         if convert_dtype is not None:
             unsupported("apply", "convert_dtype", convert_dtype)
+
         def bound(value: Any) -> Any:
             return func(value, *args, **kwargs)
 
@@ -438,7 +445,9 @@ class Column:
         """The distinct values (null among them when present), as a one-column frame. pandas
         returns them in order of appearance; Spate in no particular order."""
         owner = self._owner()
-        return owner._derive(owner._frame.select([self._expr.alias(self.name)]).distinct(), index=(), order=())
+        return owner._derive(
+            owner._frame.select([self._expr.alias(self.name)]).distinct(), index=(), order=()
+        )
 
     def value_counts(
         self,
@@ -498,7 +507,9 @@ class Column:
         kind = self._type()
         if numeric and kind is not None and not (is_numeric(kind) or pa.types.is_boolean(kind)):
             raise PlanError(f"{what} needs a numeric column; {self.name!r} is {kind}")
-        expr = build(self._expr, kind, order if order is not None else order_exprs(owner._order), [])
+        expr = build(
+            self._expr, kind, order if order is not None else order_exprs(owner._order), []
+        )
         return Column(expr.alias(self.name), owner, self.name, windowed=True)
 
     def _cumulative(self, how: str) -> Column:
@@ -525,6 +536,7 @@ class Column:
 
     def shift(self, periods: int = 1, fill_value: Any = None) -> Column:
         """The value ``periods`` rows earlier (later when negative) in the frame's order."""
+
         def build(value: _spate.Expr, kind: Any, order: Any, partition: Any) -> _spate.Expr:
             return windows.shifted(value, periods, order, partition, fill_value)
 
@@ -532,6 +544,7 @@ class Column:
 
     def diff(self, periods: int = 1) -> Column:
         """The value minus the one ``periods`` rows earlier."""
+
         def build(value: _spate.Expr, kind: Any, order: Any, partition: Any) -> _spate.Expr:
             base = value.cast(pa.float64()) if pa.types.is_boolean(kind) else value
             return base.binary("-", windows.shifted(base, periods, order, partition))
@@ -553,6 +566,7 @@ class Column:
 
     def ffill(self, limit: int | None = None) -> Column:
         """Nulls replaced by the last non-null value before them in the frame's order."""
+
         def build(value: _spate.Expr, kind: Any, order: Any, partition: Any) -> _spate.Expr:
             return windows.filled(value, True, order, partition, limit)
 
@@ -560,6 +574,7 @@ class Column:
 
     def bfill(self, limit: int | None = None) -> Column:
         """Nulls replaced by the next non-null value after them in the frame's order."""
+
         def build(value: _spate.Expr, kind: Any, order: Any, partition: Any) -> _spate.Expr:
             return windows.filled(value, False, order, partition, limit)
 
@@ -574,6 +589,7 @@ class Column:
     ) -> Column:
         """Each value's rank among the non-null values (float64, as pandas). Only
         ``method="first"`` needs a sorted frame (ties by row order)."""
+
         def build(value: _spate.Expr, kind: Any, order: Any, partition: Any) -> _spate.Expr:
             return windows.ranked(value, method, ascending, na_option, pct, order, partition)
 

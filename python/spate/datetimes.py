@@ -36,7 +36,9 @@ class DatetimeMethods:
     def _kind(self) -> pa.DataType:
         kind = self._column._type()
         if kind is None or not (pa.types.is_timestamp(kind) or pa.types.is_date(kind)):
-            raise PlanError(f".dt needs a timestamp or date column; {self._column.name!r} is {kind}")
+            raise PlanError(
+                f".dt needs a timestamp or date column; {self._column.name!r} is {kind}"
+            )
         return kind
 
     def _part(self, part: str) -> Column:
@@ -138,7 +140,9 @@ class DatetimeMethods:
                 ],
                 up,
             )
-        return self._column._new(value.cast(pa.timestamp(kind.unit)).cast(kind) if kind.tz else value.cast(kind))
+        return self._column._new(
+            value.cast(pa.timestamp(kind.unit)).cast(kind) if kind.tz else value.cast(kind)
+        )
 
     def floor(self, freq: Any, ambiguous: Any = "raise", nonexistent: Any = "raise") -> Column:
         """Rounded down to a multiple of ``freq`` (``"h"``, ``"15min"``, ``"D"``, ...)."""
@@ -156,7 +160,9 @@ class DatetimeMethods:
         """The time set to midnight."""
         return self.floor("D")
 
-    def tz_localize(self, tz: str | None, ambiguous: Any = "raise", nonexistent: Any = "raise") -> Column:
+    def tz_localize(
+        self, tz: str | None, ambiguous: Any = "raise", nonexistent: Any = "raise"
+    ) -> Column:
         """A naive column's wall times placed in time zone ``tz``; ``None`` makes an aware
         column naive, keeping its local wall time."""
         if ambiguous != "raise":
@@ -183,5 +189,7 @@ class DatetimeMethods:
             raise PlanError("dt.tz_convert needs a time-zone-aware column; use tz_localize first")
         expr = self._column._expr
         if tz is None:
-            return self._column._new(expr.cast(pa.timestamp(kind.unit, tz="UTC")).cast(pa.timestamp(kind.unit)))
+            return self._column._new(
+                expr.cast(pa.timestamp(kind.unit, tz="UTC")).cast(pa.timestamp(kind.unit))
+            )
         return self._column._new(expr.cast(pa.timestamp(kind.unit, tz=str(tz))))

@@ -59,7 +59,7 @@ from spate._host import HostMixin
 from spate._inspect import InspectMixin
 from spate._missing import MissingMixin
 from spate._select import SelectMixin
-from spate._util import Operand, Order, lit, names, order_exprs, pandas_dtype_mapper
+from spate._util import Operand, Order, lit, names, pandas_dtype_mapper
 from spate.column import Column
 from spate.errors import ConfigError, PlanError, UnsupportedError
 from spate.groupby import GroupBy
@@ -89,6 +89,7 @@ _DISTANCES = {
 
 def _query_vectors(queries: Any) -> tuple[list[list[float]], bool]:
     """``nearest``'s queries as lists of floats, and whether there was a single vector."""
+
     def as_list(value: Any) -> Any:
         return value.tolist() if hasattr(value, "tolist") else value
 
@@ -105,15 +106,15 @@ def _query_vectors(queries: Any) -> tuple[list[list[float]], bool]:
         try:
             out.append([float(x) for x in v])
         except (TypeError, ValueError):
-            raise ConfigError("nearest: a query vector holds something that is not a number") from None
+            raise ConfigError(
+                "nearest: a query vector holds something that is not a number"
+            ) from None
     if len({len(v) for v in out}) > 1:
         raise ConfigError("nearest: the query vectors have different lengths")
     return out, single
 
 
-class DataFrame(
-    MissingMixin, InspectMixin, SelectMixin, WindowMixin, ReshapeMixin, HostMixin
-):
+class DataFrame(MissingMixin, InspectMixin, SelectMixin, WindowMixin, ReshapeMixin, HostMixin):
     """A lazy, pandas-like table: a query plan in a :class:`spate.Session`.
 
     Build one with :meth:`Session.sql`, the readers (:func:`spate.read_parquet`,
@@ -185,9 +186,7 @@ class DataFrame(
         renamed, so the result keeps the order even where a window replaces a sort key."""
         existing = self._frame.columns()
         if not windowed or not self._order:
-            exprs = [
-                columns[c].alias(c) if c in columns else _spate.Expr.col(c) for c in existing
-            ]
+            exprs = [columns[c].alias(c) if c in columns else _spate.Expr.col(c) for c in existing]
             exprs += [e.alias(n) for n, e in columns.items() if n not in existing]
             return self._derive(self._frame.select(exprs))
         temporary = {name: f"__spate_window_{i}" for i, name in enumerate(columns)}
@@ -204,7 +203,9 @@ class DataFrame(
             else:
                 output.append(_spate.Expr.col(name))
         output += [
-            _spate.Expr.col(t).alias(n) for n, t in temporary.items() if n not in self._frame.columns()
+            _spate.Expr.col(t).alias(n)
+            for n, t in temporary.items()
+            if n not in self._frame.columns()
         ]
         order = () if any(k in columns for k, _, _ in self._order) else self._order
         return self._derive(frame.select(output), order=order)
@@ -275,8 +276,10 @@ class DataFrame(
         if isinstance(key, Column):
             return self.filter(key)
         if isinstance(key, slice):
-            if key.step not in (None, 1) or (key.start or 0) < 0 or (
-                key.stop is not None and key.stop < 0
+            if (
+                key.step not in (None, 1)
+                or (key.start or 0) < 0
+                or (key.stop is not None and key.stop < 0)
             ):
                 raise UnsupportedError("only df[start:stop] with non-negative bounds is supported")
             start = key.start or 0
@@ -447,9 +450,7 @@ class DataFrame(
         elif left_on is not None or right_on is not None:
             lkeys, rkeys = names(left_on), names(right_on)
             if len(lkeys) != len(rkeys):
-                raise PlanError(
-                    f"merge: {len(lkeys)} left_on keys but {len(rkeys)} right_on keys"
-                )
+                raise PlanError(f"merge: {len(lkeys)} left_on keys but {len(rkeys)} right_on keys")
         else:
             common = [c for c in left_frame.columns() if c in set(right_frame.columns())]
             if not common:
@@ -621,9 +622,9 @@ class DataFrame(
         table = pa.table(head)
         shown = table.slice(0, REPR_ROWS)
         try:
-            text = DataFrame(head, self._session, self._index).to_pandas().head(
-                REPR_ROWS
-            ).to_string()
+            text = (
+                DataFrame(head, self._session, self._index).to_pandas().head(REPR_ROWS).to_string()
+            )
         except ImportError:
             text = shown.to_string(preview_cols=0)
         if table.num_rows > REPR_ROWS:

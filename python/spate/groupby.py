@@ -297,7 +297,8 @@ class GroupBy:
         values = self._values()
         if numeric:
             values = [
-                v for v in values
+                v
+                for v in values
                 if is_numeric(schema.field(v).type) or pa.types.is_boolean(schema.field(v).type)
             ]
             if not values:
@@ -305,7 +306,9 @@ class GroupBy:
         null_key = None
         if self._dropna:
             for key in partition:
-                null_key = key.is_null() if null_key is None else null_key.binary("|", key.is_null())
+                null_key = (
+                    key.is_null() if null_key is None else null_key.binary("|", key.is_null())
+                )
         exprs = {}
         for v in values:
             expr = build(col(v), schema.field(v).type, window_order, partition)
@@ -313,7 +316,7 @@ class GroupBy:
                 expr = _spate.Expr.case([(null_key, typed_null(pa.null()))], expr)
             exprs[v] = expr
         if self._single and layout == "rows":
-            (name, expr), = exprs.items()
+            ((name, expr),) = exprs.items()
             return Column(expr.alias(name), df, name, windowed=True)
         frame = df._with_columns(exprs, windowed=True)
         if layout == "groups":
@@ -400,6 +403,7 @@ class GroupBy:
 
     def shift(self, periods: int = 1, fill_value: Any = None) -> Column | DataFrame:
         """The value ``periods`` rows earlier within the group."""
+
         def build(value: _spate.Expr, kind: Any, order: Any, partition: Any) -> _spate.Expr:
             return windows.shifted(value, periods, order, partition, fill_value)
 
@@ -407,6 +411,7 @@ class GroupBy:
 
     def diff(self, periods: int = 1) -> Column | DataFrame:
         """The value minus the one ``periods`` rows earlier within the group."""
+
         def build(value: _spate.Expr, kind: Any, order: Any, partition: Any) -> _spate.Expr:
             return value.binary("-", windows.shifted(value, periods, order, partition))
 
@@ -414,6 +419,7 @@ class GroupBy:
 
     def ffill(self, limit: int | None = None) -> Column | DataFrame:
         """Nulls replaced by the last non-null value before them in the group."""
+
         def build(value: _spate.Expr, kind: Any, order: Any, partition: Any) -> _spate.Expr:
             return windows.filled(value, True, order, partition, limit)
 
@@ -421,6 +427,7 @@ class GroupBy:
 
     def bfill(self, limit: int | None = None) -> Column | DataFrame:
         """Nulls replaced by the next non-null value after them in the group."""
+
         def build(value: _spate.Expr, kind: Any, order: Any, partition: Any) -> _spate.Expr:
             return windows.filled(value, False, order, partition, limit)
 
@@ -434,6 +441,7 @@ class GroupBy:
         pct: bool = False,
     ) -> Column | DataFrame:
         """Each value's rank within its group (float64)."""
+
         def build(value: _spate.Expr, kind: Any, order: Any, partition: Any) -> _spate.Expr:
             return windows.ranked(value, method, ascending, na_option, pct, order, partition)
 

@@ -8,7 +8,18 @@ from typing import TYPE_CHECKING, Any, Sequence
 import pyarrow as pa
 
 from spate import _spate
-from spate._util import RUNNING, REMAINING, col, fn, lit, names, order_exprs, over, typed_null, unsupported
+from spate._util import (
+    RUNNING,
+    REMAINING,
+    col,
+    fn,
+    lit,
+    names,
+    order_exprs,
+    over,
+    typed_null,
+    unsupported,
+)
 from spate.errors import ConfigError, PlanError, UnsupportedError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -62,7 +73,11 @@ def concat(
         return _concat_columns(frames, join)
     if axis not in (0, "index"):
         raise ConfigError(f"concat: axis must be 0 or 1, got {axis!r}")
-    index = frames[0]._index if all(f._index == frames[0]._index for f in frames) and not ignore_index else ()
+    index = (
+        frames[0]._index
+        if all(f._index == frames[0]._index for f in frames) and not ignore_index
+        else ()
+    )
     all_names: list[str] = []
     for f in frames:
         for name in f._frame.columns():
@@ -149,8 +164,11 @@ def merge_asof(
     from spate.frame import DataFrame
 
     for argument, value in (
-        ("left_on", left_on), ("right_on", right_on), ("left_by", left_by),
-        ("right_by", right_by), ("tolerance", tolerance),
+        ("left_on", left_on),
+        ("right_on", right_on),
+        ("left_by", left_by),
+        ("right_by", right_by),
+        ("tolerance", tolerance),
     ):
         if value is not None:
             unsupported("merge_asof", argument, value, "on= and by= naming columns of both frames")
@@ -184,7 +202,11 @@ def merge_asof(
     from_right = right_plan.select(
         [
             *(
-                (col(c).cast(left_schema.field(c).type) if c in (on, *keys) else typed_null(left_schema.field(c).type)).alias(c)
+                (
+                    col(c).cast(left_schema.field(c).type)
+                    if c in (on, *keys)
+                    else typed_null(left_schema.field(c).type)
+                ).alias(c)
                 for c in left_names
             ),
             lit(0).alias(side),
@@ -206,7 +228,9 @@ def merge_asof(
         output.append(col(c).alias(f"{c}{suffixes[0]}" if clash else c))
     for c in carried:
         clash = c in left_names
-        output.append(fn("get_field", col(match), lit(c)).alias(f"{c}{suffixes[1]}" if clash else c))
+        output.append(
+            fn("get_field", col(match), lit(c)).alias(f"{c}{suffixes[1]}" if clash else c)
+        )
     plan = plan.sort([col(on)], [True], [False]).select(output)
     return DataFrame(plan, left._session, order=((on, True, False),))
 
@@ -232,7 +256,11 @@ class ReshapeMixin:
             unsupported("melt", "col_level", col_level)
         ids = names(id_vars)
         frame = self.reset_index()
-        values = names(value_vars) if value_vars is not None else [c for c in frame.columns if c not in ids]
+        values = (
+            names(value_vars)
+            if value_vars is not None
+            else [c for c in frame.columns if c not in ids]
+        )
         if not values:
             raise PlanError("melt: no value columns")
         var = var_name or "variable"
@@ -242,13 +270,19 @@ class ReshapeMixin:
         position = "__spate_melt"
         for i, v in enumerate(values):
             exprs = [col(c) for c in ids]
-            exprs += [lit(v).alias(var), col(v).cast(common).alias(value_name), lit(i).alias(position)]
+            exprs += [
+                lit(v).alias(var),
+                col(v).cast(common).alias(value_name),
+                lit(i).alias(position),
+            ]
             exprs += [col(k) for k, _, _ in self._order if k not in ids]
             plan = frame._frame.select(exprs)
             result = plan if result is None else result.union(plan)
         assert result is not None
         keys = [col(position), *(col(k) for k, _, _ in self._order)]
-        plan = result.sort(keys, [True, *(a for _, a, _ in self._order)], [False, *(n for _, _, n in self._order)])
+        plan = result.sort(
+            keys, [True, *(a for _, a, _ in self._order)], [False, *(n for _, _, n in self._order)]
+        )
         plan = plan.select([col(c) for c in [*ids, var, value_name]])
         from spate.frame import DataFrame
 
@@ -280,9 +314,11 @@ class ReshapeMixin:
         if not keys:
             raise ConfigError("pivot_table needs index=")
         frame = self.reset_index()
-        value_names = names(values) if values is not None else [
-            c for c in frame.columns if c not in keys and c != columns
-        ]
+        value_names = (
+            names(values)
+            if values is not None
+            else [c for c in frame.columns if c not in keys and c != columns]
+        )
         single = isinstance(values, str)
         distinct = pa.table(frame._frame.select([col(columns)]).distinct()).column(0).to_pylist()
         distinct = sorted((v for v in distinct if v is not None), key=lambda v: (str(type(v)), v))
@@ -324,6 +360,10 @@ class ReshapeMixin:
         if column not in self._frame.columns():
             raise PlanError(f"explode: no column {column!r}")
         kind = self.schema.field(column).type
-        if not (pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)):
+        if not (
+            pa.types.is_list(kind)
+            or pa.types.is_large_list(kind)
+            or pa.types.is_fixed_size_list(kind)
+        ):
             raise PlanError(f"explode: {column!r} is {kind}, not a list")
         return self._derive(self._frame.explode(column))

@@ -169,7 +169,11 @@ class Session:
     def _read(self, path: PathOrPaths, name: str | None, fmt: str) -> DataFrame:
         """Registers ``path`` (a file, a folder or a glob such as ``data/*.parquet``), or
         each of a list of paths, whose tables are stacked by column name."""
-        if isinstance(path, (str, os.PathLike)) and not os.path.exists(path) and glob.has_magic(os.fspath(path)):
+        if (
+            isinstance(path, (str, os.PathLike))
+            and not os.path.exists(path)
+            and glob.has_magic(os.fspath(path))
+        ):
             matches = sorted(glob.glob(os.fspath(path)))
             if not matches:
                 raise ConfigError(f"no file matches {os.fspath(path)!r}")

@@ -5,7 +5,7 @@ with Python's ``re`` for the common constructs but has no look-around or backref
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import pyarrow as pa
 
@@ -129,7 +129,9 @@ class StringMethods:
             unsupported("str.find", "end", end, "None")
         return self._new(fn("strpos", self._expr, lit(sub)).binary("-", lit(1)))
 
-    def slice(self, start: int | None = None, stop: int | None = None, step: int | None = None) -> Column:
+    def slice(
+        self, start: int | None = None, stop: int | None = None, step: int | None = None
+    ) -> Column:
         """The characters from ``start`` up to ``stop`` (Python's slice rules, negative
         positions counting from the end)."""
         if step not in (None, 1):
@@ -168,9 +170,7 @@ class StringMethods:
             # and the width are odd.
             margin = lit(width).binary("-", length)
             odd = margin.binary("%", lit(2)).binary("==", lit(1)).binary("&", lit(width % 2 == 1))
-            left = margin.binary("/", lit(2)).binary(
-                "+", _spate.Expr.case([(odd, lit(1))], lit(0))
-            )
+            left = margin.binary("/", lit(2)).binary("+", _spate.Expr.case([(odd, lit(1))], lit(0)))
             padded = fn(
                 "rpad",
                 fn("lpad", self._expr, length.binary("+", left), lit(fillchar)),
@@ -274,7 +274,11 @@ class StringMethods:
         owner = column._owner()
         if n == -1:
             counted = owner._frame.select([fn("cardinality", parts).alias("parts")])
-            widest = pa.table(counted.aggregate([], [_spate.Expr.aggregate("max", [_spate.Expr.col("parts")]).alias("m")]))
+            widest = pa.table(
+                counted.aggregate(
+                    [], [_spate.Expr.aggregate("max", [_spate.Expr.col("parts")]).alias("m")]
+                )
+            )
             n = max(int(widest.column(0)[0].as_py() or 1) - 1, 0)
         columns = []
         for i in range(n):
@@ -282,9 +286,7 @@ class StringMethods:
         # The last column holds the rest: everything after the n-th separator.
         rest = fn("regexp_replace", self._expr, lit(f"^(?:.*?{re.escape(sep)}){{{n}}}"), lit(""))
         enough = fn("cardinality", parts).binary(">", lit(n))
-        columns.append(
-            _spate.Expr.case([(enough, rest)], typed_null(pa.string())).alias(str(n))
-        )
+        columns.append(_spate.Expr.case([(enough, rest)], typed_null(pa.string())).alias(str(n)))
         return owner._derive(owner._frame.select([*map(_spate.Expr.col, owner._index), *columns]))
 
     def extract(self, pat: str, flags: int = 0, expand: bool = True) -> Column | DataFrame:

@@ -47,7 +47,9 @@ def test_dropna_refuses_what_it_does_not_support(sdf):
 
 
 def test_fillna_scalar_and_dict(sdf, pdf):
-    assert_same(sdf.fillna({"f": -1.0, "s": "none", "n": 0}), pdf.fillna({"f": -1.0, "s": "none", "n": 0}))
+    assert_same(
+        sdf.fillna({"f": -1.0, "s": "none", "n": 0}), pdf.fillna({"f": -1.0, "s": "none", "n": 0})
+    )
     numeric = ["g", "i", "j", "n", "f"]
     assert_same(sdf[numeric].fillna(0), pdf[numeric].fillna(0))
     # A string fills only the string columns (pandas would put it in every column).
@@ -66,7 +68,12 @@ def test_ffill_bfill_follow_the_sort(backend):
 
 
 def test_order_dependent_methods_need_a_sort(sdf):
-    for call in (lambda: sdf.ffill(), lambda: sdf.tail(3), lambda: sdf.f.cumsum(), lambda: sdf.iloc[-1]):
+    for call in (
+        lambda: sdf.ffill(),
+        lambda: sdf.tail(3),
+        lambda: sdf.f.cumsum(),
+        lambda: sdf.iloc[-1],
+    ):
         with pytest.raises(spate.UnsupportedError, match="sort_values"):
             call()
 
@@ -76,7 +83,9 @@ def test_describe(sdf, pdf):
     expected = pdf.describe()
     assert list(got.columns) == list(expected.columns)
     assert list(got.index) == list(expected.index)
-    np.testing.assert_allclose(got.to_numpy(float), expected.to_numpy(float), rtol=1e-9, equal_nan=True)
+    np.testing.assert_allclose(
+        got.to_numpy(float), expected.to_numpy(float), rtol=1e-9, equal_nan=True
+    )
 
 
 def test_info_and_memory_usage(sdf, pdf):
@@ -101,7 +110,10 @@ def test_value_counts(sdf, pdf, normalize, dropna):
     frame = sdf.value_counts(["k", "b"], normalize=normalize, dropna=dropna).to_pandas()
     frame_expected = pdf.value_counts(["k", "b"], normalize=normalize, dropna=dropna)
     pd.testing.assert_series_equal(
-        frame.iloc[:, 0].sort_index(), frame_expected.sort_index(), check_dtype=False, check_names=False
+        frame.iloc[:, 0].sort_index(),
+        frame_expected.sort_index(),
+        check_dtype=False,
+        check_names=False,
     )
 
 

@@ -58,7 +58,9 @@ def test_where_mask_clip(sdf, pdf):
     got = sdf.assign(c=sdf.f.clip(lower=0), w=sdf.i.where(sdf.b, -1), m=sdf.f.mask(sdf.i < 0))
     expected = pdf.assign(c=pdf.f.clip(lower=0), w=pdf.i.where(pdf.b, -1), m=pdf.f.mask(pdf.i < 0))
     assert_same(got[["id", "c", "w", "m"]], expected[["id", "c", "w", "m"]])
-    assert_same(sdf[sdf.i.between(-3, 3, inclusive="left")], pdf[pdf.i.between(-3, 3, inclusive="left")])
+    assert_same(
+        sdf[sdf.i.between(-3, 3, inclusive="left")], pdf[pdf.i.between(-3, 3, inclusive="left")]
+    )
 
 
 def test_query_and_eval(sdf, pdf):
@@ -80,7 +82,17 @@ def test_query_and_eval(sdf, pdf):
 
 
 def test_dt_fields(sdf, pdf):
-    fields = ["year", "month", "day", "hour", "minute", "second", "day_of_week", "day_of_year", "quarter"]
+    fields = [
+        "year",
+        "month",
+        "day",
+        "hour",
+        "minute",
+        "second",
+        "day_of_week",
+        "day_of_year",
+        "quarter",
+    ]
     got = sdf.assign(**{f: getattr(sdf.ts.dt, f) for f in fields})[["id", *fields]]
     expected = pdf.assign(**{f: getattr(pdf.ts.dt, f) for f in fields})[["id", *fields]]
     assert_same(got, expected)
@@ -100,24 +112,41 @@ def test_dt_strftime_and_zones(sdf, pdf):
     expected = pdf.assign(s=pdf.ts.dt.strftime("%Y-%m-%d %H:%M"))[["id", "s"]]
     assert_same(got, expected)
     got = sdf.assign(z=sdf.tz.dt.tz_convert("Europe/Berlin").dt.hour, n=sdf.tz.dt.tz_localize(None))
-    expected = pdf.assign(z=pdf.tz.dt.tz_convert("Europe/Berlin").dt.hour, n=pdf.tz.dt.tz_localize(None))
+    expected = pdf.assign(
+        z=pdf.tz.dt.tz_convert("Europe/Berlin").dt.hour, n=pdf.tz.dt.tz_localize(None)
+    )
     assert_same(got[["id", "z", "n"]], expected[["id", "z", "n"]])
     got = sdf.assign(l=sdf.ts.dt.tz_localize("UTC"))[["id", "l"]].to_pandas()
-    assert (got.sort_values("id")["l"].reset_index(drop=True) == pdf.sort_values("id").ts.dt.tz_localize("UTC").reset_index(drop=True)).all()
+    assert (
+        got.sort_values("id")["l"].reset_index(drop=True)
+        == pdf.sort_values("id").ts.dt.tz_localize("UTC").reset_index(drop=True)
+    ).all()
 
 
 def test_str_methods(sdf, pdf):
     s, p = sdf.s.str, pdf.s.str
     got = sdf.assign(
-        a=s.slice(1, 4), b=s.slice(-3), c=s.pad(9, fillchar="*"), d=s.zfill(8),
-        e=s.count("a"), f2=s.find("e"), g=s.contains("^[a-c]", regex=True, na=False),
-        h=s.replace(r"(\w)(\d)", r"\2\1", regex=True), i2=s.center(12, "-"),
+        a=s.slice(1, 4),
+        b=s.slice(-3),
+        c=s.pad(9, fillchar="*"),
+        d=s.zfill(8),
+        e=s.count("a"),
+        f2=s.find("e"),
+        g=s.contains("^[a-c]", regex=True, na=False),
+        h=s.replace(r"(\w)(\d)", r"\2\1", regex=True),
+        i2=s.center(12, "-"),
         j2=s.cat(sdf.k, sep="/"),
     )
     expected = pdf.assign(
-        a=p.slice(1, 4), b=p.slice(-3), c=p.pad(9, fillchar="*"), d=p.zfill(8),
-        e=p.count("a"), f2=p.find("e"), g=p.contains("^[a-c]", regex=True, na=False),
-        h=p.replace(r"(\w)(\d)", r"\2\1", regex=True), i2=p.center(12, "-"),
+        a=p.slice(1, 4),
+        b=p.slice(-3),
+        c=p.pad(9, fillchar="*"),
+        d=p.zfill(8),
+        e=p.count("a"),
+        f2=p.find("e"),
+        g=p.contains("^[a-c]", regex=True, na=False),
+        h=p.replace(r"(\w)(\d)", r"\2\1", regex=True),
+        i2=p.center(12, "-"),
         j2=p.cat(pdf.k, sep="/"),
     )
     columns = ["id", "a", "b", "c", "d", "e", "f2", "g", "h", "i2", "j2"]
@@ -164,7 +193,10 @@ def test_concat_rows_and_columns(backend, pdf):
 
 def test_melt_pivot_explode(backend, pdf):
     sdf = backend.from_pandas(pdf)
-    assert_same(sdf.melt(id_vars=["id"], value_vars=["i", "f"]), pdf.melt(id_vars=["id"], value_vars=["i", "f"]))
+    assert_same(
+        sdf.melt(id_vars=["id"], value_vars=["i", "f"]),
+        pdf.melt(id_vars=["id"], value_vars=["i", "f"]),
+    )
     got = sdf.pivot_table(values="f", index="k", columns="b", aggfunc="sum").to_pandas()
     expected = pdf.pivot_table(values="f", index="k", columns="b", aggfunc="sum")
     expected.columns = [str(c) for c in expected.columns]
@@ -179,17 +211,31 @@ def test_melt_pivot_explode(backend, pdf):
 def test_merge_asof(backend, direction, exact):
     rng = np.random.default_rng(4)
     trades = pd.DataFrame(
-        {"t": np.sort(rng.choice(1000, 120, replace=False)), "k": rng.choice(["a", "b", "c"], 120), "q": rng.integers(1, 9, 120)}
+        {
+            "t": np.sort(rng.choice(1000, 120, replace=False)),
+            "k": rng.choice(["a", "b", "c"], 120),
+            "q": rng.integers(1, 9, 120),
+        }
     )
     quotes = pd.DataFrame(
-        {"t": np.sort(rng.choice(1000, 80, replace=False)), "k": rng.choice(["a", "b", "c"], 80), "price": rng.normal(100, 5, 80)}
+        {
+            "t": np.sort(rng.choice(1000, 80, replace=False)),
+            "k": rng.choice(["a", "b", "c"], 80),
+            "price": rng.normal(100, 5, 80),
+        }
     )
     quotes.loc[3, "price"] = np.nan
     got = spate.merge_asof(
-        backend.from_pandas(trades), backend.from_pandas(quotes), on="t", by="k",
-        direction=direction, allow_exact_matches=exact,
+        backend.from_pandas(trades),
+        backend.from_pandas(quotes),
+        on="t",
+        by="k",
+        direction=direction,
+        allow_exact_matches=exact,
     )
-    expected = pd.merge_asof(trades, quotes, on="t", by="k", direction=direction, allow_exact_matches=exact)
+    expected = pd.merge_asof(
+        trades, quotes, on="t", by="k", direction=direction, allow_exact_matches=exact
+    )
     assert_same(got, expected, sort=["t"])
 
 
@@ -215,14 +261,18 @@ def test_readers_take_globs_and_lists(backend, pdf, tmp_path):
     got = backend.read_parquet(str(tmp_path / "part*.parquet"))
     assert len(got) == 300
     got = backend.read_parquet([tmp_path / "part0.parquet", tmp_path / "part2.parquet"])
-    assert sorted(got.to_pandas()["id"]) == sorted(pd.concat([pdf.iloc[:100], pdf.iloc[200:300]])["id"])
+    assert sorted(got.to_pandas()["id"]) == sorted(
+        pd.concat([pdf.iloc[:100], pdf.iloc[200:300]])["id"]
+    )
 
 
 def test_to_numpy_array_and_dlpack(sdf, pdf):
     ordered = sdf.sort_values("id")
     expected = pdf.sort_values("id")
     np.testing.assert_array_equal(ordered.i.to_numpy(), expected.i.to_numpy())
-    np.testing.assert_array_equal(np.asarray(ordered[["id", "i"]]), expected[["id", "i"]].to_numpy())
+    np.testing.assert_array_equal(
+        np.asarray(ordered[["id", "i"]]), expected[["id", "i"]].to_numpy()
+    )
     np.testing.assert_array_equal(np.from_dlpack(ordered.i), expected.i.to_numpy())
     with pytest.raises(spate.UnsupportedError, match="nulls"):
         np.from_dlpack(ordered.f)
@@ -231,12 +281,20 @@ def test_to_numpy_array_and_dlpack(sdf, pdf):
 
 def test_map_apply_pipe(sdf, pdf):
     got = sdf.assign(
-        m=sdf.k.map({"a": 1, "b": 2}), f2=sdf.i.map(lambda v: v * 2 + 1), g=sdf.f.apply(np.abs),
-        r=sdf.apply(lambda row: f"{row['k'] if isinstance(row['k'], str) else None}:{row['i']}", axis=1),
+        m=sdf.k.map({"a": 1, "b": 2}),
+        f2=sdf.i.map(lambda v: v * 2 + 1),
+        g=sdf.f.apply(np.abs),
+        r=sdf.apply(
+            lambda row: f"{row['k'] if isinstance(row['k'], str) else None}:{row['i']}", axis=1
+        ),
     )
     expected = pdf.assign(
-        m=pdf.k.map({"a": 1, "b": 2}), f2=pdf.i.map(lambda v: v * 2 + 1), g=pdf.f.apply(np.abs),
-        r=pdf.apply(lambda row: f"{row['k'] if isinstance(row['k'], str) else None}:{row['i']}", axis=1),
+        m=pdf.k.map({"a": 1, "b": 2}),
+        f2=pdf.i.map(lambda v: v * 2 + 1),
+        g=pdf.f.apply(np.abs),
+        r=pdf.apply(
+            lambda row: f"{row['k'] if isinstance(row['k'], str) else None}:{row['i']}", axis=1
+        ),
     )
     assert_same(got[["id", "m", "f2", "g", "r"]], expected[["id", "m", "f2", "g", "r"]])
     assert "python:<lambda>" in sdf.assign(x=sdf.i.map(lambda v: v)).explain()

@@ -34,9 +34,13 @@ def test_cumulative_frame(ordered, pdf, method):
 def test_cumprod_and_columns(ordered, pdf):
     small = pdf.assign(x=(pdf.i % 3).astype("int64"), y=pdf.f / 10)
     sdf = ordered.assign(x=ordered.i % 3, y=ordered.f / 10)
-    assert_same(sdf[["id", "x", "y"]].cumprod(), small[["id", "x", "y"]].cumprod(), sort=False, rtol=1e-9)
+    assert_same(
+        sdf[["id", "x", "y"]].cumprod(), small[["id", "x", "y"]].cumprod(), sort=False, rtol=1e-9
+    )
     got = sdf.assign(c=sdf.f.cumsum(), m=sdf.i.cummax(), s=sdf.n.cumsum())[["id", "c", "m", "s"]]
-    expected = small.assign(c=small.f.cumsum(), m=small.i.cummax(), s=small.n.cumsum())[["id", "c", "m", "s"]]
+    expected = small.assign(c=small.f.cumsum(), m=small.i.cummax(), s=small.n.cumsum())[
+        ["id", "c", "m", "s"]
+    ]
     assert_same(got, expected, sort=False)
 
 
@@ -44,10 +48,14 @@ def test_cumprod_and_columns(ordered, pdf):
 def test_shift_diff_pct_change(ordered, pdf, periods):
     got = ordered[["id", "i", "f", "s"]].shift(periods)[["i", "f", "s"]]
     assert_same(got, pdf[["i", "f", "s"]].shift(periods), sort=False)
-    got = ordered.assign(d=ordered.i.diff(periods), p=ordered.f.pct_change(periods))[["id", "d", "p"]]
+    got = ordered.assign(d=ordered.i.diff(periods), p=ordered.f.pct_change(periods))[
+        ["id", "d", "p"]
+    ]
     expected = pdf.assign(d=pdf.i.diff(periods), p=pdf.f.pct_change(periods))[["id", "d", "p"]]
     assert_same(got, expected, sort=False)
-    assert_same(ordered[["id", "i", "f"]].diff(periods), pdf[["id", "i", "f"]].diff(periods), sort=False)
+    assert_same(
+        ordered[["id", "i", "f"]].diff(periods), pdf[["id", "i", "f"]].diff(periods), sort=False
+    )
 
 
 @pytest.mark.parametrize("method", ["average", "min", "max", "first", "dense"])
@@ -94,12 +102,20 @@ def test_groupby_transform(ordered, pdf, func):
 def test_groupby_row_methods(ordered, pdf):
     g, pg = ordered.groupby("k"), pdf.groupby("k")
     got = ordered.assign(
-        c=g["i"].cumsum(), n=g.cumcount(), s=g["f"].shift(1), r=g["i"].rank(method="min"),
-        m=g["f"].cummax(), d=g["i"].diff(),
+        c=g["i"].cumsum(),
+        n=g.cumcount(),
+        s=g["f"].shift(1),
+        r=g["i"].rank(method="min"),
+        m=g["f"].cummax(),
+        d=g["i"].diff(),
     )[["id", "c", "n", "s", "r", "m", "d"]]
     expected = pdf.assign(
-        c=pg["i"].cumsum(), n=pg.cumcount(), s=pg["f"].shift(1), r=pg["i"].rank(method="min"),
-        m=pg["f"].cummax(), d=pg["i"].diff(),
+        c=pg["i"].cumsum(),
+        n=pg.cumcount(),
+        s=pg["f"].shift(1),
+        r=pg["i"].rank(method="min"),
+        m=pg["f"].cummax(),
+        d=pg["i"].diff(),
     )[["id", "c", "n", "s", "r", "m", "d"]]
     assert_same(got, expected, sort=False)
     assert_same(g[["i", "f"]].cumsum(), pg[["i", "f"]].cumsum(), sort=False)
@@ -116,7 +132,9 @@ def test_windows_keep_the_order_and_explain(ordered, pdf):
     got = ordered.assign(c=ordered.i.cumsum())
     assert got._order == (("id", True, False),)
     assert "WindowAggExec" in got.explain() or "Window" in got.explain()
-    assert_same(got.head(5)[["id", "c"]], pdf.assign(c=pdf.i.cumsum()).head(5)[["id", "c"]], sort=False)
+    assert_same(
+        got.head(5)[["id", "c"]], pdf.assign(c=pdf.i.cumsum()).head(5)[["id", "c"]], sort=False
+    )
 
 
 def test_sort_index(backend, pdf):
