@@ -306,3 +306,72 @@ def test_assign_reads_the_frame_as_it_was(sdf, pdf):
     got = sdf.assign(i=sdf.i + 1, j=sdf.i * 2, k2=lambda d: d.i * 10)[["id", "i", "j", "k2"]]
     expected = pdf.assign(i=pdf.i + 1, j=pdf.i * 2, k2=lambda d: d.i * 10)[["id", "i", "j", "k2"]]
     assert_same(got, expected)
+
+
+def test_column_reductions(sdf, pdf):
+    s = sdf.sort_values("id").head(12)
+    small = pdf.sort_values("id").head(12)
+    assert s.i.prod() == small.i.prod()
+    assert s.f.prod() == pytest.approx(small.f.prod())
+    assert s.f.median() == pytest.approx(small.f.median())
+    assert s.f.std() == pytest.approx(small.f.std())
+    assert s.f.var(ddof=0) == pytest.approx(small.f.var(ddof=0))
+    for q in (0.1, 0.5, 0.9):
+        assert s.f.quantile(q) == pytest.approx(small.f.quantile(q))
+
+
+def test_more_string_and_time_methods(sdf, pdf):
+    s, p = sdf.s.str, pdf.s.str
+    got = sdf.assign(
+        a=s.get(1),
+        b=s.title(),
+        c=sdf.k.str.lstrip("a"),
+        d=s.rstrip("0123456789"),
+        e=s.ljust(8, "."),
+        f2=s.rsplit(" ", expand=False),
+        n=sdf.ts.dt.normalize(),
+    )
+    expected = pdf.assign(
+        a=p.get(1),
+        b=p.title(),
+        c=pdf.k.str.lstrip("a"),
+        d=p.rstrip("0123456789"),
+        e=p.ljust(8, "."),
+        f2=p.rsplit(" ", expand=False),
+        n=pdf.ts.dt.normalize(),
+    )
+    columns = ["id", "a", "b", "c", "d", "e", "n"]
+    assert_same(got[columns], expected[columns])
+    with pytest.raises(spate.UnsupportedError, match="n="):
+        s.rsplit(" ", n=1, expand=True)
+
+
+def test_frame_map_and_na_action(sdf, pdf):
+    got = sdf[["id", "i", "n"]].map(lambda v: v * 3, na_action="ignore")
+    assert_same(got, pdf[["id", "i", "n"]].map(lambda v: v * 3, na_action="ignore"))
+    got = sdf.assign(m=sdf.s.map(len, na_action="ignore"))[["id", "m"]]
+    expected = pdf.assign(m=pdf.s.map(len, na_action="ignore"))[["id", "m"]]
+    assert_same(got, expected)
+    with pytest.raises(spate.UnsupportedError, match="axis"):
+        sdf.apply(sum, axis=0)
+
+
+def test_to_cupy_needs_cupy(sdf):
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        with pytest.raises(spate.UnsupportedError, match="CuPy"):
+            sdf.i.to_cupy()
+    else:  # pragma: no cover - only with CuPy and a GPU
+        assert sdf.i.to_cupy().shape == (len(sdf),)
+
+
+def test_python_functions_run_on_the_cpu(backend, pdf):
+    sdf = backend.from_pandas(pdf)
+    plan = sdf.assign(x=sdf.i.map(lambda v: v + 1)).explain()
+    assert "python:<lambda>" in plan
+    if backend.backend != "cpu":
+        line = next(
+            line for line in plan.splitlines() if "python:<lambda>" in line and "Exec" in line
+        )
+        assert "[CPU" in line, line

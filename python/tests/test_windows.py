@@ -144,3 +144,14 @@ def test_sort_index(backend, pdf):
     assert list(got.index) == list(expected.index)
     with pytest.raises(spate.PlanError, match="index"):
         backend.from_pandas(pdf).sort_index()
+
+
+def test_groupby_fills_and_expanding(ordered, pdf):
+    g, pg = ordered.groupby("k"), pdf.groupby("k")
+    got = ordered.assign(a=g["f"].ffill(), b=g["f"].bfill())[["id", "a", "b"]]
+    expected = pdf.assign(a=pg["f"].ffill(), b=pg["f"].bfill())[["id", "a", "b"]]
+    assert_same(got, expected, sort=False)
+    got = g[["f"]].expanding().mean().to_pandas()
+    expected = pg[["f"]].expanding().mean()
+    expected.index = expected.index.droplevel(1)
+    pd.testing.assert_frame_equal(got, expected, check_dtype=False)
