@@ -4,8 +4,8 @@ Python functions over Arrow batches (``apply``, ``map``)."""
 
 from __future__ import annotations
 
-import io
 import os
+import tempfile
 from typing import TYPE_CHECKING, Any, Callable
 
 import pyarrow as pa
@@ -43,32 +43,31 @@ def python_column(
     it on the first rows (one small query)."""
     import numpy as np
 
-    owner = column._owner()
     ufunc = isinstance(func, np.ufunc)
 
     def apply_values(values: pa.Array) -> list[Any]:
         items = values.to_pylist()
         return [None if skip_nulls and v is None else func(v) for v in items]
 
-    sample = (
-        pa.table(owner._frame.select([column._expr.alias("v")]).limit(_SAMPLE_ROWS, 0))
-        .column(0)
-        .combine_chunks()
-    )
+    def run_ufunc(values: pa.Array, kind: pa.DataType | None) -> pa.Array:
+        # NumPy has no nulls: compute on the values with nulls filled, then null them again.
+        filled = values.fill_null(0) if values.null_count else values
+        result = func(filled.to_numpy(zero_copy_only=False))
+        mask = values.is_null().to_numpy(zero_copy_only=False) if values.null_count else None
+        return pa.array(result, type=kind, mask=mask)
+
+    plan, expr = column._computed()
+    sample = pa.table(plan.select([expr.alias("v")]).limit(_SAMPLE_ROWS, 0)).column(0)
+    sample = sample.combine_chunks()
     if ufunc:
-        kind = (
-            pa.array(func(sample.to_numpy(zero_copy_only=False))).type
-            if len(sample)
-            else pa.float64()
-        )
+        kind = run_ufunc(sample, None).type if len(sample) else pa.float64()
     else:
         kind = _infer_type(apply_values(sample))
 
     def call(arrays: list[pa.Array]) -> pa.Array:
-        values = arrays[0]
         if ufunc:
-            return pa.array(func(values.to_numpy(zero_copy_only=False)), type=kind)
-        return pa.array(apply_values(values), type=kind)
+            return run_ufunc(arrays[0], kind)
+        return pa.array(apply_values(arrays[0]), type=kind)
 
     name = getattr(func, "__name__", "function")
     expr = _spate.Expr.python_function(f"python:{name}", call, [column._expr], kind)
@@ -139,6 +138,14 @@ class HostMixin:
             frame = self.reset_index(drop=True)
         frame._frame.write(os.fspath(path), fmt)
 
+    def _written_text(self: Any, fmt: str, index: bool | None) -> str:
+        """What the engine writes as ``fmt``, as a string (the same text as a file gets)."""
+        with tempfile.TemporaryDirectory(prefix="spate-") as folder:
+            path = os.path.join(folder, f"out.{fmt}")
+            self._write(path, fmt, index)
+            with open(path, encoding="utf-8") as text:
+                return text.read()
+
     def to_parquet(
         self: Any,
         path: Any,
@@ -180,12 +187,7 @@ class HostMixin:
         if kwargs:
             unsupported("to_csv", next(iter(kwargs)), kwargs[next(iter(kwargs))])
         if path_or_buf is None:
-            import pyarrow.csv as csv
-
-            frame = self.reset_index(drop=True) if index is False and self._index else self
-            sink = io.BytesIO()
-            csv.write_csv(frame.to_arrow(), sink)
-            return sink.getvalue().decode()
+            return self._written_text("csv", index)
         self._write(path_or_buf, "csv", index)
         return None
 
@@ -206,7 +208,7 @@ class HostMixin:
         if kwargs:
             unsupported("to_json", next(iter(kwargs)), kwargs[next(iter(kwargs))])
         if path_or_buf is None:
-            return self.to_pandas().to_json(orient="records", lines=True)
+            return self._written_text("json", None)
         self._write(path_or_buf, "json", None)
         return None
 

@@ -34,6 +34,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 _POSITION = "__spate_position"
 _ROWS = "__spate_rows"
+_ORDINAL = "__spate_ordinal"
+_CONDITION = "__spate_condition"
 
 
 def _caller_variables(depth: int) -> dict[str, Any]:
@@ -61,14 +63,38 @@ class _Translator:
         self._variables = variables
         self._quoted: dict[str, str] = {}
 
-        def backtick(match: re.Match[str]) -> str:
-            name = f"__spate_quoted_{len(self._quoted)}"
-            self._quoted[name] = match.group(1)
-            return name
+        self._text = _boolean_operators(self._names(text))
 
-        text = re.sub(r"`([^`]*)`", backtick, text)
-        text = re.sub(r"@([A-Za-z_]\w*)", r"__spate_at_\1", text)
-        self._text = _boolean_operators(text)
+    def _names(self, text: str) -> str:
+        """Backtick names and ``@variables`` as Python names, outside string literals."""
+        out = []
+        i = 0
+        while i < len(text):
+            ch = text[i]
+            if ch in "'\"":
+                end = i + 1
+                while end < len(text) and text[end] != ch:
+                    end += 2 if text[end] == "\\" else 1
+                out.append(text[i : end + 1])
+                i = end + 1
+            elif ch == "`":
+                end = text.find("`", i + 1)
+                if end < 0:
+                    raise SqlError(f"unclosed backtick in {text!r}")
+                name = f"__spate_quoted_{len(self._quoted)}"
+                self._quoted[name] = text[i + 1 : end]
+                out.append(name)
+                i = end + 1
+            elif ch == "@":
+                match = re.match(r"@([A-Za-z_]\w*)", text[i:])
+                if match is None:
+                    raise SqlError(f"'@' must name a variable in {text!r}")
+                out.append(f"__spate_at_{match.group(1)}")
+                i += match.end()
+            else:
+                out.append(ch)
+                i += 1
+        return "".join(out)
 
     def parse(self, mode: str = "eval") -> ast.AST:
         try:
@@ -152,7 +178,15 @@ class _Translator:
         if isinstance(op, (ast.In, ast.NotIn)):
             if not isinstance(left, Column):
                 raise UnsupportedError("'in' needs a column on its left")
-            values = right if isinstance(right, (list, tuple, set)) else [right]
+            if isinstance(right, Column):
+                raise UnsupportedError(
+                    "'in' with a column on its right is not supported (pandas' meaning is "
+                    "isin over that column's values: merge with how='leftsemi' instead)"
+                )
+            if isinstance(right, (str, bytes)) or not hasattr(right, "__iter__"):
+                values = [right]
+            else:
+                values = list(right)
             member = left.isin(values)
             return ~member if isinstance(op, ast.NotIn) else member
         if not isinstance(left, Column) and isinstance(right, Column):
@@ -255,7 +289,10 @@ def _by_position(df: DataFrame, rows: Any) -> DataFrame:
     ):
         return df[rows]
     df._require_order("iloc")
-    position = over("row_number", [], order_exprs(df._order)).binary("-", lit(1))
+    if isinstance(rows, (list, tuple)):
+        return _by_position_list(df, list(rows))
+    row_number = over("row_number", [], order_exprs(df._order)).cast(pa.int64())
+    position = row_number.binary("-", lit(1))
     count = over("count", [lit(1)], (), (), WHOLE)
 
     def at(i: int) -> _spate.Expr:
@@ -277,15 +314,32 @@ def _by_position(df: DataFrame, rows: Any) -> DataFrame:
             keep = keep.binary(
                 "&", pos.binary("-", start).binary("%", lit(rows.step)).binary("==", lit(0))
             )
-    else:
-        if not rows:
-            return df._derive(df._frame.limit(0, 0))
-        keep = pos.binary("==", at(rows[0]))
-        for i in rows[1:]:
-            keep = keep.binary("|", pos.binary("==", at(i)))
     numbered = df._with_columns({_POSITION: position, _ROWS: count}, windowed=True)
     kept = numbered._frame.filter(keep)
     return numbered._derive(kept.select([col(c) for c in df._frame.columns()]))
+
+
+def _by_position_list(df: DataFrame, rows: list[int]) -> DataFrame:
+    """The rows at the positions ``rows``, in the list's order and as often as listed, as
+    pandas gives them: the positions (negative ones counted from the end, which needs the
+    row count: one query) are joined to the frame's row numbers."""
+    if any(isinstance(i, bool) or not isinstance(i, int) for i in rows):
+        raise UnsupportedError(f"iloc: a list of positions must hold ints, got {rows!r}")
+    total = len(df)
+    if any(not -total <= i < total for i in rows):
+        raise IndexError(f"iloc: positions {rows} are out of bounds for {total} rows")
+    positions = [i if i >= 0 else total + i for i in rows]
+    row_number = over("row_number", [], order_exprs(df._order)).cast(pa.int64())
+    numbered = df._with_columns({_POSITION: row_number.binary("-", lit(1))}, windowed=True)
+    wanted = df._session.from_arrow(
+        pa.table({_POSITION: pa.array(positions, pa.int64()), _ORDINAL: range(len(positions))})
+    )
+    joined = numbered.reset_index().merge(wanted, on=_POSITION, how="inner")
+    plan = joined._frame.sort([col(_ORDINAL)], [True], [False])
+    plan = plan.select([col(c) for c in df._frame.columns()])
+    from spate.frame import DataFrame
+
+    return DataFrame(plan, df._session, df._index)
 
 
 class _Loc:
@@ -396,7 +450,13 @@ class SelectMixin:
             unsupported("where/mask", "level", level)
         if not isinstance(cond, Column):
             raise UnsupportedError("where/mask take a boolean Column as the condition")
-        condition = fn("coalesce", self._operand(cond), lit(False))
+        base = self
+        condition = self._operand(cond)
+        if cond._windowed:
+            # Computed into a column first, in the frame's order (see Column._computed).
+            base = self._with_columns({_CONDITION: condition}, windowed=True)
+            condition = col(_CONDITION)
+        condition = fn("coalesce", condition, lit(False))
         replacement = typed_null(pa.null()) if other is None or is_missing(other) else lit(other)
 
         def make(value: _spate.Expr) -> _spate.Expr:
@@ -404,7 +464,8 @@ class SelectMixin:
                 return _spate.Expr.case([(condition, value)], replacement)
             return _spate.Expr.case([(condition, replacement)], value)
 
-        return self._each_value(make)
+        result = base._each_value(make, self.columns)
+        return result._derive(result._frame.select([col(c) for c in self._frame.columns()]))
 
     def clip(
         self: Any, lower: Any = None, upper: Any = None, *, axis: Any = None, inplace: bool = False
@@ -472,7 +533,10 @@ class SelectMixin:
             unsupported("eval", "inplace", inplace, "False")
         variables = _variables(local_dict, global_dict)
         lines = [line for line in expr.strip().splitlines() if line.strip()]
-        if any(re.match(r"^\s*[A-Za-z_`][^=]*=(?!=)", line) for line in lines):
+        assignment = re.compile(r"^\s*(`[^`]+`|[A-Za-z_]\w*)\s*=(?!=)")
+        if any(assignment.match(line) for line in lines):
+            if not all(assignment.match(line) for line in lines):
+                raise SqlError("eval: with several lines, every line must assign a column")
             frame = self
             for line in lines:
                 target, _, value = line.partition("=")

@@ -24,6 +24,7 @@ from spate._util import (
     Bound,
     WindowOrder,
     col,
+    fn,
     lit,
     over,
     rows_back,
@@ -196,6 +197,9 @@ def rolled(
         result = counted.cast(pa.float64())
         counted = over("count", [lit(1)], order, partition, frame)
     enough = counted.binary(">=", lit(min_periods if how == "count" else max(min_periods, 1)))
+    if how == "sum" and min_periods == 0:
+        # pandas: the sum of a window without values is 0 when no values are required.
+        return fn("coalesce", result, lit(0.0))
     return _spate.Expr.case([(enough, result)], typed_null(pa.float64()))
 
 
@@ -315,6 +319,8 @@ def rolling_frame(
         if window < 1:
             raise ConfigError(f"rolling: window must be at least 1, got {window}")
         frame = ("rows", rows_back(window - 1), ("current", None))
+        if min_periods is not None and not 0 <= min_periods <= window:
+            raise ConfigError(f"rolling: min_periods {min_periods} must be in [0, {window}]")
         return frame, window if min_periods is None else min_periods
     import pandas as pd
 
@@ -329,7 +335,9 @@ def rolling_frame(
     # pandas' window is (t - w, t]: SQL's RANGE frame includes its start, so end it one tick
     # (of the time column's unit) after t - w.
     tick = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}[kind]
-    nanos = int(delta.value) - tick
+    # pandas takes the span in whole units of the time column, (t - w, t]: the frame reaches
+    # back w less one tick.
+    nanos = max(int(delta.value) // tick * tick - tick, 0)
     interval = pa.array([pa.MonthDayNano([0, 0, nanos])], type=pa.month_day_nano_interval())
     frame = ("range", ("preceding", interval), ("current", None))
     return frame, 1 if min_periods is None else min_periods

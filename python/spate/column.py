@@ -273,15 +273,28 @@ class Column:
             raise PlanError("this column is not attached to a DataFrame")
         return self._frame
 
-    def _aggregate(self, name: str, distinct: bool = False) -> Any:
+    def _computed(self) -> tuple[_spate.Frame, _spate.Expr]:
+        """The owner's plan and this column's expression in it. A window function cannot sit
+        in a filter or an aggregate, and its own output order is not the frame's: it is
+        computed into a column of the owner first (in the owner's row order)."""
         owner = self._owner()
-        value = self._expr
+        if not self._windowed:
+            return owner._frame, self._expr
+        name = "__spate_value"
+        frame = owner._with_columns({name: self._expr}, windowed=True)
+        return frame._frame, _spate.Expr.col(name)
+
+    def _reduce(self, agg: _spate.Expr) -> Any:
+        """Runs the aggregate ``agg`` (built by a function of this column's expression)."""
+        frame, _ = self._computed()
+        return pa.table(frame.aggregate([], [agg.alias("value")])).column(0)[0].as_py()
+
+    def _aggregate(self, name: str, distinct: bool = False) -> Any:
+        _, value = self._computed()
         if name in ("sum", "avg") and pa.types.is_boolean(self._type()):
             # pandas counts True as 1: the sum of a mask is its number of True values.
             value = value.cast(pa.int64() if name == "sum" else pa.float64())
-        agg = _spate.Expr.aggregate(name, [value], distinct).alias("value")
-        frame = owner._frame.aggregate([], [agg])
-        return pa.table(frame).column(0)[0].as_py()
+        return self._reduce(_spate.Expr.aggregate(name, [value], distinct))
 
     def sum(self) -> Any:
         """The sum of the non-null values (0 when there are none, as in pandas)."""
@@ -310,8 +323,8 @@ class Column:
 
     def to_arrow(self) -> pa.ChunkedArray:
         """Runs the column's plan and returns its values."""
-        frame = self._owner()._frame.select([self._expr.alias(self.name)])
-        return pa.table(frame).column(0)
+        frame, expr = self._computed()
+        return pa.table(frame.select([expr.alias(self.name)])).column(0)
 
     def to_pandas(self) -> pandas.Series:
         """Runs the column's plan and returns a ``pandas.Series``."""
@@ -339,9 +352,8 @@ class Column:
             if kind is not None and (pa.types.is_floating(kind) or pa.types.is_decimal(kind))
             else pa.int64()
         )
-        owner = self._owner()
-        agg = _spate.Expr.aggregate("product", [self._expr.cast(wide)]).alias("value")
-        return pa.table(owner._frame.aggregate([], [agg])).column(0)[0].as_py()
+        _, value = self._computed()
+        return self._reduce(_spate.Expr.aggregate("product", [value.cast(wide)]))
 
     def median(self) -> Any:
         """The median of the non-null values."""
@@ -366,10 +378,10 @@ class Column:
         default)."""
         if not 0 <= q <= 1:
             raise ConfigError(f"quantile: q must be in [0, 1], got {q!r}")
-        owner = self._owner()
-        value = self._expr.cast(pa.float64())
-        agg = _spate.Expr.aggregate("percentile_cont", [value, lit(float(q))]).alias("value")
-        return pa.table(owner._frame.aggregate([], [agg])).column(0)[0].as_py()
+        _, value = self._computed()
+        return self._reduce(
+            _spate.Expr.aggregate("percentile_cont", [value.cast(pa.float64()), lit(float(q))])
+        )
 
     # ----- values and selection ----------------------------------------------------------
 
@@ -444,10 +456,9 @@ class Column:
     def unique(self) -> DataFrame:
         """The distinct values (null among them when present), as a one-column frame. pandas
         returns them in order of appearance; Spate in no particular order."""
+        frame, expr = self._computed()
         owner = self._owner()
-        return owner._derive(
-            owner._frame.select([self._expr.alias(self.name)]).distinct(), index=(), order=()
-        )
+        return owner._derive(frame.select([expr.alias(self.name)]).distinct(), index=(), order=())
 
     def value_counts(
         self,
@@ -464,9 +475,9 @@ class Column:
             unsupported("value_counts", "bins", bins)
         from spate._inspect import value_counts
 
-        owner = self._owner()
-        frame = owner._frame.select([self._expr.alias(self.name)])
-        return value_counts(owner, frame, [self.name], normalize, sort, ascending, dropna)
+        plan, expr = self._computed()
+        frame = plan.select([expr.alias(self.name)])
+        return value_counts(self._owner(), frame, [self.name], normalize, sort, ascending, dropna)
 
     def nlargest(self, n: int = 5, keep: str = "first") -> DataFrame:
         """The ``n`` largest non-null values, largest first, as a one-column frame."""
@@ -479,8 +490,9 @@ class Column:
     def _extremes(self, n: int, keep: str, ascending: bool) -> DataFrame:
         if keep != "first":
             unsupported("nlargest/nsmallest", "keep", keep, "'first'")
+        plan, expr = self._computed()
         owner = self._owner()
-        values = owner._derive(owner._frame.select([self._expr.alias(self.name)]), index=())
+        values = owner._derive(plan.select([expr.alias(self.name)]), index=(), order=())
         return values.nsmallest(n, self.name) if ascending else values.nlargest(n, self.name)
 
     def duplicated(self, keep: str | bool = "first") -> Column:

@@ -141,7 +141,8 @@ class DatetimeMethods:
                 up,
             )
         return self._column._new(
-            value.cast(pa.timestamp(kind.unit)).cast(kind) if kind.tz else value.cast(kind)
+            # The integer is the UTC instant: read it as UTC, then show it in the column's zone.
+            value.cast(pa.timestamp(kind.unit, "UTC")).cast(kind) if kind.tz else value.cast(kind)
         )
 
     def floor(self, freq: Any, ambiguous: Any = "raise", nonexistent: Any = "raise") -> Column:

@@ -76,6 +76,9 @@ __all__ = ["DataFrame"]
 #: Rows ``repr(df)`` shows.
 REPR_ROWS = 10
 
+#: The temporary column a mask with a window function is computed into.
+_MASK = "__spate_mask"
+
 
 #: ``DataFrame.nearest``'s metrics, by the SQL function each calls.
 _DISTANCES = {
@@ -333,6 +336,12 @@ class DataFrame(MissingMixin, InspectMixin, SelectMixin, WindowMixin, ReshapeMix
             expr = self._frame.parse_expr(predicate)
         elif isinstance(predicate, Column):
             expr = self._operand(predicate)
+            if predicate._windowed:
+                # A filter cannot hold a window function: compute the mask as a column first.
+                marked = self._with_columns({_MASK: expr}, windowed=True)
+                kept = marked._frame.filter(_spate.Expr.col(_MASK))
+                columns = [_spate.Expr.col(c) for c in self._frame.columns()]
+                return marked._derive(kept.select(columns))
         else:
             raise TypeError(
                 f"filter expects a boolean Column or a SQL expression string, got "

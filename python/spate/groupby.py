@@ -393,7 +393,7 @@ class GroupBy:
         if not ascending:
             order = [(e, not a, not n) for e, a, n in order]
         partition = [col(k) for k in self._keys]
-        expr = over("row_number", [], order, partition).binary("-", lit(1))
+        expr = over("row_number", [], order, partition).cast(pa.int64()).binary("-", lit(1))
         if self._dropna:
             null_key = partition[0].is_null()
             for key in partition[1:]:
@@ -413,7 +413,8 @@ class GroupBy:
         """The value minus the one ``periods`` rows earlier within the group."""
 
         def build(value: _spate.Expr, kind: Any, order: Any, partition: Any) -> _spate.Expr:
-            return value.binary("-", windows.shifted(value, periods, order, partition))
+            base = value.cast(pa.float64()) if pa.types.is_boolean(kind) else value
+            return base.binary("-", windows.shifted(base, periods, order, partition))
 
         return self._window_apply(build, numeric=True, what="groupby().diff")
 

@@ -30,17 +30,34 @@ __all__ = ["concat", "merge_asof", "ReshapeMixin"]
 _POSITION = "__spate_position"
 
 
-def _common_type(kinds: list[pa.DataType]) -> pa.DataType:
-    """The type a column takes in a concatenation: the same type, or float64 for a mix of
-    numbers (pandas' upcast), else the first frame's (DataFusion casts the others)."""
-    distinct = list(dict.fromkeys(kinds))
+#: Timestamp units from the coarsest to the finest.
+_UNITS = ("s", "ms", "us", "ns")
+
+
+def _common_type(kinds: list[pa.DataType], name: str) -> pa.DataType:
+    """The type column ``name`` takes where frames are stacked: their one type, int64 or
+    float64 for a mix of numbers (pandas' upcast), the finest unit for timestamps of one
+    zone, string for a mix of string types; an all-null column takes the others' type. Any
+    other mix is an error (pandas would make it ``object``)."""
+    distinct = list(dict.fromkeys(k for k in kinds if not pa.types.is_null(k)))
+    if not distinct:
+        return pa.null()
     if len(distinct) == 1:
         return distinct[0]
     if all(pa.types.is_integer(k) or pa.types.is_floating(k) for k in distinct):
-        if all(pa.types.is_integer(k) for k in distinct):
-            return pa.int64()
-        return pa.float64()
-    return distinct[0]
+        return pa.int64() if all(pa.types.is_integer(k) for k in distinct) else pa.float64()
+    if all(pa.types.is_timestamp(k) for k in distinct) and len({k.tz for k in distinct}) == 1:
+        unit = max((k.unit for k in distinct), key=_UNITS.index)
+        return pa.timestamp(unit, distinct[0].tz)
+    if all(
+        pa.types.is_string(k) or pa.types.is_large_string(k) or pa.types.is_string_view(k)
+        for k in distinct
+    ):
+        return pa.string()
+    raise PlanError(
+        f"column {name!r} has the types {', '.join(map(str, distinct))} in different frames, "
+        "which do not combine (cast them first)"
+    )
 
 
 def concat(
@@ -88,7 +105,7 @@ def concat(
     if sort:
         all_names = [*index, *sorted(n for n in all_names if n not in index)]
     types = {
-        n: _common_type([f.schema.field(n).type for f in frames if n in f._frame.columns()])
+        n: _common_type([f.schema.field(n).type for f in frames if n in f._frame.columns()], n)
         for n in all_names
     }
     result = None
@@ -184,7 +201,7 @@ def merge_asof(
         if missing:
             raise PlanError(f"merge_asof: the {side} frame has no column(s) {', '.join(missing)}")
     left_plan = left.reset_index()._frame
-    right_plan = right.reset_index()._frame
+    right_plan = right.reset_index()._frame.filter(col(on).is_not_null())
     left_names = left_plan.columns()
     carried = [c for c in right_plan.columns() if c not in keys and c != on]
     right_fields = [("__on", right_plan.schema().field(on).type)] + [
@@ -221,6 +238,8 @@ def merge_asof(
     order = [(col(on), True, False), (col(side), right_first, False)]
     function, bounds = ("last_value", RUNNING) if backward else ("first_value", REMAINING)
     found = over(function, [col(match)], order, [col(k) for k in keys], bounds, ignore_nulls=True)
+    # A null `on` matches nothing (pandas refuses it), and right rows with one are left out.
+    found = _spate.Expr.case([(col(on).is_null(), typed_null(struct_type))], found)
     plan = union.with_column(match, found).filter(col(side).binary("==", lit(1)))
     output = []
     for c in left_names:
@@ -265,7 +284,7 @@ class ReshapeMixin:
             raise PlanError("melt: no value columns")
         var = var_name or "variable"
         types = [frame.schema.field(v).type for v in values]
-        common = _common_type(types)
+        common = _common_type(types, value_name)
         result = None
         position = "__spate_melt"
         for i, v in enumerate(values):

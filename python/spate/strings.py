@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from spate import _spate
 from spate._util import Operand, fn, lit, typed_null, unsupported
-from spate.errors import ConfigError
+from spate.errors import ConfigError, UnsupportedError
 
 if TYPE_CHECKING:  # pragma: no cover
     from spate.column import Column
@@ -257,6 +257,12 @@ class StringMethods:
     ) -> Column | DataFrame:
         if regex:
             unsupported(f"str.{method}", "regex", regex, "literal separators")
+        if regex is None and pat is not None and len(pat) > 1 and re.escape(pat) != pat:
+            # pandas reads a longer pattern as a regular expression unless regex=False.
+            raise UnsupportedError(
+                f"str.{method}: {pat!r} would be a regular expression in pandas; Spate splits "
+                "on literal separators: pass regex=False to split on the text itself"
+            )
         sep = " " if pat is None else pat
         if not sep:
             raise ConfigError(f"str.{method}: the separator is empty")
@@ -284,7 +290,9 @@ class StringMethods:
         for i in range(n):
             columns.append(fn("array_element", parts, lit(i + 1)).alias(str(i)))
         # The last column holds the rest: everything after the n-th separator.
-        rest = fn("regexp_replace", self._expr, lit(f"^(?:.*?{re.escape(sep)}){{{n}}}"), lit(""))
+        rest = fn(
+            "regexp_replace", self._expr, lit(f"(?s)^(?:.*?{re.escape(sep)}){{{n}}}"), lit("")
+        )
         enough = fn("cardinality", parts).binary(">", lit(n))
         columns.append(_spate.Expr.case([(enough, rest)], typed_null(pa.string())).alias(str(n)))
         return owner._derive(owner._frame.select([*map(_spate.Expr.col, owner._index), *columns]))

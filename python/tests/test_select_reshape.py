@@ -375,3 +375,79 @@ def test_python_functions_run_on_the_cpu(backend, pdf):
             line for line in plan.splitlines() if "python:<lambda>" in line and "Exec" in line
         )
         assert "[CPU" in line, line
+
+
+# ----- edges found in review ---------------------------------------------------------------
+
+
+def test_window_columns_in_masks_reductions_and_results(backend, pdf):
+    sdf = backend.from_pandas(pdf).sort_values("id")
+    got = sdf[~sdf.duplicated(["k", "b"])]
+    assert_same(got, pdf[~pdf.duplicated(["k", "b"])], sort=False)
+    got = sdf[sdf.i.shift(1) > sdf.i]
+    assert_same(got, pdf[pdf.i.shift(1) > pdf.i], sort=False)
+    assert sdf.i.diff().mean() == pytest.approx(pdf.i.diff().mean())
+    ranks = sdf.i.rank(method="first").to_pandas().tolist()
+    assert ranks == pdf.i.rank(method="first").tolist()
+    got = sdf[["id", "i"]].where(sdf.i.shift(1) > 0, -1)
+    expected = pdf[["id", "i"]].where(pdf.i.shift(1) > 0, -1, axis=0)
+    assert_same(got, expected, sort=False)
+    counts = sdf.assign(c=sdf.groupby("k").cumcount()).to_arrow()
+    assert counts.schema.field("c").type == pa.int64()
+
+
+def test_iloc_lists_keep_their_order(backend, pdf):
+    sdf = backend.from_pandas(pdf).sort_values("id")
+    assert_same(sdf.iloc[[7, 0, 7, -1]], pdf.iloc[[7, 0, 7, -1]], sort=False)
+    with pytest.raises(IndexError):
+        sdf.iloc[[0, len(pdf)]]
+
+
+def test_query_eval_edges(sdf, pdf):
+    frame = pdf.assign(mail=pdf.k + "@x.com")
+    s = sdf.assign(mail=sdf.k + "@x.com")
+    assert_same(s.query("mail == 'a@x.com'"), frame.query("mail == 'a@x.com'"))
+    values = np.array([1, 2, 3])
+    assert_same(sdf.query("i in @values"), pdf.query("i in @values"))
+    assert_same(
+        sdf.assign(e=sdf.eval("i <= 3"))[["id", "e"]], pdf.assign(e=pdf.eval("i <= 3"))[["id", "e"]]
+    )
+    with pytest.raises(spate.UnsupportedError, match="right"):
+        sdf.query("i in n")
+
+
+def test_tz_aware_rounding_keeps_the_instant(backend, pdf):
+    local = pdf.assign(tz=pdf.tz.dt.tz_convert("America/New_York"))
+    sdf = backend.from_pandas(local)
+    for how in ("floor", "ceil", "round"):
+        got = sdf.assign(r=getattr(sdf.tz.dt, how)("h"))[["id", "r"]]
+        expected = local.assign(r=getattr(local.tz.dt, how)("h"))[["id", "r"]]
+        assert_same(got, expected)
+
+
+def test_merge_asof_null_on_and_concat_types(backend):
+    left = pd.DataFrame({"t": [1.0, 5.0, None], "x": [1, 2, 3]})
+    right = pd.DataFrame({"t": [0.0, None, 4.0], "y": [10, 20, 30]})
+    got = spate.merge_asof(backend.from_pandas(left), backend.from_pandas(right), on="t")
+    rows = got.to_pandas().sort_values("x")
+    assert rows["y"].tolist()[:2] == [10, 30] and pd.isna(rows["y"].tolist()[2])
+    a = backend.from_pandas(pd.DataFrame({"v": [None, None]}, dtype=object))
+    b = backend.from_pandas(pd.DataFrame({"v": [1.5, 2.5]}))
+    assert sorted(spate.concat([a, b]).to_pandas()["v"].dropna()) == [1.5, 2.5]
+    c = backend.from_pandas(pd.DataFrame({"v": ["x"]}))
+    with pytest.raises(spate.PlanError, match="do not combine"):
+        spate.concat([b, c])
+
+
+def test_split_refuses_what_pandas_reads_as_a_regex(sdf):
+    with pytest.raises(spate.UnsupportedError, match="regular expression"):
+        sdf.s.str.split(r"\s+")
+    assert sdf.s.str.split(r"\s+", regex=False) is not None
+
+
+def test_text_writers_match_the_files(sdf, tmp_path):
+    frame = sdf[["id", "i", "ts"]].sort_values("id").head(5)
+    frame.to_csv(tmp_path / "a.csv")
+    assert frame.to_csv() == (tmp_path / "a.csv").read_text()
+    frame.to_json(tmp_path / "a.json")
+    assert frame.to_json() == (tmp_path / "a.json").read_text()

@@ -155,3 +155,19 @@ def test_groupby_fills_and_expanding(ordered, pdf):
     expected = pg[["f"]].expanding().mean()
     expected.index = expected.index.droplevel(1)
     pd.testing.assert_frame_equal(got, expected, check_dtype=False)
+
+
+def test_rolling_edges(ordered, pdf):
+    with pytest.raises(spate.ConfigError, match="min_periods"):
+        ordered.f.rolling(3, min_periods=4)
+    got = ordered.assign(r=ordered.f.rolling(2, min_periods=0).sum())[["id", "r"]]
+    expected = pdf.assign(r=pdf.f.rolling(2, min_periods=0).sum())[["id", "r"]]
+    assert_same(got, expected, sort=False)
+
+
+def test_rolling_span_not_a_whole_number_of_units(backend):
+    times = pd.to_datetime([0, 1, 2, 3, 5, 6], unit="s").astype("datetime64[s]")
+    pdf = pd.DataFrame({"ts": times, "v": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]})
+    sdf = backend.from_pandas(pdf).sort_values("ts")
+    got = sdf.rolling("1500ms", on="ts").sum()
+    assert_same(got, pdf.rolling("1500ms", on="ts").sum(), sort=False)
