@@ -188,9 +188,18 @@ def rolled(
         raise UnsupportedError(
             f"rolling/expanding {how!r} is not supported; Spate supports {', '.join(ROLLING)}"
         )
-    arg = value.cast(pa.float64()) if not pa.types.is_floating(kind) else value
-    result = over(function, [arg], order, partition, frame).cast(pa.float64())
     counted = over("count", [value], order, partition, frame)
+    if how in ("sum", "min", "max", "mean"):
+        # On the column itself (a cast would keep the window off the GPU, whose window
+        # operator folds columns): integer sums are exact, and the mean is sum / count.
+        arg = value.cast(pa.int64()) if pa.types.is_boolean(kind) else value
+        name = "sum" if how == "mean" else function
+        result = over(name, [arg], order, partition, frame).cast(pa.float64())
+        if how == "mean":
+            result = result.binary("/", counted.cast(pa.float64()))
+    else:
+        arg = value.cast(pa.float64()) if not pa.types.is_floating(kind) else value
+        result = over(function, [arg], order, partition, frame).cast(pa.float64())
     if how == "count":
         # pandas counts the non-null values once the window holds min_periods rows, null or
         # not; the other aggregations need min_periods non-null values.
