@@ -805,7 +805,7 @@ fn cells_within(a: &str, b: &str, tolerance: f64) -> bool {
 async fn window_functions_match_the_cpu() {
     // Each query selects the partition and ORDER BY keys, which fix every value a tie could
     // move (two tied rows swap only identical output rows).
-    const QUERIES: [&str; 19] = [
+    const QUERIES: [&str; 23] = [
         "SELECT a, b, row_number() OVER (PARTITION BY a ORDER BY b) FROM t",
         // Running aggregates: ROWS frames, and RANGE frames whose peers share a value.
         "SELECT a, b, sum(b) OVER (PARTITION BY a ORDER BY b \
@@ -815,6 +815,23 @@ async fn window_functions_match_the_cpu() {
         "SELECT s, t, count(t) OVER (PARTITION BY s ORDER BY t ROWS UNBOUNDED PRECEDING), \
          max(u) OVER (PARTITION BY s ORDER BY t NULLS FIRST) FROM t",
         "SELECT g, f, sum(f) OVER (PARTITION BY g ORDER BY f ROWS UNBOUNDED PRECEDING) FROM t",
+        // Sliding ROWS frames (pandas' rolling): integer, decimal and float sums, counts,
+        // minima and maxima; a float sum adds and subtracts as DataFusion does, so even an
+        // infinity leaving the frame gives the same NaN.
+        "SELECT a, b, sum(b) OVER (PARTITION BY a ORDER BY b ROWS BETWEEN 2 PRECEDING AND \
+         CURRENT ROW), count(b) OVER (PARTITION BY a ORDER BY b ROWS BETWEEN 2 PRECEDING AND \
+         CURRENT ROW), min(b) OVER (PARTITION BY a ORDER BY b ROWS BETWEEN 2 PRECEDING AND \
+         CURRENT ROW), max(b) OVER (PARTITION BY a ORDER BY b ROWS BETWEEN 2 PRECEDING AND \
+         CURRENT ROW) FROM t",
+        "SELECT b, f, sum(f) OVER (ORDER BY b, f ROWS BETWEEN 4 PRECEDING AND CURRENT ROW), \
+         count(*) OVER (ORDER BY b, f ROWS BETWEEN 4 PRECEDING AND CURRENT ROW), sum(f) OVER \
+         (ORDER BY b, f ROWS UNBOUNDED PRECEDING) FROM t",
+        "SELECT a, m, sum(m) OVER (PARTITION BY a ORDER BY m ROWS BETWEEN 3 PRECEDING AND \
+         CURRENT ROW), min(dt) OVER (PARTITION BY a ORDER BY m, dt ROWS BETWEEN 3 PRECEDING AND \
+         CURRENT ROW) FROM t",
+        "SELECT a, b, sum(b) OVER (PARTITION BY a ORDER BY b ROWS BETWEEN 0 PRECEDING AND \
+         CURRENT ROW), sum(b) OVER (PARTITION BY a ORDER BY b ROWS BETWEEN 700 PRECEDING AND \
+         CURRENT ROW) FROM t",
         // Keys that are expressions.
         "SELECT a % 3, b, rank() OVER (PARTITION BY a % 3 ORDER BY b * 2) FROM t",
         // GROUPS frames end at the current row's last peer.
@@ -911,6 +928,20 @@ async fn window_functions_the_gpu_cannot_match_stay_on_the_cpu() {
         (
             "SELECT a, lag(a, 1, 0) OVER (ORDER BY a) FROM t",
             "a default value",
+        ),
+        (
+            "SELECT a, sum(b) OVER (ORDER BY a RANGE BETWEEN 2 PRECEDING AND CURRENT ROW) FROM t",
+            "sliding RANGE",
+        ),
+        (
+            "SELECT a, b, sum(b) OVER (ORDER BY a, b ROWS BETWEEN 2 PRECEDING AND 1 FOLLOWING) \
+             FROM t",
+            "end at the current row",
+        ),
+        (
+            "SELECT a, b, sum(b) OVER (ORDER BY a, b ROWS BETWEEN 100000 PRECEDING AND CURRENT \
+             ROW) FROM t",
+            "run on the CPU",
         ),
         (
             "SELECT a, b, lead(b) IGNORE NULLS OVER (ORDER BY a, b) FROM t",

@@ -171,3 +171,17 @@ def test_rolling_span_not_a_whole_number_of_units(backend):
     sdf = backend.from_pandas(pdf).sort_values("ts")
     got = sdf.rolling("1500ms", on="ts").sum()
     assert_same(got, pdf.rolling("1500ms", on="ts").sum(), sort=False)
+
+
+def test_rolling_runs_on_the_gpu_window_operator(backend, ordered):
+    if backend.backend == "cpu":
+        pytest.skip("placement is a GPU-backend question")
+    frame = ordered.assign(
+        m=ordered.f.rolling(3).mean(),
+        s=ordered.i.rolling(5, min_periods=1).sum(),
+        x=ordered.i.rolling(4).max(),
+        c=ordered.f.rolling(3).count(),
+        u=ordered.i.cumsum(),
+    )
+    windows = [line for line in frame.explain().splitlines() if "WindowAggExec" in line]
+    assert windows and all("[GPU]" in line for line in windows), windows

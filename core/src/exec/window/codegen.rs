@@ -19,7 +19,11 @@
 //!   u32* valid)…)`, when the window has running aggregates: one thread per partition walks its
 //!   rows in order, as DataFusion's accumulators do, and writes each row's value (ROWS frames) or
 //!   each run of peers' value at its last row (RANGE frames). `valid` starts zeroed; bits are set
-//!   with `atomicOr`, since neighbouring partitions share words.
+//!   with `atomicOr`, since neighbouring partitions share words;
+//! - `sliding((r args…, const u32* pstart, const u32* pid, u64 n, (T* out, u32* valid)…)`, when
+//!   the window has sliding aggregates (ROWS BETWEEN `k` PRECEDING AND CURRENT ROW): one thread
+//!   per row folds the at most `k + 1` rows of its frame, in order, into its own value (the
+//!   work is rows × frame length; frames are capped at `MAX_SLIDING` rows).
 
 use std::fmt::Write as _;
 
@@ -54,7 +58,23 @@ pub(super) struct Running {
     pub(super) out_type: arrow::datatypes::DataType,
     /// RANGE frame: peers take the value at their last row.
     pub(super) range: bool,
+    /// A sliding ROWS frame of this many rows before the current one (`None`: from the
+    /// partition's first row).
+    pub(super) preceding: Option<u64>,
 }
+
+impl Running {
+    /// Whether the `sliding` kernel computes it, one thread per row. A sliding float sum
+    /// walks its partition in the `running` kernel instead, adding the entering row and then
+    /// subtracting the leaving one as DataFusion's sliding accumulator does, so the two agree
+    /// bit for bit (an infinity leaving the frame leaves NaN behind on both).
+    pub(super) fn per_row(&self) -> bool {
+        self.preceding.is_some() && self.kind != RunningKind::SumF64
+    }
+}
+
+/// The longest sliding frame the GPU folds row by row; longer ones stay on the CPU.
+pub(super) const MAX_SLIDING: u64 = 1 << 16;
 
 /// The window program for partition keys and ORDER BY keys of these (exact) types, the
 /// running aggregates over `args` argument columns, and its `(name, entry)` pairs.
@@ -200,9 +220,13 @@ SPATE_EXPORT(ENTRY_edges)
         "ntile".into(),
         "edges".into(),
     ];
-    if !running.is_empty() {
+    if running.iter().any(|r| !r.per_row()) {
         body.push_str(&running_kernel(running, args));
         names.push("running".into());
+    }
+    if running.iter().any(Running::per_row) {
+        body.push_str(&sliding_kernel(running, args));
+        names.push("sliding".into());
     }
     finish_program(
         &body,
@@ -212,7 +236,95 @@ SPATE_EXPORT(ENTRY_edges)
     )
 }
 
-/// The `running` kernel (see the module docs).
+/// How running aggregate `j` folds row `row` into `acc{j}` (setting `seen{j}`), or None when
+/// it folds nothing (an aggregate other than COUNT without an argument).
+fn fold_row(j: usize, r: &Running, row: &str) -> Option<String> {
+    let c = r.out_ty.c_type();
+    let load = |a: usize| format!("((const {t}*)rd{a})[{row}]", t = r.arg_ty.c_type());
+    let update = match (r.kind, r.arg) {
+        (RunningKind::Count, None) => format!("acc{j} += 1; seen{j} = true;"),
+        (_, None) => return None,
+        (RunningKind::Count, Some(_)) => format!("acc{j} += 1; seen{j} = true;"),
+        (RunningKind::SumInt, Some(a)) => format!(
+            "acc{j} = (i64)((u64)acc{j} + (u64)(i64){}); seen{j} = true;",
+            load(a)
+        ),
+        (RunningKind::SumDec, Some(a)) => format!(
+            "acc{j} = spate::wrapping_add<i128>(acc{j}, (i128){}); seen{j} = true;",
+            load(a)
+        ),
+        (RunningKind::SumF64, Some(a)) => format!(
+            "acc{j} = spate::float_add<f64>(acc{j}, (f64){}); seen{j} = true;",
+            load(a)
+        ),
+        (RunningKind::Min, Some(a)) => format!(
+            "{{ const {c} v = {}; if (!seen{j} || v < acc{j}) acc{j} = v; seen{j} = true; }}",
+            load(a)
+        ),
+        (RunningKind::Max, Some(a)) => format!(
+            "{{ const {c} v = {}; if (!seen{j} || v > acc{j}) acc{j} = v; seen{j} = true; }}",
+            load(a)
+        ),
+    };
+    Some(match r.arg {
+        Some(a) => format!("if (spate::row_is_valid(rv{a}, ro{a}, {row})) {{ {update} }}"),
+        None => update,
+    })
+}
+
+/// Writes aggregate `j`'s value for row `row`: COUNT is never NULL, the others are until a
+/// value arrives.
+fn write_row(j: usize, r: &Running, row: &str) -> String {
+    let valid = if r.kind == RunningKind::Count {
+        "true".to_string()
+    } else {
+        format!("seen{j}")
+    };
+    format!(
+        "out{j}[{row}] = acc{j}; if ({valid}) atomicOr(&valid{j}[{row} / 32ull], 1u << ({row} % 32ull));"
+    )
+}
+
+/// The `sliding` kernel (see the module docs).
+fn sliding_kernel(running: &[Running], args: usize) -> String {
+    let mut params = column_params("r", args);
+    params.push_str("const u32* pstart, const u32* pid, u64 n");
+    let mut body = String::new();
+    for (j, r) in running.iter().enumerate() {
+        let c = r.out_ty.c_type();
+        let _ = write!(params, ", {c}* out{j}, u32* valid{j}");
+        let (true, Some(k)) = (r.per_row(), r.preceding) else {
+            continue;
+        };
+        let fold = fold_row(j, r, "w").unwrap_or_default();
+        let _ = write!(
+            body,
+            r#"        {{
+            {c} acc{j} = ({c})0;
+            bool seen{j} = false;
+            const u64 lo = i - s > {k}ull ? i - {k}ull : s;
+            for (u64 w = lo; w <= i; ++w) {{
+                {fold}
+            }}
+            {write}
+        }}
+"#,
+            write = write_row(j, r, "i")
+        );
+    }
+    format!(
+        r#"extern "C" __global__ void __launch_bounds__(SPATE_BLOCK_THREADS) ENTRY_sliding({params}) {{
+    for (u64 i = spate::global_thread_index(); i < n; i += spate::grid_stride()) {{
+        const u64 s = pstart[pid[i]];
+{body}    }}
+}}
+SPATE_EXPORT(ENTRY_sliding)
+
+"#
+    )
+}
+
+/// The `running` kernel (see the module docs): the aggregates from the partition's first row.
 fn running_kernel(running: &[Running], args: usize) -> String {
     let mut params = column_params("r", args);
     params.push_str("const u32* pstart, u64 partitions, const u32* nq, u64 n");
@@ -221,62 +333,37 @@ fn running_kernel(running: &[Running], args: usize) -> String {
     for (j, r) in running.iter().enumerate() {
         let c = r.out_ty.c_type();
         let _ = write!(params, ", {c}* out{j}, u32* valid{j}");
+        if r.per_row() {
+            continue;
+        }
+        let Some(update) = fold_row(j, r, "i") else {
+            continue;
+        };
         let _ = writeln!(
             state,
             "        {c} acc{j} = ({c})0;\n        bool seen{j} = false;"
         );
-        let load = |a: usize| format!("((const {t}*)rd{a})[i]", t = r.arg_ty.c_type());
-        let update = match (r.kind, r.arg) {
-            (RunningKind::Count, None) => format!("acc{j} += 1; seen{j} = true;"),
-            (_, None) => continue,
-            (RunningKind::Count, Some(_)) => format!("acc{j} += 1; seen{j} = true;"),
-            (RunningKind::SumInt, Some(a)) => format!(
-                "acc{j} = (i64)((u64)acc{j} + (u64)(i64){}); seen{j} = true;",
-                load(a)
-            ),
-            (RunningKind::SumDec, Some(a)) => format!(
-                "acc{j} = spate::wrapping_add<i128>(acc{j}, (i128){}); seen{j} = true;",
-                load(a)
-            ),
-            (RunningKind::SumF64, Some(a)) => format!(
-                "acc{j} = spate::float_add<f64>(acc{j}, (f64){}); seen{j} = true;",
-                load(a)
-            ),
-            (RunningKind::Min, Some(a)) => format!(
-                "{{ const {c} v = {}; if (!seen{j} || v < acc{j}) acc{j} = v; seen{j} = true; }}",
-                load(a)
-            ),
-            (RunningKind::Max, Some(a)) => format!(
-                "{{ const {c} v = {}; if (!seen{j} || v > acc{j}) acc{j} = v; seen{j} = true; }}",
-                load(a)
-            ),
-        };
-        let _ = match r.arg {
-            Some(a) => writeln!(
+        let _ = writeln!(fold, "            {update}");
+        if let (Some(k), Some(a)) = (r.preceding, r.arg) {
+            // A sliding float sum: the values in the frame are counted, and the row leaving
+            // it is subtracted after the entering one is added.
+            let _ = writeln!(state, "        u64 held{j} = 0ull;");
+            let _ = writeln!(
                 fold,
-                "            if (spate::row_is_valid(rv{a}, ro{a}, i)) {{ {update} }}"
-            ),
-            None => writeln!(fold, "            {update}"),
-        };
-        // COUNT is never NULL; the others are until a value arrives.
-        let valid = if r.kind == RunningKind::Count {
-            "true".to_string()
-        } else {
-            format!("seen{j}")
-        };
-        let write = |row: &str| {
-            format!(
-                "out{j}[{row}] = acc{j}; if ({valid}) atomicOr(&valid{j}[{row} / 32ull], 1u << ({row} % 32ull));"
-            )
-        };
+                "            if (spate::row_is_valid(rv{a}, ro{a}, i)) held{j} += 1ull;\n            \
+                 if (i - s > {k}ull) {{ const u64 o = i - {k}ull - 1ull; \
+                 if (spate::row_is_valid(rv{a}, ro{a}, o)) {{ acc{j} = spate::float_sub<f64>(acc{j}, ((const f64*)rd{a})[o]); held{j} -= 1ull; }} }}\n            \
+                 seen{j} = held{j} != 0ull;"
+            );
+        }
         if r.range {
             let _ = writeln!(
                 range_write,
                 "                for (u64 k = run; k <= i; ++k) {{ {} }}",
-                write("k")
+                write_row(j, r, "k")
             );
         } else {
-            let _ = writeln!(rows_write, "            {}", write("i"));
+            let _ = writeln!(rows_write, "            {}", write_row(j, r, "i"));
         }
     }
     format!(

@@ -20,12 +20,19 @@
 //!    partition in order on one thread, as DataFusion's accumulators do (`codegen.rs`): many
 //!    partitions run in parallel, one huge partition runs alone.
 //!
+//! Sliding SUM, COUNT, MIN and MAX over `ROWS BETWEEN k PRECEDING AND CURRENT ROW` (pandas'
+//! `rolling(k + 1)`) take one thread per row, which folds its frame's rows in order
+//! (`codegen::sliding_kernel`; `k` up to `codegen::MAX_SLIDING`). A float sum folds each frame
+//! from scratch, where DataFusion adds the entering row and subtracts the leaving one, so the
+//! two agree within floating-point rounding, not bit for bit.
+//!
 //! `lag` and `lead` gather the row `offset` before (after) each row in its partition, NULL
 //! past its edges (`shift`); `first_value` and `last_value` gather the row at the frame's edge
 //! (`edges`); `percent_rank`, `cume_dist` and `ntile` follow from the partition and peer-run
 //! starts (`ratios`, `ntile`).
 //!
-//! Other frames (sliding windows, ROWS without ORDER BY), other functions (`nth_value`, ...),
+//! Other frames (sliding RANGE and GROUPS frames, ROWS without ORDER BY), other functions
+//! (`nth_value`, ...),
 //! lag/lead with a default, IGNORE NULLS, FILTER and DISTINCT window
 //! aggregates, float MIN/MAX and float sums over RANGE frames stay on the CPU, with the reason.
 
@@ -384,10 +391,13 @@ fn function(
     }
     let frame = e.get_window_frame();
     if !frame.start_bound.is_unbounded() {
-        return Err(Unsupported(format!(
-            "`{}`: sliding frames do not run on the GPU yet (frame {frame})",
-            e.name()
-        )));
+        let preceding = sliding_rows(e, frame)?;
+        let r = running_aggregate(e, aggregate, schema, running_args)?;
+        running.push(Running {
+            preceding: Some(preceding),
+            ..r
+        });
+        return Ok(Function::Running(running.len() - 1));
     }
     // The whole partition: a frame to the last row, or a RANGE or GROUPS frame without ORDER
     // BY (every row a peer of every other). A ROWS frame without ORDER BY runs in the
@@ -427,6 +437,42 @@ fn function(
         )));
     }
     Ok(Function::Running(running.len() - 1))
+}
+
+/// The rows before the current one in a sliding frame the GPU folds: `ROWS BETWEEN k
+/// PRECEDING AND CURRENT ROW` with an ORDER BY and `k` up to `codegen::MAX_SLIDING`.
+fn sliding_rows(
+    e: &dyn WindowExpr,
+    frame: &datafusion::logical_expr::WindowFrame,
+) -> std::result::Result<u64, Unsupported> {
+    let unsupported = |why: &str| {
+        Err(Unsupported(format!(
+            "`{}`: {why} (frame {frame})",
+            e.name()
+        )))
+    };
+    if frame.units != WindowFrameUnits::Rows {
+        return unsupported("sliding RANGE and GROUPS frames do not run on the GPU yet");
+    }
+    if e.order_by().is_empty() {
+        return unsupported("a sliding frame without ORDER BY follows the input's order");
+    }
+    let (WindowFrameBound::Preceding(start), WindowFrameBound::CurrentRow) =
+        (&frame.start_bound, &frame.end_bound)
+    else {
+        return unsupported("only sliding frames that end at the current row run on the GPU");
+    };
+    let k = match start {
+        datafusion::common::ScalarValue::UInt64(Some(k)) => *k,
+        _ => return unsupported("the frame's start is not a row count"),
+    };
+    if k > codegen::MAX_SLIDING {
+        return unsupported(&format!(
+            "sliding frames over {} rows run on the CPU",
+            codegen::MAX_SLIDING
+        ));
+    }
+    Ok(k)
 }
 
 /// A running SUM, COUNT, MIN or MAX of a column (or COUNT(*)).
@@ -501,6 +547,7 @@ fn running_aggregate(
         out_ty,
         out_type: aggregate.field().data_type().clone(),
         range: false,
+        preceding: None,
     })
 }
 
@@ -550,7 +597,7 @@ fn window_batch(
     } else {
         gather_columns(stream, &gathers)?
     };
-    let running = running_columns(stream, kernels, plan, batch, &pstart, partitions, &nq)?;
+    let running = running_columns(stream, kernels, plan, batch, &pstart, &pid, partitions, &nq)?;
     for f in &plan.functions {
         let column = match *f {
             Function::Aggregate(k) => gathered.get(k).cloned(),
@@ -665,6 +712,7 @@ fn running_columns(
     plan: &WindowPlan,
     batch: &DeviceBatch,
     pstart: &DeviceBuffer<u32>,
+    pid: &DeviceBuffer<u32>,
     partitions: usize,
     nq: &DeviceBuffer<u32>,
 ) -> Result<Vec<DeviceColumn>> {
@@ -672,26 +720,42 @@ fn running_columns(
         return Ok(Vec::new());
     }
     let n = batch.bound();
-    let mut args = Vec::new();
+    let mut columns = Vec::new();
     for &c in &plan.running_args {
-        column_args(&batch.columns()[c], &mut args);
+        column_args(&batch.columns()[c], &mut columns);
     }
-    args.extend([
-        pstart.into(),
-        KernelArg::U64(partitions as u64),
-        nq.into(),
-        KernelArg::U64(n as u64),
-    ]);
     let mut outputs = Vec::with_capacity(plan.running.len());
+    let mut out_args: Vec<KernelArg> = Vec::with_capacity(2 * plan.running.len());
     for r in &plan.running {
         let width = r.out_type.primitive_width().unwrap_or(8);
         let values = stream.alloc::<u8>((n * width).max(16))?;
         let validity = stream.alloc_zeroed::<u8>(spate_kernels::gather::bitmap_bytes(n).max(4))?;
-        args.push((&values).into());
-        args.push((&validity).into());
         outputs.push((values, validity, width));
     }
-    launch(stream, kernels.get("running")?, partitions, &args)?;
+    for (values, validity, _) in &outputs {
+        out_args.push(values.into());
+        out_args.push(validity.into());
+    }
+    // Aggregates from the partition's first row, and sliding float sums: one thread per
+    // partition.
+    if plan.running.iter().any(|r| !r.per_row()) {
+        let mut args = columns.clone();
+        args.extend([
+            pstart.into(),
+            KernelArg::U64(partitions as u64),
+            nq.into(),
+            KernelArg::U64(n as u64),
+        ]);
+        args.extend(out_args.iter().copied());
+        launch(stream, kernels.get("running")?, partitions, &args)?;
+    }
+    // The other sliding frames: one thread per row.
+    if plan.running.iter().any(Running::per_row) {
+        let mut args = columns;
+        args.extend([pstart.into(), pid.into(), KernelArg::U64(n as u64)]);
+        args.extend(out_args);
+        launch(stream, kernels.get("sliding")?, n, &args)?;
+    }
     Ok(outputs
         .into_iter()
         .zip(&plan.running)
