@@ -49,7 +49,7 @@ class WindowMixin:
         result = self._with_columns(exprs, windowed=True)
         if numeric and len(targets) < len(self.columns):
             keep = [*self._index, *targets]
-            return result._derive(result._frame.select([col(c) for c in keep]))
+            return result._select_columns(keep)
         return result
 
     def _cumulative(self: Any, how: str) -> DataFrame:
@@ -229,7 +229,7 @@ class _KeepColumn:
         exprs = {c: build(col(c), schema.field(c).type, order, []) for c in targets}
         result = df._with_columns(exprs, windowed=True)
         keep = [*df._index, *(c for c in df.columns if c == self._on or c in targets)]
-        return result._derive(result._frame.select([col(c) for c in keep]))
+        return result._select_columns(keep)
 
 
 def _check_axis_skipna(method: str, axis: Any, skipna: bool) -> None:

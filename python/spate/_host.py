@@ -136,7 +136,7 @@ class HostMixin:
         frame = self
         if index is False and self._index:
             frame = self.reset_index(drop=True)
-        frame._frame.write(os.fspath(path), fmt)
+        frame._ordered_plan().write(os.fspath(path), fmt)
 
     def _written_text(self: Any, fmt: str, index: bool | None) -> str:
         """What the engine writes as ``fmt``, as a string (the same text as a file gets)."""

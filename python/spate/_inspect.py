@@ -220,13 +220,15 @@ class InspectMixin:
             raise UnsupportedError("tail with a negative n is not supported")
         self._require_order("tail")
         keys = [col(k) for k, _, _ in self._order]
-        reversed_plan = self._frame.sort(
-            keys, [not a for _, a, _ in self._order], [not f for _, _, f in self._order]
-        ).limit(n, 0)
+        reversed_plan = (
+            self._keyed_plan()
+            .sort(keys, [not a for _, a, _ in self._order], [not f for _, _, f in self._order])
+            .limit(n, 0)
+        )
         plan = reversed_plan.sort(
             keys, [a for _, a, _ in self._order], [f for _, _, f in self._order]
         )
-        return self._derive(plan)
+        return self._from_keyed(plan, self._hidden)
 
     def sample(
         self: Any,

@@ -41,10 +41,10 @@ class MissingMixin:
     __slots__ = ()
 
     def _each_column(self: Any, make: Any) -> DataFrame:
-        frame = self._frame
-        exprs = [col(i) for i in self._index]
-        exprs += [make(col(c)).alias(c) for c in self.columns]
-        return self._derive(frame.select(exprs))
+        frame = self._protect_order(self.columns)
+        plan = frame._keyed_plan()
+        exprs = [make(col(c)).alias(c) if c in self.columns else col(c) for c in plan.columns()]
+        return frame._from_keyed(plan.select(exprs), frame._hidden)
 
     def isna(self: Any) -> DataFrame:
         """True where a value is null, column by column."""
@@ -99,7 +99,7 @@ class MissingMixin:
                 keep = keep.binary("|", p)
         else:
             raise ConfigError(f"dropna: how must be 'any' or 'all', got {how!r}")
-        return self._derive(self._frame.filter(keep))
+        return self._from_keyed(self._keyed_plan().filter(keep), self._hidden)
 
     def fillna(
         self: Any,
@@ -129,13 +129,15 @@ class MissingMixin:
             fills = dict(value)
         else:
             fills = {c: value for c in self.columns if _fits(value, schema.field(c).type)}
+        frame = self._protect_order(fills)
+        plan = frame._keyed_plan()
         exprs = []
-        for name in self._frame.columns():
+        for name in plan.columns():
             if name in fills:
                 exprs.append(fn("coalesce", col(name), lit(fills[name])).alias(name))
             else:
                 exprs.append(col(name))
-        return self._derive(self._frame.select(exprs))
+        return frame._from_keyed(plan.select(exprs), frame._hidden)
 
     def _fill_by_order(self: Any, forward: bool, limit: int | None) -> DataFrame:
         what = "ffill" if forward else "bfill"

@@ -409,8 +409,10 @@ class SelectMixin:
 
     def _each_value(self: Any, make: Any, columns: Sequence[str] | None = None) -> DataFrame:
         targets = set(self.columns if columns is None else columns)
-        exprs = [make(col(c)).alias(c) if c in targets else col(c) for c in self._frame.columns()]
-        return self._derive(self._frame.select(exprs))
+        frame = self._protect_order(targets)
+        plan = frame._keyed_plan()
+        exprs = [make(col(c)).alias(c) if c in targets else col(c) for c in plan.columns()]
+        return frame._from_keyed(plan.select(exprs), frame._hidden)
 
     def where(
         self: Any,
@@ -465,7 +467,7 @@ class SelectMixin:
             return _spate.Expr.case([(condition, replacement)], value)
 
         result = base._each_value(make, self.columns)
-        return result._derive(result._frame.select([col(c) for c in self._frame.columns()]))
+        return result._select_columns(self._frame.columns())
 
     def clip(
         self: Any, lower: Any = None, upper: Any = None, *, axis: Any = None, inplace: bool = False

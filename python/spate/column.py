@@ -323,8 +323,16 @@ class Column:
 
     def to_arrow(self) -> pa.ChunkedArray:
         """Runs the column's plan and returns its values."""
-        frame, expr = self._computed()
-        return pa.table(frame.select([expr.alias(self.name)])).column(0)
+        owner = self._owner()
+        if not owner._order:
+            frame, expr = self._computed()
+            return pa.table(frame.select([expr.alias(self.name)])).column(0)
+        # In the owner's order: computed as a column, then the result sorted (see
+        # DataFrame._sorted_keyed_plan).
+        name = "__spate_value"
+        computed = owner._with_columns({name: self._expr}, windowed=self._windowed)
+        plan = computed._sorted_keyed_plan().select([_spate.Expr.col(name).alias(self.name)])
+        return pa.table(plan).column(0)
 
     def to_pandas(self) -> pandas.Series:
         """Runs the column's plan and returns a ``pandas.Series``."""

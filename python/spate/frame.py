@@ -31,7 +31,9 @@ Where Spate deliberately differs from pandas:
   write ``df.assign(x=df.b)[["a", "x"]]``). The index after ``groupby`` (or
   ``set_index``) is a set of key columns that :meth:`DataFrame.to_pandas` turns into the
   pandas index.
-- Row order is only defined after ``sort_values``. A frame that spans several batches (more
+- Row order is only defined after ``sort_values``, and kept by the operations that keep rows
+  (filters, limits, column selections, new or changed columns; ``docs/python.md``). A frame
+  that spans several batches (more
   than ``batch_size`` rows, 8192 by default) comes back from a plain ``to_pandas`` in an
   order of its partitions, not necessarily the input's; ``groupby(sort=False)`` and
   ``drop_duplicates`` do not keep first-appearance order, and which duplicate
@@ -49,7 +51,7 @@ Where Spate deliberately differs from pandas:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 
@@ -135,6 +137,8 @@ class DataFrame(MissingMixin, InspectMixin, SelectMixin, WindowMixin, ReshapeMix
         "_table_name",
         "_levels",
         "_order",
+        "_keyed",
+        "_hidden",
         "__weakref__",
     )
 
@@ -146,6 +150,8 @@ class DataFrame(MissingMixin, InspectMixin, SelectMixin, WindowMixin, ReshapeMix
         table_name: str | None = None,
         levels: Mapping[str, tuple[str, str]] | None = None,
         order: Order = (),
+        keyed: _spate.Frame | None = None,
+        hidden: Sequence[str] = (),
     ) -> None:
         self._frame = frame
         self._session = session
@@ -157,6 +163,15 @@ class DataFrame(MissingMixin, InspectMixin, SelectMixin, WindowMixin, ReshapeMix
         # The row order sort_values gave the plan, kept through filters, projections and
         # limits while its keys are columns; the order-dependent methods read it.
         self._order: Order = tuple(order)
+        # Sort keys a column selection left out (`df.sort_values("t")[["v"]]`) stay in the
+        # keyed plan: the same rows as `_frame`, with the `_hidden` keys as extra columns, so
+        # the order-dependent methods still have them. Only selections, filters, limits and
+        # new columns carry it; any other operation returns a frame without it.
+        self._hidden: tuple[str, ...] = tuple(hidden) if keyed is not None else ()
+        self._keyed: _spate.Frame | None = keyed if self._hidden else None
+        have = set(frame.columns()) | set(self._hidden)
+        if not all(k in have for k, _, _ in self._order):
+            self._order = ()
 
     def _derive(
         self,
@@ -175,6 +190,80 @@ class DataFrame(MissingMixin, InspectMixin, SelectMixin, WindowMixin, ReshapeMix
             order = self._order if all(k in have for k, _, _ in self._order) else ()
         return DataFrame(frame, self._session, index, levels=levels, order=order)
 
+    def _keyed_plan(self) -> _spate.Frame:
+        """The plan with every sort key among its columns (hidden ones included)."""
+        return self._keyed if self._keyed is not None else self._frame
+
+    def _from_keyed(
+        self,
+        plan: _spate.Frame,
+        hidden: Sequence[str],
+        order: Order | None = None,
+        index: Sequence[str] | None = None,
+    ) -> DataFrame:
+        """A frame derived from the keyed plan ``plan``, whose ``hidden`` columns are sort
+        keys the user does not see."""
+        hidden = tuple(h for h in hidden if h in plan.columns())
+        if not hidden:
+            return self._derive(plan, index=index, order=order)
+        visible = [c for c in plan.columns() if c not in hidden]
+        frame = plan.select([_spate.Expr.col(c) for c in visible])
+        levels = {c: level for c, level in self._levels.items() if c in visible}
+        if index is None:
+            index = tuple(i for i in self._index if i in visible)
+        return DataFrame(
+            frame,
+            self._session,
+            index,
+            levels=levels,
+            order=self._order if order is None else order,
+            keyed=plan,
+            hidden=hidden,
+        )
+
+    def _sorted_keyed_plan(self) -> _spate.Frame:
+        """The keyed plan, sorted by the frame's order when it has one. DataFusion keeps a
+        sort's order through filters and plain column selections, but a projection that
+        computes something may be spread over partitions and merged back in any order, so
+        results and limits sort again (a sort its input already satisfies costs nothing)."""
+        plan = self._keyed_plan()
+        if not self._order:
+            return plan
+        keys = [_spate.Expr.col(k) for k, _, _ in self._order]
+        return plan.sort(keys, [a for _, a, _ in self._order], [n for _, _, n in self._order])
+
+    def _ordered_plan(self) -> _spate.Frame:
+        """The plan of the result: the visible columns, in the frame's order."""
+        plan = self._sorted_keyed_plan()
+        if self._hidden:
+            plan = plan.select([_spate.Expr.col(c) for c in self._frame.columns()])
+        return plan
+
+    def _protect_order(self, replaced: Iterable[str]) -> DataFrame:
+        """This frame, with the sort keys among ``replaced`` (columns an operation is about
+        to overwrite) copied into hidden columns that the order then refers to: pandas keeps
+        the row order when values change, so the order must not follow the new values."""
+        replaced = set(replaced)
+        keys = [k for k, _, _ in self._order if k in replaced]
+        if not keys:
+            return self
+        plan = self._keyed_plan()
+        copies = {k: f"__spate_order_{k}" for k in keys}
+        plan = plan.select(
+            [_spate.Expr.col(c) for c in plan.columns()]
+            + [_spate.Expr.col(k).alias(copies[k]) for k in keys]
+        )
+        order = tuple((copies.get(k, k), a, n) for k, a, n in self._order)
+        return self._from_keyed(plan, [*self._hidden, *copies.values()], order)
+
+    def _select_columns(self, keep: Sequence[str]) -> DataFrame:
+        """The columns ``keep``; sort keys left out stay in the keyed plan, hidden."""
+        hidden = [k for k, _, _ in self._order if k not in keep]
+        if not hidden:
+            return self._derive(self._frame.select([_spate.Expr.col(c) for c in keep]))
+        plan = self._keyed_plan().select([_spate.Expr.col(c) for c in [*keep, *hidden]])
+        return self._from_keyed(plan, hidden)
+
     def _require_order(self, what: str) -> None:
         """Raises the error for an order-dependent method on a frame without row order."""
         if not self._order:
@@ -187,31 +276,32 @@ class DataFrame(MissingMixin, InspectMixin, SelectMixin, WindowMixin, ReshapeMix
         """All columns, with ``columns`` added or replaced in place. Window expressions are
         computed under temporary names, the rows re-sorted by the frame's order, and then
         renamed, so the result keeps the order even where a window replaces a sort key."""
-        existing = self._frame.columns()
+        if any(k in columns for k, _, _ in self._order):
+            return self._protect_order(columns)._with_columns(columns, windowed)
+        plan = self._keyed_plan()
+        existing = plan.columns()
+        # A new column named like a hidden key replaces it, visibly.
+        hidden = [h for h in self._hidden if h not in columns]
+        order = self._order
         if not windowed or not self._order:
             exprs = [columns[c].alias(c) if c in columns else _spate.Expr.col(c) for c in existing]
             exprs += [e.alias(n) for n, e in columns.items() if n not in existing]
-            return self._derive(self._frame.select(exprs))
+            return self._from_keyed(plan.select(exprs), hidden, order)
         temporary = {name: f"__spate_window_{i}" for i, name in enumerate(columns)}
-        frame = self._frame.select(
+        frame = plan.select(
             [_spate.Expr.col(c) for c in existing]
             + [expr.alias(temporary[name]) for name, expr in columns.items()]
         )
         keys = [_spate.Expr.col(k) for k, _, _ in self._order]
         frame = frame.sort(keys, [a for _, a, _ in self._order], [n for _, _, n in self._order])
         output = []
-        for name in self._frame.columns():
+        for name in existing:
             if name in temporary:
                 output.append(_spate.Expr.col(temporary[name]).alias(name))
             else:
                 output.append(_spate.Expr.col(name))
-        output += [
-            _spate.Expr.col(t).alias(n)
-            for n, t in temporary.items()
-            if n not in self._frame.columns()
-        ]
-        order = () if any(k in columns for k, _, _ in self._order) else self._order
-        return self._derive(frame.select(output), order=order)
+        output += [_spate.Expr.col(t).alias(n) for n, t in temporary.items() if n not in existing]
+        return self._from_keyed(frame.select(output), hidden, order)
 
     # ----- shape and schema ------------------------------------------------------------
 
@@ -287,7 +377,7 @@ class DataFrame(MissingMixin, InspectMixin, SelectMixin, WindowMixin, ReshapeMix
                 raise UnsupportedError("only df[start:stop] with non-negative bounds is supported")
             start = key.start or 0
             count = None if key.stop is None else max(key.stop - start, 0)
-            return self._derive(self._frame.limit(count, start))
+            return self._from_keyed(self._sorted_keyed_plan().limit(count, start), self._hidden)
         selected = names(key)
         missing = [n for n in selected if n not in self._frame.columns()]
         if missing:
@@ -295,8 +385,7 @@ class DataFrame(MissingMixin, InspectMixin, SelectMixin, WindowMixin, ReshapeMix
                 f"no column {', '.join(repr(m) for m in missing)}; the columns are: "
                 f"{', '.join(self._frame.columns())}"
             )
-        keep = list(dict.fromkeys([*self._index, *selected]))
-        return self._derive(self._frame.select([_spate.Expr.col(n) for n in keep]))
+        return self._select_columns(list(dict.fromkeys([*self._index, *selected])))
 
     def __getattr__(self, name: str) -> Column:
         if name.startswith("_"):
@@ -311,7 +400,7 @@ class DataFrame(MissingMixin, InspectMixin, SelectMixin, WindowMixin, ReshapeMix
         no index to align rows of different frames on, as pandas does."""
         expr = lit(value)
         if isinstance(value, Column):
-            have = set(self._frame.columns())
+            have = set(self._keyed_plan().columns())
             missing = [c for c in expr.column_names() if c not in have]
             if missing:
                 raise PlanError(
@@ -328,6 +417,7 @@ class DataFrame(MissingMixin, InspectMixin, SelectMixin, WindowMixin, ReshapeMix
         windowed = isinstance(value, Column) and value._windowed
         result = self._with_columns({name: self._operand(value)}, windowed)
         self._frame, self._order = result._frame, result._order
+        self._keyed, self._hidden = result._keyed, result._hidden
 
     def filter(self, predicate: Column | str) -> DataFrame:
         """The rows where ``predicate`` is true: a boolean Column (``df.a > 2``) or a SQL
@@ -339,15 +429,17 @@ class DataFrame(MissingMixin, InspectMixin, SelectMixin, WindowMixin, ReshapeMix
             if predicate._windowed:
                 # A filter cannot hold a window function: compute the mask as a column first.
                 marked = self._with_columns({_MASK: expr}, windowed=True)
-                kept = marked._frame.filter(_spate.Expr.col(_MASK))
-                columns = [_spate.Expr.col(c) for c in self._frame.columns()]
-                return marked._derive(kept.select(columns))
+                kept = marked._keyed_plan().filter(_spate.Expr.col(_MASK))
+                columns = [c for c in kept.columns() if c != _MASK]
+                return marked._from_keyed(
+                    kept.select([_spate.Expr.col(c) for c in columns]), marked._hidden
+                )
         else:
             raise TypeError(
                 f"filter expects a boolean Column or a SQL expression string, got "
                 f"{type(predicate).__name__}"
             )
-        return self._derive(self._frame.filter(expr))
+        return self._from_keyed(self._keyed_plan().filter(expr), self._hidden)
 
     def assign(self, **columns: Operand | Callable[[DataFrame], Operand]) -> DataFrame:
         """A frame with the given columns added or replaced. Values are Columns, scalars, or
@@ -373,8 +465,7 @@ class DataFrame(MissingMixin, InspectMixin, SelectMixin, WindowMixin, ReshapeMix
         missing = drop - set(self._frame.columns())
         if missing:
             raise PlanError(f"cannot drop missing column(s): {', '.join(sorted(missing))}")
-        keep = [c for c in self._frame.columns() if c not in drop]
-        return self._derive(self._frame.select([_spate.Expr.col(c) for c in keep]))
+        return self._select_columns([c for c in self._frame.columns() if c not in drop])
 
     def rename(self, columns: Mapping[str, str] | Callable[[str], str]) -> DataFrame:
         """A frame with columns renamed by a mapping (unknown names are ignored, as in pandas)
@@ -385,7 +476,8 @@ class DataFrame(MissingMixin, InspectMixin, SelectMixin, WindowMixin, ReshapeMix
             mapping = dict(columns)
         index = [mapping.get(i, i) for i in self._index]
         order = tuple((mapping.get(k, k), a, n) for k, a, n in self._order)
-        return self._derive(self._frame.rename(mapping), index=index, order=order)
+        mapping = {old: new for old, new in mapping.items() if old not in self._hidden}
+        return self._from_keyed(self._keyed_plan().rename(mapping), self._hidden, order, index)
 
     def set_index(self, keys: str | Sequence[str]) -> DataFrame:
         """Marks ``keys`` as the index :meth:`to_pandas` builds (the columns stay in the
@@ -394,14 +486,21 @@ class DataFrame(MissingMixin, InspectMixin, SelectMixin, WindowMixin, ReshapeMix
         missing = [n for n in keys if n not in self._frame.columns()]
         if missing:
             raise PlanError(f"no column(s) {', '.join(missing)} to use as the index")
-        return DataFrame(self._frame, self._session, keys, order=self._order)
+        return DataFrame(
+            self._frame,
+            self._session,
+            keys,
+            order=self._order,
+            keyed=self._keyed,
+            hidden=self._hidden,
+        )
 
     def reset_index(self, drop: bool = False) -> DataFrame:
         """Turns the index columns back into ordinary columns, or removes them with
         ``drop=True``."""
         if drop and self._index:
             keep = [c for c in self._frame.columns() if c not in self._index]
-            return self._derive(self._frame.select([_spate.Expr.col(c) for c in keep]), index=())
+            return self._select_columns(keep)
         return DataFrame(self._frame, self._session, order=self._order)
 
     # ----- relational operations ---------------------------------------------------------
@@ -502,7 +601,7 @@ class DataFrame(MissingMixin, InspectMixin, SelectMixin, WindowMixin, ReshapeMix
         """The first ``n`` rows (in the frame's order, which only ``sort_values`` fixes)."""
         if n < 0:
             raise UnsupportedError("head with a negative n is not supported")
-        return self._derive(self._frame.limit(n, 0))
+        return self._from_keyed(self._sorted_keyed_plan().limit(n, 0), self._hidden)
 
     def nearest(
         self,
@@ -590,7 +689,7 @@ class DataFrame(MissingMixin, InspectMixin, SelectMixin, WindowMixin, ReshapeMix
 
     def to_arrow(self) -> pa.Table:
         """Runs the plan and returns the result as a ``pyarrow.Table`` (no copy)."""
-        return pa.table(self._frame)
+        return pa.table(self._ordered_plan())
 
     def to_pandas(self, dtype_backend: str | None = None) -> pandas.DataFrame:
         """Runs the plan and returns a ``pandas.DataFrame``, with the index columns as its
@@ -618,16 +717,24 @@ class DataFrame(MissingMixin, InspectMixin, SelectMixin, WindowMixin, ReshapeMix
         """The Arrow PyCapsule stream protocol: ``pyarrow.table(df)`` and
         ``polars.DataFrame(df)`` read the result without copying it (``polars.from_arrow``
         makes any non-pyarrow stream one Series of structs)."""
-        return self._frame.__arrow_c_stream__(requested_schema)
+        return self._ordered_plan().__arrow_c_stream__(requested_schema)
 
     def register(self, name: str) -> DataFrame:
         """Registers this frame's plan as the view ``name`` in its session, for SQL, replacing
         any table of that name."""
         self._session._inner.register_frame(name, self._frame)
-        return DataFrame(self._frame, self._session, self._index, name.lower(), order=self._order)
+        return DataFrame(
+            self._frame,
+            self._session,
+            self._index,
+            name.lower(),
+            order=self._order,
+            keyed=self._keyed,
+            hidden=self._hidden,
+        )
 
     def __repr__(self) -> str:
-        head = self._frame.limit(REPR_ROWS + 1, 0)
+        head = self._ordered_plan().limit(REPR_ROWS + 1, 0)
         table = pa.table(head)
         shown = table.slice(0, REPR_ROWS)
         try:
@@ -643,7 +750,7 @@ class DataFrame(MissingMixin, InspectMixin, SelectMixin, WindowMixin, ReshapeMix
         return text
 
     def _repr_html_(self) -> str:
-        head = DataFrame(self._frame.limit(REPR_ROWS, 0), self._session, self._index)
+        head = DataFrame(self._ordered_plan().limit(REPR_ROWS, 0), self._session, self._index)
         try:
             return head.to_pandas().to_html()
         except ImportError:

@@ -328,16 +328,16 @@ class GroupBy:
                 mask = keys[0].is_not_null()
                 for key in keys[1:]:
                     mask = mask.binary("&", key.is_not_null())
-                plan = frame._frame.filter(mask)
+                plan = frame._keyed_plan().filter(mask)
             else:
-                plan = frame._frame
+                plan = frame._keyed_plan()
             plan = plan.sort(sort_keys, ascending, nulls_first)
             plan = plan.select([*keys, *(col(v) for v in values)])
             from spate.frame import DataFrame
 
             return DataFrame(plan, df._session, self._keys)
         keep = [*df._index, *(v for v in values if v not in df._index)]
-        return frame._derive(frame._frame.select([col(c) for c in keep]))
+        return frame._select_columns(keep)
 
     def transform(self, func: str) -> Column | DataFrame:
         """Each row gets its group's aggregate ``func`` (sum, mean, count, min, max, median,

@@ -5,6 +5,7 @@ groupby row-wise methods (transform, cumsum, cumcount, shift, rank, rolling)."""
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pandas as pd
 import pytest
 
@@ -185,3 +186,23 @@ def test_rolling_runs_on_the_gpu_window_operator(backend, ordered):
     )
     windows = [line for line in frame.explain().splitlines() if "WindowAggExec" in line]
     assert windows and all("[GPU]" in line for line in windows), windows
+
+
+def test_selections_keep_the_sort_keys_hidden(ordered, pdf):
+    # pandas' habit: sort, pick the columns, then the order-dependent method.
+    picked = ordered[["i", "f"]]
+    assert picked.columns == ["i", "f"] and picked.schema.names == ["i", "f"]
+    assert_same(picked.cumsum(), pdf[["i", "f"]].cumsum(), sort=False)
+    assert_same(picked.rolling(3).mean(), pdf[["i", "f"]].rolling(3).mean(), sort=False, rtol=1e-9)
+    assert_same(picked[picked.i > 0].shift(1), pdf[["i", "f"]][pdf.i > 0].shift(1), sort=False)
+    assert_same(picked.tail(4), pdf[["i", "f"]].tail(4), sort=False)
+    assert_same(picked.head(10).ffill(), pdf[["i", "f"]].head(10).ffill(), sort=False)
+    assert_same(
+        ordered.drop(["id", "ts", "tz"]).iloc[-2:],
+        pdf.drop(columns=["id", "ts", "tz"]).iloc[-2:],
+        sort=False,
+    )
+    assert_same(
+        picked.assign(c=picked.i.cumsum())[["c"]], pdf.assign(c=pdf.i.cumsum())[["c"]], sort=False
+    )
+    assert pa.table(picked).column_names == ["i", "f"]
