@@ -315,8 +315,9 @@ def _by_position(df: DataFrame, rows: Any) -> DataFrame:
                 "&", pos.binary("-", start).binary("%", lit(rows.step)).binary("==", lit(0))
             )
     numbered = df._with_columns({_POSITION: position, _ROWS: count}, windowed=True)
-    kept = numbered._frame.filter(keep)
-    return numbered._derive(kept.select([col(c) for c in df._frame.columns()]))
+    kept = numbered._keyed_plan().filter(keep)
+    columns = [c for c in kept.columns() if c not in (_POSITION, _ROWS)]
+    return numbered._from_keyed(kept.select([col(c) for c in columns]), numbered._hidden)
 
 
 def _by_position_list(df: DataFrame, rows: list[int]) -> DataFrame:
@@ -377,7 +378,7 @@ class _Loc:
                 keep = label.isin([lit(v) for v in rows])
             else:
                 keep = label.binary("==", lit(rows))
-            picked = df._derive(df._frame.filter(keep))
+            picked = df._from_keyed(df._keyed_plan().filter(keep), df._hidden)
         if isinstance(columns, slice) and columns == slice(None):
             return picked
         if isinstance(columns, slice):

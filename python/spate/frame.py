@@ -119,6 +119,14 @@ def _query_vectors(queries: Any) -> tuple[list[list[float]], bool]:
     return out, single
 
 
+def _fresh_name(base: str, taken: Sequence[str]) -> str:
+    """``base``, or ``base`` with a number, whichever is not in ``taken``."""
+    name, n = base, 1
+    while name in taken:
+        name, n = f"{base}_{n}", n + 1
+    return name
+
+
 class DataFrame(MissingMixin, InspectMixin, SelectMixin, WindowMixin, ReshapeMixin, HostMixin):
     """A lazy, pandas-like table: a query plan in a :class:`spate.Session`.
 
@@ -248,13 +256,25 @@ class DataFrame(MissingMixin, InspectMixin, SelectMixin, WindowMixin, ReshapeMix
         if not keys:
             return self
         plan = self._keyed_plan()
-        copies = {k: f"__spate_order_{k}" for k in keys}
+        copies = {k: _fresh_name(f"__spate_order_{k}", plan.columns()) for k in keys}
         plan = plan.select(
             [_spate.Expr.col(c) for c in plan.columns()]
             + [_spate.Expr.col(k).alias(copies[k]) for k in keys]
         )
         order = tuple((copies.get(k, k), a, n) for k, a, n in self._order)
         return self._from_keyed(plan, [*self._hidden, *copies.values()], order)
+
+    def _rename_hidden(self, names: Iterable[str]) -> DataFrame:
+        """This frame with the hidden columns ``names`` under fresh names (so that a visible
+        column may take theirs)."""
+        plan = self._keyed_plan()
+        fresh = {h: _fresh_name(f"__spate_order_{h}", plan.columns()) for h in names}
+        if not fresh:
+            return self
+        plan = plan.rename(fresh)
+        order = tuple((fresh.get(k, k), a, n) for k, a, n in self._order)
+        hidden = [fresh.get(h, h) for h in self._hidden]
+        return self._from_keyed(plan, hidden, order)
 
     def _select_columns(self, keep: Sequence[str]) -> DataFrame:
         """The columns ``keep``; sort keys left out stay in the keyed plan, hidden."""
@@ -400,7 +420,10 @@ class DataFrame(MissingMixin, InspectMixin, SelectMixin, WindowMixin, ReshapeMix
         no index to align rows of different frames on, as pandas does."""
         expr = lit(value)
         if isinstance(value, Column):
-            have = set(self._keyed_plan().columns())
+            # A window Column may order by sort keys this frame keeps hidden.
+            have = set(self._frame.columns())
+            if value._windowed:
+                have |= set(self._hidden)
             missing = [c for c in expr.column_names() if c not in have]
             if missing:
                 raise PlanError(
@@ -474,10 +497,14 @@ class DataFrame(MissingMixin, InspectMixin, SelectMixin, WindowMixin, ReshapeMix
             mapping = {c: columns(c) for c in self._frame.columns()}
         else:
             mapping = dict(columns)
-        index = [mapping.get(i, i) for i in self._index]
-        order = tuple((mapping.get(k, k), a, n) for k, a, n in self._order)
+        # Hidden keys are not the user's columns: a mapping cannot name them, and a visible
+        # column taking a hidden key's name moves the key aside first.
         mapping = {old: new for old, new in mapping.items() if old not in self._hidden}
-        return self._from_keyed(self._keyed_plan().rename(mapping), self._hidden, order, index)
+        frame = self._rename_hidden(h for h in self._hidden if h in mapping.values())
+        index = [mapping.get(i, i) for i in frame._index]
+        order = tuple((mapping.get(k, k), a, n) for k, a, n in frame._order)
+        plan = frame._keyed_plan().rename(mapping)
+        return frame._from_keyed(plan, frame._hidden, order, index)
 
     def set_index(self, keys: str | Sequence[str]) -> DataFrame:
         """Marks ``keys`` as the index :meth:`to_pandas` builds (the columns stay in the
@@ -501,7 +528,9 @@ class DataFrame(MissingMixin, InspectMixin, SelectMixin, WindowMixin, ReshapeMix
         if drop and self._index:
             keep = [c for c in self._frame.columns() if c not in self._index]
             return self._select_columns(keep)
-        return DataFrame(self._frame, self._session, order=self._order)
+        return DataFrame(
+            self._frame, self._session, order=self._order, keyed=self._keyed, hidden=self._hidden
+        )
 
     # ----- relational operations ---------------------------------------------------------
 
@@ -685,7 +714,7 @@ class DataFrame(MissingMixin, InspectMixin, SelectMixin, WindowMixin, ReshapeMix
     def explain(self, analyze: bool = False, verbose: bool = False) -> str:
         """The plan: logical, then physical with where each operator runs (GPU or CPU, and
         why). ``analyze=True`` runs it and adds each operator's metrics."""
-        return self._frame.explain(verbose, analyze)
+        return self._ordered_plan().explain(verbose, analyze)
 
     def to_arrow(self) -> pa.Table:
         """Runs the plan and returns the result as a ``pyarrow.Table`` (no copy)."""

@@ -321,9 +321,10 @@ class GroupBy:
         frame = df._with_columns(exprs, windowed=True)
         if layout == "groups":
             keys = [col(k) for k in self._keys]
-            sort_keys = keys + [col(k) for k, _, _ in df._order]
-            ascending = [True] * len(keys) + [a for _, a, _ in df._order]
-            nulls_first = [False] * len(keys) + [n for _, _, n in df._order]
+            # The result's order (a key the windows replaced lives on under a copy).
+            sort_keys = keys + [col(k) for k, _, _ in frame._order]
+            ascending = [True] * len(keys) + [a for _, a, _ in frame._order]
+            nulls_first = [False] * len(keys) + [n for _, _, n in frame._order]
             if self._dropna:
                 mask = keys[0].is_not_null()
                 for key in keys[1:]:

@@ -294,13 +294,15 @@ class ReshapeMixin:
                 col(v).cast(common).alias(value_name),
                 lit(i).alias(position),
             ]
-            exprs += [col(k) for k, _, _ in self._order if k not in ids]
-            plan = frame._frame.select(exprs)
+            exprs += [col(k) for k, _, _ in frame._order if k not in ids]
+            plan = frame._keyed_plan().select(exprs)
             result = plan if result is None else result.union(plan)
         assert result is not None
-        keys = [col(position), *(col(k) for k, _, _ in self._order)]
+        keys = [col(position), *(col(k) for k, _, _ in frame._order)]
         plan = result.sort(
-            keys, [True, *(a for _, a, _ in self._order)], [False, *(n for _, _, n in self._order)]
+            keys,
+            [True, *(a for _, a, _ in frame._order)],
+            [False, *(n for _, _, n in frame._order)],
         )
         plan = plan.select([col(c) for c in [*ids, var, value_name]])
         from spate.frame import DataFrame

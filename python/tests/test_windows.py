@@ -206,3 +206,20 @@ def test_selections_keep_the_sort_keys_hidden(ordered, pdf):
         picked.assign(c=picked.i.cumsum())[["c"]], pdf.assign(c=pdf.i.cumsum())[["c"]], sort=False
     )
     assert pa.table(picked).column_names == ["i", "f"]
+
+
+def test_hidden_keys_through_reset_index_rename_melt_iloc(ordered, pdf):
+    picked = ordered[["i", "f"]]
+    assert_same(picked.reset_index().cumsum(), pdf[["i", "f"]].cumsum(), sort=False)
+    renamed = picked.rename(columns={"i": "id"})
+    assert renamed.columns == ["id", "f"]
+    expected = pdf[["i", "f"]].rename(columns={"i": "id"})
+    assert_same(renamed.cumsum(), expected.cumsum(), sort=False)
+    assert_same(picked.iloc[3:9:2], pdf[["i", "f"]].iloc[3:9:2], sort=False)
+    assert_same(picked.iloc[[4, 1]].reset_index(), pdf[["i", "f"]].iloc[[4, 1]], sort=False)
+    melted = ordered[["i", "n"]].fillna(0).melt()
+    assert_same(melted, pdf[["i", "n"]].fillna(0).melt(), sort=False)
+    rolled = ordered[["k", "id", "i"]].groupby("k").rolling(2).sum().to_pandas()
+    expected = pdf[["k", "id", "i"]].groupby("k").rolling(2).sum()
+    expected.index = expected.index.droplevel(1)
+    pd.testing.assert_frame_equal(rolled, expected, check_dtype=False)
