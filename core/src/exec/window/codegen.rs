@@ -73,8 +73,10 @@ impl Running {
     }
 }
 
-/// The longest sliding frame the GPU folds row by row; longer ones stay on the CPU.
-pub(super) const MAX_SLIDING: u64 = 1 << 16;
+/// The most rows before the current one a sliding frame may reach on the GPU, which folds each
+/// frame row by row (rows × frame work, where DataFusion's accumulators add and subtract);
+/// longer frames stay on the CPU.
+pub(super) const MAX_SLIDING: u64 = 1 << 10;
 
 /// The window program for partition keys and ORDER BY keys of these (exact) types, the
 /// running aggregates over `args` argument columns, and its `(name, entry)` pairs.

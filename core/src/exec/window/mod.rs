@@ -22,9 +22,10 @@
 //!
 //! Sliding SUM, COUNT, MIN and MAX over `ROWS BETWEEN k PRECEDING AND CURRENT ROW` (pandas'
 //! `rolling(k + 1)`) take one thread per row, which folds its frame's rows in order
-//! (`codegen::sliding_kernel`; `k` up to `codegen::MAX_SLIDING`). A float sum folds each frame
-//! from scratch, where DataFusion adds the entering row and subtracts the leaving one, so the
-//! two agree within floating-point rounding, not bit for bit.
+//! (`codegen::sliding_kernel`; `k` up to `codegen::MAX_SLIDING`): wrapping integer and decimal
+//! sums, counts, minima and maxima do not depend on the order of folding. A float sum walks its
+//! partition in the `running` kernel instead, adding the entering row and then subtracting the
+//! leaving one as DataFusion's sliding accumulator does, so the two agree bit for bit.
 //!
 //! `lag` and `lead` gather the row `offset` before (after) each row in its partition, NULL
 //! past its edges (`shift`); `first_value` and `last_value` gather the row at the frame's edge
@@ -460,7 +461,10 @@ fn sliding_rows(
     let (WindowFrameBound::Preceding(start), WindowFrameBound::CurrentRow) =
         (&frame.start_bound, &frame.end_bound)
     else {
-        return unsupported("only sliding frames that end at the current row run on the GPU");
+        return unsupported(
+            "this frame does not run on the GPU yet (sliding frames from k PRECEDING to CURRENT \
+             ROW do)",
+        );
     };
     let k = match start {
         datafusion::common::ScalarValue::UInt64(Some(k)) => *k,
