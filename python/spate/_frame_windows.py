@@ -53,9 +53,7 @@ class WindowMixin:
         return result
 
     def _cumulative(self: Any, how: str) -> DataFrame:
-        def build(value: _spate.Expr, kind: pa.DataType, order: Any, partition: Any) -> _spate.Expr:
-            return windows.cumulative(value, kind, how, order, partition)
-
+        build = windows.cumulative_of(how)
         return self._window_apply(build, numeric=True, what=how)
 
     def cumsum(self: Any, axis: Any = None, skipna: bool = True) -> DataFrame:
@@ -88,9 +86,7 @@ class WindowMixin:
         if axis not in (None, 0, "index"):
             unsupported("shift", "axis", axis, "None and 0")
 
-        def build(value: _spate.Expr, kind: Any, order: Any, partition: Any) -> _spate.Expr:
-            return windows.shifted(value, periods, order, partition, fill_value)
-
+        build = windows.shift_of(periods, fill_value)
         return self._window_apply(build, what="shift")
 
     def diff(self: Any, periods: int = 1, axis: Any = None) -> DataFrame:
@@ -98,10 +94,7 @@ class WindowMixin:
         if axis not in (None, 0, "index"):
             unsupported("diff", "axis", axis, "None and 0")
 
-        def build(value: _spate.Expr, kind: pa.DataType, order: Any, partition: Any) -> _spate.Expr:
-            base = value.cast(pa.float64()) if pa.types.is_boolean(kind) else value
-            return base.binary("-", windows.shifted(base, periods, order, partition))
-
+        build = windows.diff_of(periods)
         return self._window_apply(build, numeric=True, what="diff")
 
     def pct_change(
@@ -113,11 +106,7 @@ class WindowMixin:
         if freq is not None:
             unsupported("pct_change", "freq", freq)
 
-        def build(value: _spate.Expr, kind: Any, order: Any, partition: Any) -> _spate.Expr:
-            current = value.cast(pa.float64())
-            before = windows.shifted(current, periods, order, partition)
-            return current.binary("/", before).binary("-", _spate.Expr.lit(pa.array([1.0])))
-
+        build = windows.pct_change_of(periods)
         return self._window_apply(build, numeric=True, what="pct_change")
 
     def rank(
@@ -133,9 +122,7 @@ class WindowMixin:
         if axis not in (0, "index"):
             unsupported("rank", "axis", axis, "0")
 
-        def build(value: _spate.Expr, kind: Any, order: Any, partition: Any) -> _spate.Expr:
-            return windows.ranked(value, method, ascending, na_option, pct, order, partition)
-
+        build = windows.rank_of(method, ascending, na_option, pct)
         needs = method == "first"
         return self._window_apply(
             build, numeric=numeric_only, what="rank", needs_order=needs, order=None if needs else []

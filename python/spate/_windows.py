@@ -212,6 +212,60 @@ def rolled(
     return _spate.Expr.case([(enough, result)], typed_null(pa.float64()))
 
 
+#: What a Column, DataFrame or GroupBy gives its ``_window_apply``: the window expression of
+#: one value column from its expression, type, window ORDER BY and PARTITION BY.
+Build = Callable[[_spate.Expr, pa.DataType, WindowOrder, Sequence[_spate.Expr]], _spate.Expr]
+
+
+def cumulative_of(how: str) -> Build:
+    """``cumsum`` and the other running aggregates (see :func:`cumulative`)."""
+    return lambda value, kind, order, partition: cumulative(value, kind, how, order, partition)
+
+
+def shift_of(periods: int, fill_value: Any = None) -> Build:
+    """``shift`` (see :func:`shifted`)."""
+    return lambda value, kind, order, partition: shifted(
+        value, periods, order, partition, fill_value
+    )
+
+
+def diff_of(periods: int) -> Build:
+    """``diff``: the value minus the one ``periods`` rows earlier (booleans as numbers)."""
+
+    def build(
+        value: _spate.Expr, kind: pa.DataType, order: WindowOrder, partition: Sequence[_spate.Expr]
+    ) -> _spate.Expr:
+        base = value.cast(pa.float64()) if pa.types.is_boolean(kind) else value
+        return base.binary("-", shifted(base, periods, order, partition))
+
+    return build
+
+
+def pct_change_of(periods: int) -> Build:
+    """``pct_change``: the relative change from the value ``periods`` rows earlier."""
+
+    def build(
+        value: _spate.Expr, kind: pa.DataType, order: WindowOrder, partition: Sequence[_spate.Expr]
+    ) -> _spate.Expr:
+        current = value.cast(pa.float64())
+        before = shifted(current, periods, order, partition)
+        return current.binary("/", before).binary("-", lit(1.0))
+
+    return build
+
+
+def fill_of(forward: bool, limit: int | None) -> Build:
+    """``ffill`` or ``bfill`` (see :func:`filled`)."""
+    return lambda value, kind, order, partition: filled(value, forward, order, partition, limit)
+
+
+def rank_of(method: str, ascending: bool, na_option: str, pct: bool) -> Build:
+    """``rank`` (see :func:`ranked`)."""
+    return lambda value, kind, order, partition: ranked(
+        value, method, ascending, na_option, pct, order, partition
+    )
+
+
 class _Windowed:
     """What a :class:`Rolling` or :class:`Expanding` applies its aggregation to: a Column, a
     DataFrame or a GroupBy, each knowing its row order and partitions."""

@@ -533,9 +533,7 @@ class Column:
         return Column(expr.alias(self.name), owner, self.name, windowed=True)
 
     def _cumulative(self, how: str) -> Column:
-        def build(value: _spate.Expr, kind: pa.DataType, order: Any, partition: Any) -> _spate.Expr:
-            return windows.cumulative(value, kind, how, order, partition)
-
+        build = windows.cumulative_of(how)
         return self._window_apply(build, numeric=how in ("cumsum", "cumprod"), what=how)
 
     def cumsum(self) -> Column:
@@ -557,18 +555,13 @@ class Column:
     def shift(self, periods: int = 1, fill_value: Any = None) -> Column:
         """The value ``periods`` rows earlier (later when negative) in the frame's order."""
 
-        def build(value: _spate.Expr, kind: Any, order: Any, partition: Any) -> _spate.Expr:
-            return windows.shifted(value, periods, order, partition, fill_value)
-
+        build = windows.shift_of(periods, fill_value)
         return self._window_apply(build, what="shift")
 
     def diff(self, periods: int = 1) -> Column:
         """The value minus the one ``periods`` rows earlier."""
 
-        def build(value: _spate.Expr, kind: Any, order: Any, partition: Any) -> _spate.Expr:
-            base = value.cast(pa.float64()) if pa.types.is_boolean(kind) else value
-            return base.binary("-", windows.shifted(base, periods, order, partition))
-
+        build = windows.diff_of(periods)
         return self._window_apply(build, numeric=True, what="diff")
 
     def pct_change(self, periods: int = 1, fill_method: Any = None) -> Column:
@@ -577,27 +570,19 @@ class Column:
         if fill_method is not None:
             unsupported("pct_change", "fill_method", fill_method, "None")
 
-        def build(value: _spate.Expr, kind: Any, order: Any, partition: Any) -> _spate.Expr:
-            current = value.cast(pa.float64())
-            before = windows.shifted(current, periods, order, partition)
-            return current.binary("/", before).binary("-", lit(1.0))
-
+        build = windows.pct_change_of(periods)
         return self._window_apply(build, numeric=True, what="pct_change")
 
     def ffill(self, limit: int | None = None) -> Column:
         """Nulls replaced by the last non-null value before them in the frame's order."""
 
-        def build(value: _spate.Expr, kind: Any, order: Any, partition: Any) -> _spate.Expr:
-            return windows.filled(value, True, order, partition, limit)
-
+        build = windows.fill_of(True, limit)
         return self._window_apply(build, what="ffill")
 
     def bfill(self, limit: int | None = None) -> Column:
         """Nulls replaced by the next non-null value after them in the frame's order."""
 
-        def build(value: _spate.Expr, kind: Any, order: Any, partition: Any) -> _spate.Expr:
-            return windows.filled(value, False, order, partition, limit)
-
+        build = windows.fill_of(False, limit)
         return self._window_apply(build, what="bfill")
 
     def rank(
@@ -610,9 +595,7 @@ class Column:
         """Each value's rank among the non-null values (float64, as pandas). Only
         ``method="first"`` needs a sorted frame (ties by row order)."""
 
-        def build(value: _spate.Expr, kind: Any, order: Any, partition: Any) -> _spate.Expr:
-            return windows.ranked(value, method, ascending, na_option, pct, order, partition)
-
+        build = windows.rank_of(method, ascending, na_option, pct)
         return self._window_apply(build, what="rank", needs_order=method == "first")
 
     def rolling(

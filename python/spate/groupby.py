@@ -365,9 +365,7 @@ class GroupBy:
         return self._window_apply(build, what="transform", needs_order=False, order=[])
 
     def _cumulative(self, how: str) -> Column | DataFrame:
-        def build(value: _spate.Expr, kind: pa.DataType, order: Any, partition: Any) -> _spate.Expr:
-            return windows.cumulative(value, kind, how, order, partition)
-
+        build = windows.cumulative_of(how)
         return self._window_apply(build, numeric=True, what=f"groupby().{how}")
 
     def cumsum(self) -> Column | DataFrame:
@@ -405,34 +403,25 @@ class GroupBy:
     def shift(self, periods: int = 1, fill_value: Any = None) -> Column | DataFrame:
         """The value ``periods`` rows earlier within the group."""
 
-        def build(value: _spate.Expr, kind: Any, order: Any, partition: Any) -> _spate.Expr:
-            return windows.shifted(value, periods, order, partition, fill_value)
-
+        build = windows.shift_of(periods, fill_value)
         return self._window_apply(build, what="groupby().shift")
 
     def diff(self, periods: int = 1) -> Column | DataFrame:
         """The value minus the one ``periods`` rows earlier within the group."""
 
-        def build(value: _spate.Expr, kind: Any, order: Any, partition: Any) -> _spate.Expr:
-            base = value.cast(pa.float64()) if pa.types.is_boolean(kind) else value
-            return base.binary("-", windows.shifted(base, periods, order, partition))
-
+        build = windows.diff_of(periods)
         return self._window_apply(build, numeric=True, what="groupby().diff")
 
     def ffill(self, limit: int | None = None) -> Column | DataFrame:
         """Nulls replaced by the last non-null value before them in the group."""
 
-        def build(value: _spate.Expr, kind: Any, order: Any, partition: Any) -> _spate.Expr:
-            return windows.filled(value, True, order, partition, limit)
-
+        build = windows.fill_of(True, limit)
         return self._window_apply(build, what="groupby().ffill")
 
     def bfill(self, limit: int | None = None) -> Column | DataFrame:
         """Nulls replaced by the next non-null value after them in the group."""
 
-        def build(value: _spate.Expr, kind: Any, order: Any, partition: Any) -> _spate.Expr:
-            return windows.filled(value, False, order, partition, limit)
-
+        build = windows.fill_of(False, limit)
         return self._window_apply(build, what="groupby().bfill")
 
     def rank(
@@ -444,9 +433,7 @@ class GroupBy:
     ) -> Column | DataFrame:
         """Each value's rank within its group (float64)."""
 
-        def build(value: _spate.Expr, kind: Any, order: Any, partition: Any) -> _spate.Expr:
-            return windows.ranked(value, method, ascending, na_option, pct, order, partition)
-
+        build = windows.rank_of(method, ascending, na_option, pct)
         needs = method == "first"
         return self._window_apply(
             build, what="groupby().rank", needs_order=needs, order=None if needs else []
