@@ -168,8 +168,8 @@ class DataFrame(MissingMixin, InspectMixin, SelectMixin, WindowMixin, ReshapeMix
         # pandas' two-level header, (column, function), of the columns `agg` made from a list:
         # Arrow has one level, so they are named `column_function`, and to_pandas restores it.
         self._levels: dict[str, tuple[str, str]] = dict(levels or {})
-        # The row order sort_values gave the plan, kept through filters, projections and
-        # limits while its keys are columns; the order-dependent methods read it.
+        # The row order sort_values gave the plan, kept through the operations that keep
+        # rows (filters, limits, selections, new columns); the order-dependent methods read it.
         self._order: Order = tuple(order)
         # Sort keys a column selection left out (`df.sort_values("t")[["v"]]`) stay in the
         # keyed plan: the same rows as `_frame`, with the `_hidden` keys as extra columns, so
@@ -289,7 +289,8 @@ class DataFrame(MissingMixin, InspectMixin, SelectMixin, WindowMixin, ReshapeMix
         if not self._order:
             raise UnsupportedError(
                 f"{what} depends on row order, which a Spate frame only has after sort_values "
-                "(with its sort keys kept among the columns): sort the frame first"
+                "(merges, groupby, concat and reshaping start without one): sort the frame "
+                "first"
             )
 
     def _with_columns(self, columns: Mapping[str, _spate.Expr], windowed: bool) -> DataFrame:
