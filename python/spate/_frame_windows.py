@@ -46,7 +46,7 @@ class WindowMixin:
         if not targets:
             raise PlanError(f"{what}: the frame has no numeric columns")
         exprs = {c: build(col(c), schema.field(c).type, window_order, []) for c in targets}
-        result = self._with_columns(exprs, windowed=True)
+        result = self._with_columns(exprs)
         if numeric and len(targets) < len(self.columns):
             keep = [*self._index, *targets]
             return result._select_columns(keep)
@@ -214,7 +214,7 @@ class _KeepColumn:
         if not targets:
             raise PlanError(f"{what}: the frame has no numeric columns besides {self._on!r}")
         exprs = {c: build(col(c), schema.field(c).type, order, []) for c in targets}
-        result = df._with_columns(exprs, windowed=True)
+        result = df._with_columns(exprs)
         keep = [*df._index, *(c for c in df.columns if c == self._on or c in targets)]
         return result._select_columns(keep)
 

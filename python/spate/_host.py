@@ -255,4 +255,4 @@ class HostMixin:
         if na_action not in (None, "ignore"):
             unsupported("map", "na_action", na_action, "None and 'ignore'")
         exprs = {c: self[c].map(func, na_action=na_action)._expr for c in self.columns}
-        return self._with_columns(exprs, windowed=False)
+        return self._with_columns(exprs)

@@ -195,9 +195,7 @@ class InspectMixin:
         from spate.column import Column
 
         keys = names(subset) if subset is not None else self.columns
-        return Column(
-            duplicated_expr(self, [col(k) for k in keys], keep), self, "duplicated", windowed=True
-        )
+        return Column(duplicated_expr(self, [col(k) for k in keys], keep), self, "duplicated")
 
     def nlargest(self: Any, n: int, columns: str | Sequence[str], keep: str = "first") -> DataFrame:
         """The ``n`` rows with the largest ``columns``, largest first (rows tied on them come

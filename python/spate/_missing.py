@@ -144,7 +144,7 @@ class MissingMixin:
         self._require_order(what)
         order = order_exprs(self._order)
         exprs = {c: windows.filled(col(c), forward, order, (), limit) for c in self.columns}
-        return self._with_columns(exprs, windowed=True)
+        return self._with_columns(exprs)
 
     def ffill(
         self: Any, *, axis: Any = None, inplace: bool = False, limit: int | None = None

@@ -314,7 +314,7 @@ def _by_position(df: DataFrame, rows: Any) -> DataFrame:
             keep = keep.binary(
                 "&", pos.binary("-", start).binary("%", lit(rows.step)).binary("==", lit(0))
             )
-    numbered = df._with_columns({_POSITION: position, _ROWS: count}, windowed=True)
+    numbered = df._with_columns({_POSITION: position, _ROWS: count})
     kept = numbered._keyed_plan().filter(keep)
     columns = [c for c in kept.columns() if c not in (_POSITION, _ROWS)]
     return numbered._from_keyed(kept.select([col(c) for c in columns]), numbered._hidden)
@@ -331,7 +331,7 @@ def _by_position_list(df: DataFrame, rows: list[int]) -> DataFrame:
         raise IndexError(f"iloc: positions {rows} are out of bounds for {total} rows")
     positions = [i if i >= 0 else total + i for i in rows]
     row_number = over("row_number", [], order_exprs(df._order)).cast(pa.int64())
-    numbered = df._with_columns({_POSITION: row_number.binary("-", lit(1))}, windowed=True)
+    numbered = df._with_columns({_POSITION: row_number.binary("-", lit(1))})
     wanted = df._session.from_arrow(
         pa.table({_POSITION: pa.array(positions, pa.int64()), _ORDINAL: range(len(positions))})
     )
@@ -453,12 +453,7 @@ class SelectMixin:
             unsupported("where/mask", "level", level)
         if not isinstance(cond, Column):
             raise UnsupportedError("where/mask take a boolean Column as the condition")
-        base = self
-        condition = self._operand(cond)
-        if cond._windowed:
-            # Computed into a column first, in the frame's order (see Column._computed).
-            base = self._with_columns({_CONDITION: condition}, windowed=True)
-            condition = col(_CONDITION)
+        base, condition = self._as_column(_CONDITION, self._operand(cond))
         condition = fn("coalesce", condition, lit(False))
         replacement = typed_null(pa.null()) if other is None or is_missing(other) else lit(other)
 

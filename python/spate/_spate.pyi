@@ -209,5 +209,7 @@ class Expr:
     def alias(self, name: str) -> Expr: ...
     def output_name(self) -> str:
         """The name DataFusion gives the expression's output column."""
+    def has_window(self) -> bool:
+        """Whether the expression holds a window function."""
     def column_names(self) -> list[str]:
         """The names of the columns the expression reads, sorted, without duplicates."""

@@ -45,34 +45,24 @@ class Column:
     them (``df.a * 2 > df.b``). Use it to filter (``df[mask]``), in ``assign``, or run it on
     its own (:meth:`to_pandas`, :meth:`sum`, ...)."""
 
-    __slots__ = ("_expr", "_frame", "_name", "_windowed")
+    __slots__ = ("_expr", "_frame", "_name")
     __hash__ = None  # type: ignore[assignment]  # == builds an expression
 
-    def __init__(
-        self,
-        expr: _spate.Expr,
-        frame: DataFrame | None,
-        name: str | None = None,
-        windowed: bool = False,
-    ):
+    def __init__(self, expr: _spate.Expr, frame: DataFrame | None, name: str | None = None):
         self._expr = expr
         self._frame = frame
         self._name = name
-        # Whether the expression holds a window function: a frame adding it re-sorts after.
-        self._windowed = windowed
 
     @property
     def name(self) -> str:
         """The output column name."""
         return self._name if self._name is not None else self._expr.output_name()
 
-    def _new(self, expr: _spate.Expr, other: Operand = None, windowed: bool = False) -> Column:
+    def _new(self, expr: _spate.Expr, other: Operand = None) -> Column:
         frame = self._frame
-        windowed = windowed or self._windowed
-        if isinstance(other, Column):
-            frame = frame if frame is not None else other._frame
-            windowed = windowed or other._windowed
-        return Column(expr, frame, windowed=windowed)
+        if frame is None and isinstance(other, Column):
+            frame = other._frame
+        return Column(expr, frame)
 
     def _binary(self, op: str, other: Operand) -> Column:
         return self._new(self._expr.binary(op, lit(other)), other)
@@ -262,7 +252,7 @@ class Column:
 
     def alias(self, name: str) -> Column:
         """The same values under the column name ``name``."""
-        return Column(self._expr.alias(name), self._frame, name, self._windowed)
+        return Column(self._expr.alias(name), self._frame, name)
 
     rename = alias
 
@@ -274,15 +264,10 @@ class Column:
         return self._frame
 
     def _computed(self) -> tuple[_spate.Frame, _spate.Expr]:
-        """The owner's plan and this column's expression in it. A window function cannot sit
-        in a filter or an aggregate, and its own output order is not the frame's: it is
-        computed into a column of the owner first (in the owner's row order)."""
-        owner = self._owner()
-        if not self._windowed:
-            return owner._frame, self._expr
-        name = "__spate_value"
-        frame = owner._with_columns({name: self._expr}, windowed=True)
-        return frame._frame, _spate.Expr.col(name)
+        """The owner's plan and this column's expression in it (a window function computed
+        into a column first: see ``DataFrame._as_column``)."""
+        frame, expr = self._owner()._as_column("__spate_value", self._expr)
+        return frame._frame, expr
 
     def _reduce(self, agg: _spate.Expr) -> Any:
         """Runs the aggregate ``agg`` (built by a function of this column's expression)."""
@@ -323,14 +308,10 @@ class Column:
 
     def to_arrow(self) -> pa.ChunkedArray:
         """Runs the column's plan and returns its values."""
-        owner = self._owner()
-        if not owner._order:
-            frame, expr = self._computed()
-            return pa.table(frame.select([expr.alias(self.name)])).column(0)
-        # In the owner's order: computed as a column, then the result sorted (see
+        # Computed as a column of the owner, then in the owner's order (see
         # DataFrame._sorted_keyed_plan).
         name = "__spate_value"
-        computed = owner._with_columns({name: self._expr}, windowed=self._windowed)
+        computed = self._owner()._with_columns({name: self._expr})
         plan = computed._sorted_keyed_plan().select([_spate.Expr.col(name).alias(self.name)])
         return pa.table(plan).column(0)
 
@@ -509,7 +490,7 @@ class Column:
         from spate._inspect import duplicated_expr
 
         owner = self._owner()
-        return Column(duplicated_expr(owner, [self._expr], keep), owner, windowed=True)
+        return Column(duplicated_expr(owner, [self._expr], keep), owner)
 
     # ----- order-dependent methods (need a sorted frame) ---------------------------------
 
@@ -530,7 +511,7 @@ class Column:
         expr = build(
             self._expr, kind, order if order is not None else order_exprs(owner._order), []
         )
-        return Column(expr.alias(self.name), owner, self.name, windowed=True)
+        return Column(expr.alias(self.name), owner, self.name)
 
     def _cumulative(self, how: str) -> Column:
         build = windows.cumulative_of(how)

@@ -284,6 +284,13 @@ class DataFrame(MissingMixin, InspectMixin, SelectMixin, WindowMixin, ReshapeMix
         plan = self._keyed_plan().select([_spate.Expr.col(c) for c in [*keep, *hidden]])
         return self._from_keyed(plan, hidden)
 
+    def _as_column(self, name: str, expr: _spate.Expr) -> tuple[DataFrame, _spate.Expr]:
+        """``expr`` ready for a filter, an aggregate or a CASE: a window function cannot sit
+        there, so it is computed into column ``name`` first, in the frame's row order."""
+        if not expr.has_window():
+            return self, expr
+        return self._with_columns({name: expr}), _spate.Expr.col(name)
+
     def _require_order(self, what: str) -> None:
         """Raises the error for an order-dependent method on a frame without row order."""
         if not self._order:
@@ -293,12 +300,13 @@ class DataFrame(MissingMixin, InspectMixin, SelectMixin, WindowMixin, ReshapeMix
                 "first"
             )
 
-    def _with_columns(self, columns: Mapping[str, _spate.Expr], windowed: bool) -> DataFrame:
+    def _with_columns(self, columns: Mapping[str, _spate.Expr]) -> DataFrame:
         """All columns, with ``columns`` added or replaced in place. Window expressions are
         computed under temporary names, the rows re-sorted by the frame's order, and then
         renamed, so the result keeps the order even where a window replaces a sort key."""
         if any(k in columns for k, _, _ in self._order):
-            return self._protect_order(columns)._with_columns(columns, windowed)
+            return self._protect_order(columns)._with_columns(columns)
+        windowed = any(e.has_window() for e in columns.values())
         plan = self._keyed_plan()
         existing = plan.columns()
         # A new column named like a hidden key replaces it, visibly.
@@ -423,7 +431,7 @@ class DataFrame(MissingMixin, InspectMixin, SelectMixin, WindowMixin, ReshapeMix
         if isinstance(value, Column):
             # A window Column may order by sort keys this frame keeps hidden.
             have = set(self._frame.columns())
-            if value._windowed:
+            if expr.has_window():
                 have |= set(self._hidden)
             missing = [c for c in expr.column_names() if c not in have]
             if missing:
@@ -438,8 +446,7 @@ class DataFrame(MissingMixin, InspectMixin, SelectMixin, WindowMixin, ReshapeMix
 
     def __setitem__(self, name: str, value: Operand) -> None:
         """``df["c"] = df.a * 2`` adds or replaces column ``c`` (this frame's plan changes)."""
-        windowed = isinstance(value, Column) and value._windowed
-        result = self._with_columns({name: self._operand(value)}, windowed)
+        result = self._with_columns({name: self._operand(value)})
         self._frame, self._order = result._frame, result._order
         self._keyed, self._hidden = result._keyed, result._hidden
 
@@ -450,38 +457,32 @@ class DataFrame(MissingMixin, InspectMixin, SelectMixin, WindowMixin, ReshapeMix
             expr = self._frame.parse_expr(predicate)
         elif isinstance(predicate, Column):
             expr = self._operand(predicate)
-            if predicate._windowed:
-                # A filter cannot hold a window function: compute the mask as a column first.
-                marked = self._with_columns({_MASK: expr}, windowed=True)
-                kept = marked._keyed_plan().filter(_spate.Expr.col(_MASK))
-                columns = [c for c in kept.columns() if c != _MASK]
-                return marked._from_keyed(
-                    kept.select([_spate.Expr.col(c) for c in columns]), marked._hidden
-                )
         else:
             raise TypeError(
                 f"filter expects a boolean Column or a SQL expression string, got "
                 f"{type(predicate).__name__}"
             )
-        return self._from_keyed(self._keyed_plan().filter(expr), self._hidden)
+        frame, mask = self._as_column(_MASK, expr)
+        kept = frame._keyed_plan().filter(mask)
+        if frame is not self:
+            kept = kept.select([_spate.Expr.col(c) for c in kept.columns() if c != _MASK])
+        return frame._from_keyed(kept, frame._hidden)
 
     def assign(self, **columns: Operand | Callable[[DataFrame], Operand]) -> DataFrame:
         """A frame with the given columns added or replaced. Values are Columns, scalars, or
         callables taking the frame (evaluated in order, so later ones see earlier ones)."""
         frame = self
         pending: dict[str, _spate.Expr] = {}
-        windowed = False
         for name, value in columns.items():
             if callable(value) and not isinstance(value, Column):
                 # A callable sees the frame with every column assigned before it.
                 if pending:
-                    frame, pending, windowed = frame._with_columns(pending, windowed), {}, False
+                    frame, pending = frame._with_columns(pending), {}
                 value = value(frame)
             # Values built before the call read the frame as it was, as pandas' do: they are
             # computed together, in one projection (one sort for all window columns).
             pending[name] = frame._operand(value)
-            windowed = windowed or (isinstance(value, Column) and value._windowed)
-        return frame._with_columns(pending, windowed) if pending else frame
+        return frame._with_columns(pending) if pending else frame
 
     def drop(self, columns: str | Sequence[str]) -> DataFrame:
         """A frame without ``columns``."""

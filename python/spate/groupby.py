@@ -317,8 +317,8 @@ class GroupBy:
             exprs[v] = expr
         if self._single and layout == "rows":
             ((name, expr),) = exprs.items()
-            return Column(expr.alias(name), df, name, windowed=True)
-        frame = df._with_columns(exprs, windowed=True)
+            return Column(expr.alias(name), df, name)
+        frame = df._with_columns(exprs)
         if layout == "groups":
             keys = [col(k) for k in self._keys]
             # The result's order (a key the windows replaced lives on under a copy).
@@ -398,7 +398,7 @@ class GroupBy:
             for key in partition[1:]:
                 null_key = null_key.binary("|", key.is_null())
             expr = _spate.Expr.case([(null_key, typed_null(pa.null()))], expr)
-        return Column(expr.alias("cumcount"), df, "cumcount", windowed=True)
+        return Column(expr.alias("cumcount"), df, "cumcount")
 
     def shift(self, periods: int = 1, fill_value: Any = None) -> Column | DataFrame:
         """The value ``periods`` rows earlier within the group."""

@@ -148,7 +148,7 @@ def _concat_columns(frames: list[DataFrame], join: str) -> DataFrame:
     numbered = []
     for f in frames:
         position = over("row_number", [], order_exprs(f._order))
-        g = f._with_columns({_POSITION: position}, windowed=True)
+        g = f._with_columns({_POSITION: position})
         numbered.append(g[[_POSITION, *f.columns]])
     result = numbered[0]
     for g in numbered[1:]:

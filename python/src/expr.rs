@@ -12,6 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyAny;
 use spate::arrow::array::{ArrayData, make_array};
 use spate::arrow::datatypes::DataType;
+use spate::datafusion::common::tree_node::TreeNode;
 use spate::datafusion::common::{Column, ScalarValue};
 use spate::datafusion::logical_expr::expr::AggregateFunction;
 use spate::datafusion::logical_expr::{
@@ -255,6 +256,14 @@ impl PyExpr {
         let function =
             crate::udf::PythonFunction::new(name.to_string(), callable.unbind(), return_type.0);
         Ok(ScalarUDF::from(function).call(exprs(args)).into())
+    }
+
+    /// Whether the expression holds a window function (it then cannot sit in a filter or an
+    /// aggregate, and a frame computes it in its row order).
+    fn has_window(&self) -> bool {
+        self.expr
+            .exists(|e| Ok(matches!(e, Expr::WindowFunction(_))))
+            .unwrap_or(false)
     }
 
     /// The names of the columns this expression reads, sorted, without duplicates.
