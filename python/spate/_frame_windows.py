@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from spate import _spate
 from spate import _windows as windows
-from spate._util import col, is_numeric, order_exprs, unsupported
+from spate._util import RUNNING, col, is_numeric, order_exprs, unsupported
 from spate.errors import PlanError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -165,7 +165,7 @@ class WindowMixin:
         """Windows of every row up to each row, in the frame's order."""
         if axis is not None:
             unsupported("expanding", "axis", axis)
-        return windows.Expanding(self, windows.EXPANDING, min_periods, "expanding")
+        return windows.Expanding(self, RUNNING, min_periods, "expanding")
 
     def sort_index(
         self: Any,

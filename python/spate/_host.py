@@ -36,9 +36,7 @@ def _infer_type(results: list[Any]) -> pa.DataType:
     return pa.float64() if pa.types.is_null(kind) else kind
 
 
-def python_column(
-    column: Column, func: Callable[[Any], Any], elementwise: bool, skip_nulls: bool
-) -> Column:
+def python_column(column: Column, func: Callable[[Any], Any], skip_nulls: bool) -> Column:
     """``func`` of each value of ``column``, on the CPU: its result type comes from running
     it on the first rows (one small query)."""
     import numpy as np

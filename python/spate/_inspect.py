@@ -67,7 +67,7 @@ def duplicated_expr(owner: DataFrame, exprs: list[_spate.Expr], keep: str | bool
     return over("row_number", [], order, exprs).binary(">", lit(1))
 
 
-#: describe's statistics and how each is computed.
+#: The percentiles describe shows by default.
 _PERCENTILES = (0.25, 0.5, 0.75)
 
 

@@ -404,6 +404,3 @@ def rolling_frame(
     interval = pa.array([pa.MonthDayNano([0, 0, nanos])], type=pa.month_day_nano_interval())
     frame = ("range", ("preceding", interval), ("current", None))
     return frame, 1 if min_periods is None else min_periods
-
-
-EXPANDING = ("rows", ("preceding", None), ("current", None))

@@ -15,6 +15,7 @@ import pyarrow as pa
 from spate import _spate
 from spate import _windows as windows
 from spate._util import (
+    RUNNING,
     Operand,
     arrow_type,
     fn,
@@ -419,7 +420,7 @@ class Column:
             raise TypeError(f"map expects a dict or a function, got {type(arg).__name__}")
         from spate._host import python_column
 
-        return python_column(self, arg, elementwise=True, skip_nulls=na_action == "ignore")
+        return python_column(self, arg, skip_nulls=na_action == "ignore")
 
     def apply(
         self,
@@ -440,7 +441,7 @@ class Column:
         target = bound if args or kwargs else func
         from spate._host import python_column
 
-        return python_column(self, target, elementwise=True, skip_nulls=False)
+        return python_column(self, target, skip_nulls=False)
 
     def unique(self) -> DataFrame:
         """The distinct values (null among them when present), as a one-column frame. pandas
@@ -595,7 +596,7 @@ class Column:
 
     def expanding(self, min_periods: int = 1) -> windows.Expanding:
         """Windows of every row up to each row."""
-        return windows.Expanding(self, windows.EXPANDING, min_periods, "expanding")
+        return windows.Expanding(self, RUNNING, min_periods, "expanding")
 
     # ----- host conversion ----------------------------------------------------------------
 

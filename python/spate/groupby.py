@@ -12,6 +12,7 @@ import pyarrow as pa
 from spate import _spate
 from spate import _windows as windows
 from spate._util import (
+    RUNNING,
     WHOLE,
     WindowOrder,
     col,
@@ -450,7 +451,7 @@ class GroupBy:
 
     def expanding(self, min_periods: int = 1) -> windows.Expanding:
         """Expanding windows within each group, laid out as :meth:`rolling`'s."""
-        return windows.Expanding(_GroupLayout(self), windows.EXPANDING, min_periods, "expanding")
+        return windows.Expanding(_GroupLayout(self), RUNNING, min_periods, "expanding")
 
 
 class _GroupLayout:

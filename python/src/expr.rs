@@ -59,6 +59,18 @@ pub(crate) fn aggregate_functions() -> &'static [Arc<AggregateUDF>] {
     })
 }
 
+/// The value of a one-element pyarrow array (`what` names it in the error), with its type.
+pub(crate) fn one_value(value: PyArrowType<ArrayData>, what: &str) -> PyResult<ScalarValue> {
+    let array = make_array(value.0);
+    if array.len() != 1 {
+        return Err(errors::invalid(format!(
+            "{what} is a one-element array, got {} elements",
+            array.len()
+        )));
+    }
+    ScalarValue::try_from_array(&array, 0).py(Origin::Frame)
+}
+
 fn exprs(args: Vec<PyExpr>) -> Vec<Expr> {
     args.into_iter().map(|a| a.expr).collect()
 }
@@ -81,15 +93,7 @@ impl PyExpr {
     /// array's).
     #[staticmethod]
     fn lit(value: PyArrowType<ArrayData>) -> PyResult<Self> {
-        let array = make_array(value.0);
-        if array.len() != 1 {
-            return Err(errors::invalid(format!(
-                "a literal is a one-element array, got {} elements",
-                array.len()
-            )));
-        }
-        let scalar = ScalarValue::try_from_array(&array, 0).py(Origin::Frame)?;
-        Ok(Expr::Literal(scalar, None).into())
+        Ok(Expr::Literal(one_value(value, "a literal")?, None).into())
     }
 
     /// `self <op> other` for op in + - * / % == != < <= > >= & | and `||` (string

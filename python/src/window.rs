@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 
 use arrow_pyarrow::PyArrowType;
 use pyo3::prelude::*;
-use spate::arrow::array::{Array, ArrayData, ArrayRef, AsArray, make_array};
+use spate::arrow::array::{ArrayData, ArrayRef, AsArray};
 use spate::arrow::datatypes::{DataType, Field, FieldRef, Float64Type, Int64Type};
 use spate::datafusion::common::ScalarValue;
 use spate::datafusion::error::{DataFusionError, Result as DFResult};
@@ -22,8 +22,8 @@ use spate::datafusion::logical_expr::{
     WindowFrame, WindowFrameBound, WindowFrameUnits, WindowFunctionDefinition, WindowUDF,
 };
 
-use crate::errors::{self, IntoPyResult, Origin};
-use crate::expr::{PyExpr, aggregate_functions, sort_expr};
+use crate::errors;
+use crate::expr::{PyExpr, aggregate_functions, one_value, sort_expr};
 
 /// One end of a window frame, as Python passes it: `("preceding" | "following", value)` with
 /// None for UNBOUNDED, or `("current", None)`.
@@ -40,21 +40,10 @@ pub(crate) fn product() -> Arc<AggregateUDF> {
     Arc::clone(PRODUCT.get_or_init(|| Arc::new(AggregateUDF::from(Product::new()))))
 }
 
-fn scalar(value: PyArrowType<ArrayData>) -> PyResult<ScalarValue> {
-    let array = make_array(value.0);
-    if array.len() != 1 {
-        return Err(errors::invalid(format!(
-            "a window frame bound is a one-element array, got {} elements",
-            array.len()
-        )));
-    }
-    ScalarValue::try_from_array(&array, 0).py(Origin::Frame)
-}
-
 fn bound(end: PyBound) -> PyResult<WindowFrameBound> {
     let (kind, value) = end;
     let value = match value {
-        Some(v) => scalar(v)?,
+        Some(v) => one_value(v, "a window frame bound")?,
         None => ScalarValue::Null,
     };
     Ok(match kind.as_str() {
